@@ -1,0 +1,103 @@
+"""The decoder protocol: what the pipeline needs from a decoder, and nothing more.
+
+A decoder is any picklable callable ``decoder(payload) -> value``, where ``payload`` is a bytes-like
+object (``bytes``, ``memoryview`` or a numpy ``uint8`` array; in the pipeline it is a read-only
+``memoryview`` of shared memory, valid only during the call: a decoder must not keep it).  Decoders
+raise :class:`parrecio.DecodeError` for payloads they refuse; any other exception is wrapped in one.
+
+Two optional attributes let the pipeline write results straight into shared memory instead of pickling
+them back to the consumer:
+
+``output_spec``
+    An :class:`ArraySpec` when every value is a numpy array of one fixed shape and dtype (an image decoded
+    to 224x224x3 ``uint8``), a tuple of ``ArraySpec | None`` when the value is a tuple whose positions
+    with a spec are such arrays (``ImageRecord`` -> ``(image, label)``), or ``None`` (the default) when
+    values are ragged or not arrays; those travel back in the result message.
+
+``decode_into(payload, out)``
+    Decode ``payload`` writing the fixed-shape array(s) into ``out``: an ``ndarray`` of the spec's shape
+    and dtype for an ``ArraySpec``, or a tuple with an ``ndarray`` at each position that has a spec (and
+    ``None`` elsewhere) for a tuple spec.  Returns ``None`` for an ``ArraySpec``; for a tuple spec it
+    returns a tuple whose positions without a spec carry their values (positions with a spec are ignored).
+    When a decoder has ``output_spec`` but no ``decode_into``, the pipeline calls the decoder and copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol, Tuple, Union, runtime_checkable
+
+import numpy as np
+
+__all__ = ["ArraySpec", "Decoder", "OutputSpec", "write_into", "spec_of"]
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """A fixed array shape and dtype: every value a decoder returns has exactly these."""
+
+    shape: Tuple[int, ...]
+    dtype: np.dtype
+
+    def __init__(self, shape, dtype) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in shape))
+        object.__setattr__(self, "dtype", np.dtype(dtype))
+
+    @property
+    def nbytes(self) -> int:
+        """Size of one value in bytes."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+OutputSpec = Union[ArraySpec, Tuple[Optional[ArraySpec], ...], None]
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    """Structural type of a decoder: a callable on a bytes-like payload."""
+
+    def __call__(self, payload: Any) -> Any: ...
+
+
+def spec_of(decoder: Any) -> OutputSpec:
+    """The decoder's ``output_spec`` (``None`` when it has none), validated."""
+    spec = getattr(decoder, "output_spec", None)
+    if spec is None or isinstance(spec, ArraySpec):
+        return spec
+    if isinstance(spec, tuple) and all(s is None or isinstance(s, ArraySpec) for s in spec):
+        return spec if any(s is not None for s in spec) else None
+    raise TypeError(f"{decoder!r}.output_spec must be an ArraySpec, a tuple of ArraySpec|None, or None")
+
+
+def _check(value: Any, spec: ArraySpec) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.shape != spec.shape or arr.dtype != spec.dtype:
+        raise ValueError(f"decoder returned an array of shape {arr.shape} and dtype {arr.dtype}, "
+                         f"but its output_spec says {spec.shape} {spec.dtype}")
+    return arr
+
+
+def write_into(decoder: Any, payload: Any, spec: OutputSpec, out: Any) -> Any:
+    """Decode ``payload`` with ``decoder`` into ``out`` (see the module docstring).
+
+    Returns what does not live in ``out``: ``None`` for an ``ArraySpec``, or for a tuple spec the tuple
+    with ``None`` at each position that was written into ``out``.
+    """
+    decode_into = getattr(decoder, "decode_into", None)
+    if isinstance(spec, ArraySpec):
+        if decode_into is not None:
+            decode_into(payload, out)
+        else:
+            out[...] = _check(decoder(payload), spec)
+        return None
+    if decode_into is not None:
+        rest = decode_into(payload, out)
+    else:
+        rest = decoder(payload)
+        if not isinstance(rest, tuple) or len(rest) != len(spec):
+            raise ValueError(f"decoder returned {type(rest).__name__}, but its output_spec is a tuple "
+                             f"of {len(spec)}")
+        for dst, s, v in zip(out, spec, rest):
+            if s is not None:
+                dst[...] = _check(v, s)
+    return tuple(None if s is not None else v for s, v in zip(spec, rest))
