@@ -28,52 +28,72 @@ class ParrecioError(Exception):
     """Base class of every error parrecio raises on purpose."""
 
 
-class CorruptRecordError(ParrecioError):
-    """The RecordIO framing is broken at byte ``offset`` of the stream."""
-
-    def __init__(self, message: str, offset: int, *, source: Optional[str] = None) -> None:
-        where = f"at byte offset {offset}" + (f" of {source}" if source else "")
-        super().__init__(f"{message} ({where})")
-        self.offset = offset
-        self.source = source
-        self.reason = message
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), self.args, self.__dict__))
+def _where(index: Optional[int], offset: Optional[int], source: Optional[str]) -> str:
+    parts = []
+    if index is not None:
+        parts.append(f"sample {index}")
+    if offset is not None:
+        parts.append(f"byte offset {offset}" + (f" of {source}" if source else ""))
+    elif source:
+        parts.append(source)
+    return ", ".join(parts)
 
 
-class DecodeError(ParrecioError):
-    """A payload could not be decoded.
+class _Located(ParrecioError):
+    """An error that names where in the stream it happened: sample index, byte offset, source name."""
 
-    ``index`` is the sample index in the stream (0-based) and ``offset`` the byte offset of the sample's
-    first record; either is ``None`` when unknown (a decoder called directly on a buffer).
-    """
-
-    def __init__(self, message: str, *, index: Optional[int] = None, offset: Optional[int] = None) -> None:
-        self.reason = message
-        self.index = index
-        self.offset = offset
-        super().__init__(self._format())
+    reason: str
+    index: Optional[int] = None
+    offset: Optional[int] = None
+    source: Optional[str] = None
 
     def _format(self) -> str:
-        where = []
-        if self.index is not None:
-            where.append(f"sample {self.index}")
-        if self.offset is not None:
-            where.append(f"byte offset {self.offset}")
-        return f"{self.reason} ({', '.join(where)})" if where else self.reason
+        where = _where(self.index, self.offset, self.source)
+        return f"{self.reason} ({where})" if where else self.reason
 
-    def located(self, index: Optional[int], offset: Optional[int]) -> "DecodeError":
-        """Return a copy that names the sample ``index`` and stream ``offset``."""
+    def located(self, index: Optional[int], offset: Optional[int] = None,
+                source: Optional[str] = None):
+        """A copy that also names the sample ``index`` (and the ``offset``/``source`` if given)."""
         err = type(self).__new__(type(self))
         err.__dict__.update(self.__dict__)
-        err.index, err.offset = index, offset
+        err.index = index
+        if offset is not None:
+            err.offset = offset
+        if source is not None:
+            err.source = source
         err.args = (err._format(),)
         err.__cause__ = self.__cause__
         return err
 
     def __reduce__(self):
         return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+class CorruptRecordError(_Located):
+    """The RecordIO framing is broken at byte ``offset`` of the stream ``source``.
+
+    In the pipeline ``index`` is the sample index at which the error is raised (every sample before it
+    was delivered).
+    """
+
+    def __init__(self, message: str, offset: int, *, source: Optional[str] = None,
+                 index: Optional[int] = None) -> None:
+        self.reason, self.offset, self.source, self.index = message, offset, source, index
+        super().__init__(self._format())
+
+
+class DecodeError(_Located):
+    """A payload could not be decoded.
+
+    ``index`` is the sample index in the stream (0-based), ``offset`` the byte offset of the sample's
+    first record and ``source`` the stream's name; each is ``None`` when unknown (a decoder called
+    directly on a buffer knows none of them; the pipeline fills them in).
+    """
+
+    def __init__(self, message: str, *, index: Optional[int] = None, offset: Optional[int] = None,
+                 source: Optional[str] = None) -> None:
+        self.reason, self.index, self.offset, self.source = message, index, offset, source
+        super().__init__(self._format())
 
 
 class SourceError(ParrecioError):

@@ -1,0 +1,162 @@
+"""Everything that crosses a process boundary: small typed messages, each naming its sequence numbers.
+
+Channels (all ``multiprocessing`` pipes, one writer and one reader each)::
+
+    reader process --data--> consumer     StreamStart, Chunk, ReaderEnd
+    consumer --ctrl--> reader process     Release, Stop
+    consumer --task--> worker i           Task, Stop
+    worker i --result--> consumer         TaskDone
+
+Payload bytes never travel in these messages: a ``Chunk`` carries the ring offsets and lengths of many
+groups as packed ``array('q')`` bytes, so one message of a few hundred bytes describes a whole chunk.
+Errors travel as :class:`RemoteError` data and are raised in the consumer at their sequence number.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from array import array
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from ..errors import DecodeError, ParrecioError
+
+__all__ = ["StreamStart", "Chunk", "ReaderEnd", "Release", "Stop", "Task", "TaskDone", "RemoteError"]
+
+
+@dataclass
+class StreamStart:
+    """The reader opened stream number ``stream_id`` (a file, a FIFO, stdin) called ``name``."""
+    stream_id: int
+    name: str
+
+
+@dataclass
+class Chunk:
+    """Groups ``first_seq .. first_seq + n - 1``, all from stream ``stream_id``.
+
+    ``ring_offs``/``lens`` are ``n * nfields`` int64 (group-major) byte offsets into ``segment`` (the
+    input ring when ``segment`` is None, else a one-off segment for a group too big for the ring) and
+    payload lengths; ``stream_offs`` the stream byte offset of each group's first record.  After the
+    chunk is delivered the ring may be released up to ``ring_end`` (a monotonic byte position).
+    """
+    first_seq: int
+    n: int
+    stream_id: int
+    ring_offs: array
+    lens: array
+    stream_offs: array
+    ring_end: int
+    segment: Optional[str] = None
+
+
+@dataclass
+class ReaderEnd:
+    """The reader is done: ``n_groups`` groups were sent.  ``error`` (a ParrecioError, or a RemoteError
+    for anything else) is raised at sequence number ``n_groups``.  ``stats`` are the reader's counters."""
+    n_groups: int
+    stats: dict
+    error: Optional[BaseException] = None
+
+
+@dataclass
+class Release:
+    """The consumer delivered everything up to ring position ``pos``: the reader may overwrite it."""
+    pos: int
+
+
+@dataclass
+class Stop:
+    """Stop now (end of run, early break, close)."""
+
+
+@dataclass
+class Task:
+    """Decode the groups ``[start, start + n)`` of chunk ``chunk_seq`` (its ``first_seq``).
+
+    ``dest`` lists where fixed-shape results go, as runs ``(slot_segment, group_index, slot_index, count)``:
+    groups ``group_index .. +count`` of this task go to positions ``slot_index ..`` of that slot.
+    """
+    task_id: int
+    chunk_seq: int
+    start: int
+    n: int
+    segment: str
+    ring_offs: array
+    lens: array
+    dest: List[Tuple[str, int, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class TaskDone:
+    """Results of task ``task_id``: ``values[j]`` is the tuple of ragged field values of group ``j``
+    (``None`` at fixed-shape fields), or a :class:`RemoteError` if it failed.  ``cpu`` is seconds."""
+    task_id: int
+    values: list
+    cpu: float
+    pid: int
+
+
+class RemoteError:
+    """An exception raised in another process, as data.
+
+    The original is kept when it pickles; otherwise its type name and message.  ``traceback`` is the text
+    of the remote traceback, chained as the cause when the consumer raises it.
+    """
+
+    __slots__ = ("exc_bytes", "type_name", "message", "traceback", "field")
+
+    def __init__(self, exc: BaseException, field: int = -1) -> None:
+        self.field = field  # which field of the group failed, -1 when not field-specific
+        self.type_name = type(exc).__name__
+        self.message = str(exc)
+        self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            self.exc_bytes: Optional[bytes] = pickle.dumps(exc)
+            pickle.loads(self.exc_bytes)
+        except Exception:
+            self.exc_bytes = None
+
+    def __getstate__(self):
+        return (self.exc_bytes, self.type_name, self.message, self.traceback, self.field)
+
+    def __setstate__(self, state):
+        self.exc_bytes, self.type_name, self.message, self.traceback, self.field = state
+
+    def original(self) -> Optional[BaseException]:
+        """The remote exception rebuilt here, with the remote traceback as its cause, or None."""
+        if self.exc_bytes is None:
+            return None
+        exc = pickle.loads(self.exc_bytes)
+        exc.__cause__ = _RemoteTraceback(self.traceback)
+        return exc
+
+    def as_decode_error(self, what: str, index: int, offset: Optional[int],
+                        source: Optional[str]) -> ParrecioError:
+        """The error to raise for the sample ``index`` at byte ``offset`` of stream ``source``.
+
+        A DecodeError keeps its reason, prefixed with ``what`` (which field failed); any other exception
+        becomes a DecodeError whose cause is the original exception.
+        """
+        orig = self.original()
+        if isinstance(orig, DecodeError):
+            err = orig.located(index, offset, source)
+            err.reason = f"{what}: {orig.reason}"
+            err.args = (err._format(),)
+            return err
+        err = DecodeError(f"{what}: {self.type_name}: {self.message}", index=index, offset=offset,
+                          source=source)
+        err.__cause__ = orig if orig is not None else _RemoteTraceback(self.traceback)
+        return err
+
+
+class _RemoteTraceback(Exception):
+    """Carries the text of a traceback from another process (as concurrent.futures does)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return "\n\n" + self.tb

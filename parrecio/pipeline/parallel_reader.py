@@ -1,0 +1,321 @@
+"""ParallelReader: the public face of the pipeline.
+
+::
+
+    ParallelReader(channel, fields=..., workers=W)
+      |  resolve(channel) -> Source                       (parrecio.sources)
+      |  first iteration: ring + output slots in shared memory, W decoder processes (kept across epochs)
+      |  each iteration: a Run (one reader process for that epoch)  (parrecio.pipeline.run)
+      v
+    samples or batches, in stream order                   (parrecio.pipeline.batching)
+
+The long-lived parts (decoder processes, input ring, output slots, lifeline) live in :class:`_Shared`,
+which a ``weakref.finalize`` cleans up even when the user never calls ``close()``; the object itself
+only holds configuration and the lifecycle state.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import multiprocessing
+import os
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+from ..decoders.base import spec_of
+from ..decoders.basic import Raw
+from ..errors import ParrecioError, PipelineError
+from ..recordio import DEFAULT_MAX_RECORD_BYTES
+from ..sources import resolve
+from .batching import batches, shape_sample
+from .pool import WorkerPool
+from .run import Run
+from .shm import Segment, new_prefix
+from .slots import SlotLayout, SlotPool
+from .stats import Stats
+from .worker import WorkerConfig
+
+log = logging.getLogger("parrecio")
+
+__all__ = ["ParallelReader"]
+
+Fields = Union[None, Callable[[Any], Any], Sequence[Callable[[Any], Any]], Mapping[str, Callable[[Any], Any]]]
+
+
+class State(enum.Enum):
+    NEW = "new"          # nothing started
+    IDLE = "idle"        # processes and shared memory up, no pass running
+    RUNNING = "running"  # a pass is being iterated
+    CLOSED = "closed"
+
+
+@dataclass
+class _Config:
+    decoders: List[Any]
+    join: str
+    on_error: str
+    max_record_bytes: int
+    chunk_groups: int
+    chunk_bytes: int
+    prefetch: int
+    num_shards: int
+    shard_index: int
+    poll_interval: float
+    drain_timeout: float
+
+
+class _Shared:
+    """What outlives a pass: processes, shared memory, counters.  Cleaned up by :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.pool: Optional[WorkerPool] = None
+        self.ring: Optional[Segment] = None
+        self.ring_mem: Optional[memoryview] = None
+        self.slots: Optional[SlotPool] = None
+        self.lifeline_r = self.lifeline_w = None
+        self.run: Optional[Run] = None
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.run is not None:
+            self.run.shutdown()
+            self.run = None
+        if self.pool is not None:
+            self.pool.stop()
+        if self.ring is not None:
+            self.ring.unlink()
+            if self.ring_mem is not None:
+                self.ring_mem.release()
+            self.ring.close()
+        if self.slots is not None:
+            self.slots.close()
+        for conn in (self.lifeline_w, self.lifeline_r):
+            if conn is not None:
+                conn.close()
+        if getattr(self, "source", None) is not None:
+            self.source.release()
+
+
+def _default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - macOS
+        return max(1, os.cpu_count() or 1)
+
+
+class ParallelReader:
+    """Read a RecordIO stream with one reader process and ``workers`` decoder processes; iterate to get
+    samples (or batches) in stream order.
+
+    Args:
+        channel: where the stream comes from: a ``.rec`` path, a directory (its ``.rec`` files in name
+            order), a glob, a list of those, ``"-"`` for stdin, a FIFO path, an open binary file object,
+            or a SageMaker channel name (see :func:`parrecio.sources.resolve`).
+        fields: one decoder per record position of a group; the group size is ``len(fields)``.  A
+            sequence gives tuples, a mapping ``name -> decoder`` gives dicts, a single decoder gives its
+            value, ``None`` gives each record's payload as ``bytes``.  A decoder is any picklable callable
+            ``payload -> value`` (see :mod:`parrecio.decoders`).
+        workers: decoder processes (default: the CPUs this process may use).
+        batch_size: ``None`` yields one sample at a time; an int yields batches of columns (a column is
+            one stacked numpy array when the values are arrays of one shape and dtype, else a list).
+        drop_last: drop the last batch when it is shorter than ``batch_size``.
+        on_error: ``"raise"``: a bad sample (undecodable payload, broken framing) raises
+            :class:`~parrecio.DecodeError` / :class:`~parrecio.CorruptRecordError` at its position, after
+            every sample before it was yielded; ``"skip"``: drop it, keep going, count it in ``stats``.
+        join: multipart convention, ``"mxnet"`` or ``"concat"``; default: the source's (``"mxnet"`` for
+            files, ``"concat"`` for SageMaker channels).
+        num_shards, shard_index: read only every ``num_shards``-th group, starting at ``shard_index``
+            (the others are skipped by the reader process, never decoded).
+        ring_bytes: size of the input ring in bytes (shared memory); bounds payload bytes in flight.
+        chunk_groups: groups per message to a worker (amortizes per-message cost).
+        prefetch: tasks queued per worker.
+        slot_samples: samples per output slot when ``batch_size`` is None.
+        max_record_bytes: larger records are refused as corrupt (a hostile length word).
+        start_method: ``"forkserver"`` (default where available), ``"spawn"`` or ``"fork"``.
+        seed: base seed; worker ``i`` seeds ``random`` and ``numpy.random`` with ``seed + i``.
+        poll_interval: seconds between liveness checks of the other processes while waiting.
+        **source_options: passed to :func:`parrecio.sources.resolve` (``sm_input_dir``, ``pipe_dir``,
+            ``config_dir``, ``fifo_timeout``, ...).
+    """
+
+    def __init__(self, channel: Any, *, fields: Fields = None, workers: Optional[int] = None,
+                 batch_size: Optional[int] = None, drop_last: bool = False, on_error: str = "raise",
+                 join: Optional[str] = None, num_shards: int = 1, shard_index: int = 0,
+                 ring_bytes: int = 64 << 20, chunk_groups: int = 32, prefetch: int = 2,
+                 slot_samples: int = 64, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 start_method: Optional[str] = None, seed: int = 0, poll_interval: float = 1.0,
+                 **source_options: Any) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        if join not in (None, "mxnet", "concat"):
+            raise ValueError(f"join must be 'mxnet' or 'concat', not {join!r}")
+        if batch_size is not None and int(batch_size) < 1:
+            raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"need 0 <= shard_index < num_shards, got {shard_index} and {num_shards}")
+        workers = _default_workers() if workers is None else int(workers)
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, not {workers}")
+        self._kind, self._names, decoders = _normalize_fields(fields)
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.drop_last = bool(drop_last)
+        self.workers = workers
+        self.seed = seed
+        self._ring_bytes = int(ring_bytes)
+        self._slot_size = self.batch_size or int(slot_samples)
+        self._start_method = start_method or ("forkserver" if "forkserver" in
+                                              multiprocessing.get_all_start_methods() else "spawn")
+        self._sh = sh = _Shared()
+        sh.source = resolve(channel, **source_options)
+        sh.cfg = _Config(decoders=decoders, join=join or sh.source.default_join, on_error=on_error,
+                         max_record_bytes=int(max_record_bytes), chunk_groups=int(chunk_groups),
+                         chunk_bytes=max(1 << 20, self._ring_bytes // 8), prefetch=int(prefetch),
+                         num_shards=int(num_shards), shard_index=int(shard_index),
+                         poll_interval=float(poll_interval), drain_timeout=2.0)
+        sh.stats = Stats()
+        sh.field_names = list(self._names)
+        sh.passthrough = [bool(getattr(d, "passthrough", False)) for d in decoders]
+        specs = [None if p else spec_of(d) for d, p in zip(decoders, sh.passthrough)]
+        sh.layout = SlotLayout(specs, self._slot_size)
+        self._state = State.NEW
+        self._epoch = 0
+        self._finalizer = weakref.finalize(self, sh.close)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def _start(self) -> None:
+        sh = self._sh
+        ctx = multiprocessing.get_context(self._start_method)
+        if self._start_method == "forkserver":
+            ctx.set_forkserver_preload(["parrecio.pipeline.worker", "parrecio.pipeline.reader_proc"])
+        sh.ctx = ctx
+        sh.prefix = new_prefix()
+        try:
+            sh.lifeline_r, sh.lifeline_w = ctx.Pipe(duplex=False)
+            sh.fork_close = [sh.lifeline_w.fileno()] if self._start_method == "fork" else []
+            sh.ring = Segment.create(sh.prefix + "ring", self._ring_bytes)
+            sh.ring_mem = memoryview(sh.ring.buf)
+            if sh.layout.has_fixed:
+                per_slot = self._slot_size
+                inflight = self.workers * (sh.cfg.prefetch + 1) * sh.cfg.chunk_groups
+                initial = math.ceil(inflight / per_slot) + 2
+            else:
+                initial = 0
+            sh.slots = SlotPool(sh.layout, sh.prefix, initial)
+            if not all(sh.passthrough):
+                cfg = WorkerConfig(decoders=sh.cfg.decoders, specs=sh.layout.specs,
+                                   passthrough=sh.passthrough, layout=sh.layout, ring_name=sh.ring.name,
+                                   prefix=sh.prefix, seed=self.seed, poll_interval=sh.cfg.poll_interval)
+                sh.pool = WorkerPool(ctx, cfg, self.workers, sh.lifeline_r, sh.fork_close)
+                sh.pool.start()
+        except BaseException:
+            sh.close()
+            self._state = State.CLOSED
+            raise
+        self._state = State.IDLE
+
+    def close(self) -> None:
+        """Stop every process and remove the shared memory.  Arrays already handed out stay valid.
+        Idempotent; returns within a few seconds whatever the other processes do."""
+        self._finalizer()
+        self._state = State.CLOSED
+
+    def __enter__(self) -> "ParallelReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- iteration -----------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        """One pass over the stream (for a SageMaker Pipe-mode channel: the next epoch)."""
+        if self._state is State.CLOSED:
+            raise PipelineError("this ParallelReader is closed")
+        sh = self._sh
+        if sh.run is not None:  # a previous pass was left unfinished: end it first
+            sh.run.shutdown()
+            sh.run = None
+        sh.source.check_epoch(self._epoch)
+        if self._state is State.NEW:
+            self._start()
+        run = sh.run = Run(sh, self._epoch)
+        self._epoch += 1
+        sh.stats.epochs += 1
+        self._state = State.RUNNING
+        return self._iterate(run)
+
+    def _iterate(self, run: Run) -> Iterator[Any]:
+        sh, st = self._sh, self._sh.stats
+        if self.batch_size is None:
+            items = (shape_sample(s.values, self._kind, self._names) for s in run.samples())
+        else:
+            items = batches(run.samples(), self.batch_size, self.drop_last, sh.layout,
+                            len(sh.cfg.decoders), self._kind, self._names)
+        try:
+            for item in items:
+                t0 = time.perf_counter()
+                yield item
+                st.user_time += time.perf_counter() - t0
+        finally:
+            items.close()
+            run.shutdown()
+            if sh.run is run:
+                sh.run = None
+                if self._state is State.RUNNING:
+                    self._state = State.IDLE
+
+    # -- introspection -------------------------------------------------------------------------------
+    @property
+    def worker_pids(self) -> List[int]:
+        """Process ids of the decoder processes (empty before the first iteration)."""
+        return self._sh.pool.pids if self._sh.pool is not None else []
+
+    @property
+    def stats(self) -> Stats:
+        """Counters and per-stage times, totals over every pass so far (see :class:`Stats`)."""
+        return self._sh.stats
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def source(self) -> Any:
+        return self._sh.source
+
+    def __repr__(self) -> str:
+        return (f"ParallelReader({self._sh.source.name!r}, fields={self._sh.cfg.decoders!r}, "
+                f"workers={self.workers}, batch_size={self.batch_size}, state={self._state.value})")
+
+
+def _normalize_fields(fields: Fields):
+    """-> (kind, names, decoders) with kind 'single' | 'tuple' | 'dict'."""
+    if fields is None:
+        return "single", ["record"], [Raw()]
+    if isinstance(fields, Mapping):
+        if not fields:
+            raise ValueError("fields must not be empty")
+        names = [str(k) for k in fields]
+        decs = list(fields.values())
+        kind = "dict"
+    elif isinstance(fields, (list, tuple)):
+        if not fields:
+            raise ValueError("fields must not be empty")
+        names = [str(i) for i in range(len(fields))]
+        decs = list(fields)
+        kind = "tuple"
+    elif callable(fields):
+        return "single", ["0"], [fields]
+    else:
+        raise TypeError(f"fields must be None, a decoder, a sequence or a mapping of decoders, "
+                        f"not {type(fields).__name__}")
+    for name, d in zip(names, decs):
+        if not callable(d):
+            raise TypeError(f"field {name!r}: a decoder must be callable, got {d!r}")
+    return kind, names, decs

@@ -1,0 +1,317 @@
+"""The reader process: the one process that reads the stream.
+
+::
+
+    source (file, FIFO, stdin, SageMaker channel)
+       |  RecordReader: frames -> records (multipart joined)
+       v
+    [ reader process ] --records--> groups of len(fields) --payloads--> input ring (shared memory)
+       |                                                  --Chunk (offsets, lengths)--> consumer
+       ^-- Release(pos) / Stop from the consumer
+
+It owns the source because a FIFO can be read once, by one process.  It forms groups (one sample each),
+copies payloads into the ring and sends one small ``Chunk`` message per ``chunk_groups`` groups.  A
+pending chunk is sent early whenever the next read would block, so a slow stream still flows.  When
+the ring is full it waits for the consumer to release space: a slow consumer pauses the reader.
+
+While it waits -- for data from a stalled FIFO, or for ring space -- it also watches the control pipe
+(``Stop``) and the lifeline (EOF when the consumer died; then it removes the run's shared memory).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from array import array
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any, Optional
+
+from ..errors import CorruptRecordError, ParrecioError
+from ..recordio import RecordReader
+from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
+from .ring import RingWriter
+from .shm import Segment, sweep
+
+__all__ = ["ReaderConfig", "reader_main"]
+
+
+@dataclass
+class ReaderConfig:
+    source: Any                 # a parrecio.sources Source (picklable)
+    epoch: int
+    nfields: int                # records per group
+    join: str                   # "mxnet" | "concat"
+    on_error: str               # "raise" | "skip"
+    max_record_bytes: int
+    ring_name: str
+    prefix: str                 # shm name prefix for one-off segments; swept if the consumer dies
+    chunk_groups: int           # groups per Chunk message
+    chunk_bytes: int            # ... or fewer when their payloads reach this many bytes
+    num_shards: int = 1
+    shard_index: int = 0
+    poll_interval: float = 1.0  # seconds between liveness checks while waiting
+
+
+class _Stopped(Exception):
+    """The consumer asked us to stop, or died."""
+
+
+@dataclass
+class _Stats:
+    records: int = 0
+    bytes: int = 0
+    groups: int = 0
+    sharded_out: int = 0
+    skipped_groups: int = 0
+    skipped_records: int = 0
+    skipped_bytes: int = 0
+    read_time: float = 0.0
+    wait_consumer_time: float = 0.0
+
+
+@dataclass
+class _Pending:
+    """The chunk being filled."""
+    stream_id: int = 0
+    first_seq: int = 0
+    n: int = 0
+    nbytes: int = 0
+    ring_offs: array = field(default_factory=lambda: array("q"))
+    lens: array = field(default_factory=lambda: array("q"))
+    stream_offs: array = field(default_factory=lambda: array("q"))
+
+
+class _Reader:
+    def __init__(self, cfg: ReaderConfig, data_conn, ctrl_conn, lifeline) -> None:
+        self.cfg = cfg
+        self.data = data_conn
+        self.ctrl = ctrl_conn
+        self.lifeline = lifeline
+        self.seg = Segment.attach(cfg.ring_name)
+        self.mem = memoryview(self.seg.buf)
+        self.ring = RingWriter(self.seg.size, self._wait_for_release)
+        self.stats = _Stats()
+        self.seq = 0          # next sequence number (groups of this shard)
+        self.group_index = 0  # groups seen in the stream (all shards)
+        self.pending = _Pending()
+        self.n_oneoff = 0
+
+    # -- control ---------------------------------------------------------------------------------
+    def _handle_ctrl(self) -> None:
+        while self.ctrl.poll():
+            msg = self.ctrl.recv()
+            if isinstance(msg, Release):
+                self.ring.release(msg.pos)
+            elif isinstance(msg, Stop):
+                raise _Stopped()
+
+    def _watch(self, extra: list, timeout: float) -> list:
+        """Wait until one of ``extra`` is ready, handling control messages and consumer death."""
+        ready = wait(extra + [self.ctrl, self.lifeline], timeout)
+        if self.lifeline in ready:
+            sweep(self.cfg.prefix)
+            raise _Stopped()
+        if self.ctrl in ready:
+            self._handle_ctrl()
+        return ready
+
+    def _wait_for_release(self, needed_tail: int) -> int:
+        self.flush()
+        t0 = time.perf_counter()
+        while self.ring.tail < needed_tail:
+            self._watch([], self.cfg.poll_interval)
+        self.stats.wait_consumer_time += time.perf_counter() - t0
+        return self.ring.tail
+
+    # -- chunks ----------------------------------------------------------------------------------
+    def flush(self) -> None:
+        p = self.pending
+        if p.n:
+            self.data.send(Chunk(p.first_seq, p.n, p.stream_id, p.ring_offs, p.lens, p.stream_offs,
+                                 self.ring.head))
+            self.pending = _Pending(stream_id=p.stream_id, first_seq=self.seq)
+        self._handle_ctrl()
+
+    def _emit_group(self, stream_id: int, parts: list, first_offset: int) -> None:
+        """A complete group: ``parts`` are ``(ring_off | None, length, bytes | None)`` per record."""
+        cfg = self.cfg
+        if any(off is None for off, _, _ in parts):
+            self._emit_oneoff(stream_id, parts, first_offset)
+            return
+        p = self.pending
+        if p.n == 0:
+            p.stream_id, p.first_seq = stream_id, self.seq
+        for off, n, _ in parts:
+            p.ring_offs.append(off)
+            p.lens.append(n)
+            p.nbytes += n
+        p.stream_offs.append(first_offset)
+        p.n += 1
+        self.seq += 1
+        if p.n >= cfg.chunk_groups or p.nbytes >= cfg.chunk_bytes:
+            self.flush()
+
+    def _emit_oneoff(self, stream_id: int, parts: list, first_offset: int) -> None:
+        """A group too big for the ring gets a segment of its own (a chunk of one group)."""
+        self.flush()
+        total = sum(n for _, n, _ in parts)
+        seg = Segment.create(f"{self.cfg.prefix}r{os.getpid()}x{self.n_oneoff}", total)
+        self.n_oneoff += 1
+        offs, lens, pos = array("q"), array("q"), 0
+        for off, n, data in parts:
+            seg.buf[pos:pos + n] = data if off is None else self.mem[off:off + n]
+            offs.append(pos)
+            lens.append(n)
+            pos += n
+        seg.close()  # the consumer owns it from now on and unlinks it after delivery
+        self.data.send(Chunk(self.seq, 1, stream_id, offs, lens, array("q", [first_offset]),
+                             self.ring.head, segment=seg.name))
+        self.seq += 1
+
+    # -- the stream ------------------------------------------------------------------------------
+    def run(self) -> None:
+        cfg = self.cfg
+        for stream_id, stream in enumerate(cfg.source.streams(cfg.epoch)):
+            self.flush()
+            self.data.send(StreamStart(stream_id, stream.name))
+            try:
+                self._read_stream(stream_id, stream)
+            finally:
+                try:
+                    stream.file.close()
+                except OSError:
+                    pass
+        self.flush()
+
+    def _read_stream(self, stream_id: int, stream) -> None:
+        cfg, st = self.cfg, self.stats
+        reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
+                              max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
+        parts: list = []
+        first_offset = 0
+        skipped_seen = 0
+        keep = True
+        for offset, view in reader.iter_views():
+            if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: the group is broken
+                skipped_seen = reader.skipped_records
+                if parts:
+                    st.skipped_groups += 1
+                    parts = []
+            n = len(view)
+            st.records += 1
+            st.bytes += n
+            if not parts:
+                first_offset = offset
+                keep = self.group_index % cfg.num_shards == cfg.shard_index
+            if keep:
+                if self.ring.fits(n):
+                    off = self.ring.place(n)
+                    self.mem[off:off + n] = view
+                    parts.append((off, n, None))
+                else:
+                    parts.append((None, n, bytes(view)))
+            else:
+                parts.append((None, 0, None))
+            if len(parts) == cfg.nfields:
+                self.group_index += 1
+                if keep:
+                    self._emit_group(stream_id, parts, first_offset)
+                else:
+                    st.sharded_out += 1
+                parts = []
+        st.skipped_records += reader.skipped_records
+        st.skipped_bytes += reader.skipped_bytes
+        if parts:
+            msg = (f"stream ended inside a group: {len(parts)} of {cfg.nfields} records "
+                   f"(the stream's record count is not a multiple of the group size)")
+            if cfg.on_error == "raise":
+                self.flush()
+                raise CorruptRecordError(msg, first_offset, source=stream.name)
+            st.skipped_groups += 1
+
+    def finish(self, error: Optional[BaseException]) -> None:
+        st = self.stats
+        st.groups = self.seq
+        self.flush()
+        self.data.send(ReaderEnd(self.seq, dict(st.__dict__), error))
+
+
+class _Watched:
+    """The stream as RecordReader sees it: before a read that would block, send what is pending and
+    keep watching the consumer; count the time spent reading."""
+
+    def __init__(self, file, reader: _Reader) -> None:
+        # Read below any Python-level buffer: data waiting in a BufferedReader would be invisible to
+        # select(), and we would wait for bytes we already have.
+        raw = getattr(file, "raw", None)
+        self._file = raw if raw is not None and hasattr(raw, "readinto") else file
+        self._reader = reader
+        try:
+            self._fd: Optional[int] = file.fileno()
+            self._regular = _is_regular(self._fd)
+        except (AttributeError, OSError, ValueError):
+            self._fd, self._regular = None, True
+        self.name = getattr(file, "name", None)
+
+    def _await_data(self) -> None:
+        if self._regular:
+            return
+        r = self._reader
+        if not select.select([self._fd], [], [], 0)[0]:
+            r.flush()  # the next read would block: let the decoders have what we hold
+            while not r._watch([self._fd], r.cfg.poll_interval):
+                pass
+
+    def readinto(self, buf) -> int:
+        self._await_data()
+        t0 = time.perf_counter()
+        try:
+            n = self._file.readinto(buf)
+        finally:
+            self._reader.stats.read_time += time.perf_counter() - t0
+        return n
+
+    def read(self, n: int = -1) -> bytes:
+        self._await_data()
+        t0 = time.perf_counter()
+        try:
+            return self._file.read(n)
+        finally:
+            self._reader.stats.read_time += time.perf_counter() - t0
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass  # the reader process closes the stream itself
+
+
+def _is_regular(fd: int) -> bool:
+    import stat
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def reader_main(cfg: ReaderConfig, data_conn, ctrl_conn, lifeline) -> None:
+    """Entry point of the reader process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
+    r = None
+    try:
+        r = _Reader(cfg, data_conn, ctrl_conn, lifeline)
+        try:
+            r.run()
+            r.finish(None)
+        except _Stopped:
+            return
+        except ParrecioError as exc:
+            r.finish(exc)
+        except Exception as exc:
+            r.finish(RemoteError(exc))
+    except (BrokenPipeError, EOFError, ConnectionResetError, _Stopped):
+        return  # the consumer is gone or closed the run
+    finally:
+        if r is not None:
+            r.mem.release()
+            r.seg.close()

@@ -1,0 +1,408 @@
+"""One pass over the stream (an epoch): the consumer's side of the pipeline.
+
+::
+
+    reader process --Chunk--> [ Run ] --Task--> worker 0..W-1 --TaskDone--> [ Run ] --> samples, in order
+                     <--Release/Stop--         (least loaded first,                  (views of output
+                                                at most `prefetch` tasks each)         slots, zero-copy)
+
+The run is driven by the consumer's own thread: no manager thread competes with the training loop for
+the GIL.  Each step of :meth:`Run.samples` is one of
+
+- ``_receive``: take Chunk messages from the reader (a chunk is a run of consecutive groups);
+- ``_dispatch``: give chunks to idle workers as tasks, after reserving output-slot positions for them;
+- ``_collect``: take results; re-run the tasks of a worker that died (see below);
+- ``_deliver``: hand out the samples of the oldest chunk once all its results are in, then release its
+  ring space (``Release``) and its one-off segment.
+
+Ordering is by construction: chunks are delivered oldest first, groups within a chunk in order.
+
+Worker death: its tasks are re-run.  A task of several groups is re-run as one task per group, so that a
+group that kills its worker again (a "poison" record) is found; a single group that killed two workers
+becomes a decode error of that sample instead of an endless respawn loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+
+from ..errors import CorruptRecordError, ParrecioError, PipelineError
+from .messages import Chunk, ReaderEnd, Release, RemoteError, Stop, StreamStart, Task, TaskDone
+from .reader_proc import ReaderConfig, reader_main
+from .pool import child_entry, describe_exit
+from .shm import Segment, sweep
+from .slots import Lease
+
+log = logging.getLogger("parrecio")
+
+__all__ = ["Run", "Sample"]
+
+
+@dataclass
+class Sample:
+    """A delivered sample: its field values (fixed-shape ones are views of ``lease``'s slot at
+    ``index``), its sequence number and stream offset."""
+    seq: int
+    values: tuple
+    lease: Optional[Lease]
+    index: int
+
+
+@dataclass
+class _Slot:
+    """A logical output slot of this run (positions ``k*S .. k*S+S-1``) and the physical slot it uses."""
+    phys: int
+    remaining: int           # positions not yet delivered or skipped
+    assigned: int = 0        # positions handed to groups so far
+    lease: Optional[Lease] = None
+
+
+@dataclass
+class _ChunkState:
+    chunk: Chunk
+    results: list
+    missing: int
+    pos0: Optional[int] = None          # output position of the first group (fixed-shape outputs)
+    dispatched: bool = False
+    attempts: Dict[int, int] = field(default_factory=dict)   # group -> times its worker died
+
+    @property
+    def complete(self) -> bool:
+        return self.missing == 0
+
+
+class Run:
+    """One pass over the stream.  Created and driven by :class:`parrecio.ParallelReader`."""
+
+    def __init__(self, shared: Any, epoch: int) -> None:
+        self.sh = shared            # the ParallelReader's long-lived parts: pool, ring, slots, config
+        self.cfg = shared.cfg
+        self.epoch = epoch
+        self.nf = len(self.cfg.decoders)
+        self.chunks: Deque[_ChunkState] = deque()   # received, not yet delivered (oldest first)
+        self.undispatched: Deque[_ChunkState] = deque()
+        self.retry: Deque[Tuple[_ChunkState, int, int]] = deque()  # (chunk, start, n) to re-run
+        self.tasks: Dict[int, _ChunkState] = {}
+        self.slots: Dict[int, _Slot] = {}
+        self.next_pos = 0
+        self.in_pipeline = 0        # chunks dispatched and not yet delivered
+        self.streams: Dict[int, str] = {}
+        self.end: Optional[ReaderEnd] = None
+        self.closed = False
+        self.stats = shared.stats
+        self._start_reader()
+
+    # -- reader process ----------------------------------------------------------------------------
+    def _start_reader(self) -> None:
+        sh, cfg = self.sh, self.cfg
+        ctx = sh.ctx
+        data_r, data_w = ctx.Pipe(duplex=False)
+        ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
+        rcfg = ReaderConfig(
+            source=sh.source, epoch=self.epoch, nfields=self.nf, join=cfg.join, on_error=cfg.on_error,
+            max_record_bytes=cfg.max_record_bytes, ring_name=sh.ring.name, prefix=sh.prefix,
+            chunk_groups=cfg.chunk_groups, chunk_bytes=cfg.chunk_bytes, num_shards=cfg.num_shards,
+            shard_index=cfg.shard_index, poll_interval=cfg.poll_interval)
+        self.reader = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
+                                  args=(sh.fork_close, reader_main, rcfg, data_w, ctrl_r, sh.lifeline_r))
+        self.reader.start()
+        data_w.close()
+        ctrl_r.close()
+        self.data, self.ctrl = data_r, ctrl_w
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def samples(self) -> Iterator[Sample]:
+        """Every sample of the pass, in stream order.  Raises the first error under ``on_error="raise"``."""
+        st = self.stats
+        try:
+            while True:
+                while self.chunks and self.chunks[0].complete:
+                    yield from self._deliver(self.chunks.popleft())
+                    self._step(0.0)
+                if self.end is not None and not self.chunks:
+                    self._finish()
+                    return
+                t0 = time.perf_counter()
+                self._step(self.cfg.poll_interval)
+                st.wait_workers_time += time.perf_counter() - t0
+        finally:
+            self.shutdown()
+
+    def _step(self, timeout: float) -> None:
+        """Dispatch what can be, then wait up to ``timeout`` s for a message or a death and handle it."""
+        self._dispatch()
+        pool = self.sh.pool
+        objs: List[Any] = pool.waitables() if pool is not None else []
+        if self.end is None:
+            objs += [self.data, self.reader.sentinel]
+        ready = wait(objs, timeout) if objs else []
+        if not ready:
+            return
+        if self.data in ready or self.reader.sentinel in ready:
+            self._receive()
+        if pool is not None:
+            done, orphans = pool.collect(ready)
+            for task, msg in done:
+                self._store(task, msg)
+            for task in orphans:
+                self._orphaned(task)
+            if done or orphans:
+                self._dispatch()
+
+    def _receive(self) -> None:
+        try:
+            while self.end is None and self.data.poll():
+                self._on_message(self.data.recv())
+        except (EOFError, OSError):
+            pass
+        if self.end is None and not self.reader.is_alive() and not self._poll_data():
+            raise PipelineError(f"the reader process died ({describe_exit(self.reader.exitcode)}) "
+                                f"before the end of the stream {self.sh.source.name!r}")
+
+    def _poll_data(self) -> bool:
+        try:
+            return self.data.poll()
+        except (EOFError, OSError):
+            return False
+
+    def _on_message(self, msg: Any) -> None:
+        if isinstance(msg, Chunk):
+            cs = _ChunkState(msg, [None] * msg.n, msg.n)
+            self.stats.chunks += 1
+            if all(self.sh.passthrough):
+                cs.missing = 0  # nothing to decode: the consumer copies the payloads out itself
+            else:
+                self.undispatched.append(cs)
+            self.chunks.append(cs)
+        elif isinstance(msg, StreamStart):
+            self.streams[msg.stream_id] = msg.name
+            log.info("parrecio: epoch %d: reading %s", self.epoch, msg.name)
+        elif isinstance(msg, ReaderEnd):
+            self.end = msg
+            self.stats.add_reader(msg.stats)
+
+    # -- dispatch ----------------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        pool = self.sh.pool
+        if pool is None:
+            return
+        cap = self.cfg.prefetch
+        while self.retry:
+            w = pool.pick(cap + 1)  # re-runs go first: the consumer is probably waiting for them
+            if w is None:
+                return
+            cs, start, n = self.retry.popleft()
+            self._submit(w, cs, start, n)
+        while self.undispatched:
+            w = pool.pick(cap)
+            if w is None:
+                return
+            cs = self.undispatched[0]
+            if self.sh.layout.has_fixed and cs.pos0 is None and not self._reserve(cs):
+                return
+            self.undispatched.popleft()
+            cs.dispatched = True
+            self.in_pipeline += 1
+            self._submit(w, cs, 0, cs.chunk.n)
+
+    def _submit(self, worker: Any, cs: _ChunkState, start: int, n: int) -> None:
+        c, nf = cs.chunk, self.nf
+        dest = []
+        if cs.pos0 is not None:
+            S = self.sh.layout.slot_size
+            j = start
+            while j < start + n:
+                p = cs.pos0 + j
+                k, i = divmod(p, S)
+                count = min(S - i, start + n - j)
+                dest.append((self.sh.slots.segments[self.slots[k].phys].name, j - start, i, count))
+                j += count
+        task = Task(self.sh.pool.next_id(), c.first_seq, start, n, c.segment or self.sh.ring.name,
+                    c.ring_offs[start * nf:(start + n) * nf], c.lens[start * nf:(start + n) * nf], dest)
+        self.tasks[task.task_id] = cs
+        self.sh.pool.submit(worker, task)
+
+    def _reserve(self, cs: _ChunkState) -> bool:
+        """Give the chunk's groups output positions, taking physical slots for new logical ones.
+        False when no slot is free (the user holds them, or they are still being filled)."""
+        S = self.sh.layout.slot_size
+        p0, n = self.next_pos, cs.chunk.n
+        for k in range(p0 // S, (p0 + n - 1) // S + 1):
+            if k not in self.slots:
+                stuck = self.in_pipeline == 0 and not self.retry  # nothing in flight could free one
+                phys = self.sh.slots.acquire(may_grow=stuck)
+                if phys is None:
+                    return False
+                self.slots[k] = _Slot(phys, S)
+        for k in range(p0 // S, (p0 + n - 1) // S + 1):
+            lo, hi = max(p0, k * S), min(p0 + n, (k + 1) * S)
+            self.slots[k].assigned += hi - lo
+        cs.pos0 = p0
+        self.next_pos = p0 + n
+        return True
+
+    # -- results -----------------------------------------------------------------------------------
+    def _store(self, task: Task, msg: TaskDone) -> None:
+        cs = self.tasks.pop(task.task_id, None)
+        if cs is None:
+            return
+        for j, v in enumerate(msg.values):
+            cs.results[task.start + j] = v
+        cs.missing -= task.n
+        self.stats.add_worker(msg.pid, msg.cpu, task.n)
+
+    def _orphaned(self, task: Task) -> None:
+        """The worker running ``task`` died: re-run its groups, one task per group."""
+        cs = self.tasks.pop(task.task_id, None)
+        if cs is None:
+            return
+        self.stats.reruns += 1
+        for j in range(task.start, task.start + task.n):
+            tries = cs.attempts.get(j, 0) + (1 if task.n == 1 else 0)
+            cs.attempts[j] = tries
+            if tries >= 2:
+                exc = PipelineError("a decoder process died twice while decoding this sample "
+                                    "(poison record: it crashes or exhausts its decoder)")
+                cs.results[j] = RemoteError(exc)
+                cs.missing -= 1
+            else:
+                self.retry.append((cs, j, 1))
+
+    # -- delivery ----------------------------------------------------------------------------------
+    def _deliver(self, cs: _ChunkState) -> Iterator[Sample]:
+        sh, c, nf = self.sh, cs.chunk, self.nf
+        S = sh.layout.slot_size
+        source = self.streams.get(c.stream_id, sh.source.name)
+        mem, seg = sh.ring_mem, None
+        if c.segment is not None and any(sh.passthrough):
+            seg = Segment.attach(c.segment)
+            mem = memoryview(seg.buf)
+        st = self.stats
+        try:
+            for j in range(c.n):
+                seq = c.first_seq + j
+                r = cs.results[j]
+                lease, index = None, 0
+                if cs.pos0 is not None:
+                    k, index = divmod(cs.pos0 + j, S)
+                    slot = self.slots[k]
+                    slot.remaining -= 1
+                    if not isinstance(r, RemoteError):
+                        if slot.lease is None:
+                            slot.lease = sh.slots.lease(slot.phys)
+                        lease = slot.lease
+                    if slot.remaining == 0:
+                        self._slot_done(k)
+                if isinstance(r, RemoteError):
+                    name = sh.field_names[r.field] if 0 <= r.field < nf else "group"
+                    err = r.as_decode_error(f"field {name!r} ({sh.cfg.decoders[r.field]!r})"
+                                            if 0 <= r.field < nf else "decoder process",
+                                            seq, c.stream_offs[j], source)
+                    if self.cfg.on_error == "raise":
+                        raise err
+                    st.skipped += 1
+                    log.warning("parrecio: skipped %s", err)
+                    continue
+                values = list(r) if r is not None else [None] * nf
+                for f in range(nf):
+                    if sh.passthrough[f]:
+                        off = c.ring_offs[j * nf + f]
+                        values[f] = bytes(mem[off:off + c.lens[j * nf + f]])
+                if lease is not None:
+                    values = list(sh.layout.merge(tuple(values), lease.arrays, index))
+                st.samples += 1
+                yield Sample(seq, tuple(values), lease, index)
+        finally:
+            if mem is not sh.ring_mem:
+                mem.release()
+            if seg is not None:
+                seg.close()
+        if cs.dispatched:
+            self.in_pipeline -= 1
+        if c.segment is not None:
+            Segment(c.segment, 0, None, False).unlink()
+        else:
+            try:
+                self.ctrl.send(Release(c.ring_end))
+            except (BrokenPipeError, OSError):
+                pass  # the reader has finished
+
+    def _slot_done(self, k: int) -> None:
+        slot = self.slots.pop(k)
+        slot.lease = None  # the user's views keep the memory; the pool frees it when they are gone
+        self.sh.slots.finish(slot.phys)
+
+    def _finish(self) -> None:
+        end = self.end
+        for k in list(self.slots):  # the last slot was only partly used
+            slot = self.slots[k]
+            slot.remaining -= self.sh.layout.slot_size - slot.assigned
+            if slot.remaining <= 0:
+                self._slot_done(k)
+        if end.error is not None:
+            err = end.error
+            if isinstance(err, RemoteError):
+                orig = err.original()
+                raise PipelineError(f"the reader process failed on {self.sh.source.name!r}: "
+                                    f"{err.type_name}: {err.message}") from orig
+            if isinstance(err, CorruptRecordError):
+                err = err.located(end.n_groups)
+            raise err
+
+    # -- shutdown ----------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """End the run: stop the reader, let in-flight tasks finish (or kill their workers), free the
+        run's slots and one-off segments.  Idempotent; returns within a few seconds whatever the peers do."""
+        if self.closed:
+            return
+        self.closed = True
+        sh = self.sh
+        try:
+            self.ctrl.send(Stop())
+        except (BrokenPipeError, OSError):
+            pass
+        deadline = time.monotonic() + 1.0
+        while self.reader.is_alive() and time.monotonic() < deadline:
+            self._drain_data()
+            self.reader.join(0.02)
+        if self.reader.is_alive():
+            self.reader.terminate()
+            self.reader.join(0.5)
+            if self.reader.is_alive():
+                self.reader.kill()
+                self.reader.join(1.0)
+        self._drain_data()
+        for cs in self.chunks:
+            if cs.chunk.segment is not None:
+                Segment(cs.chunk.segment, 0, None, False).unlink()
+        sweep(f"{sh.prefix}r{self.reader.pid}x")  # one-off segments it made but never sent
+        self.chunks.clear()
+        self.undispatched.clear()
+        self.retry.clear()
+        if sh.pool is not None and sh.pool.load():
+            sh.pool.drain_all(self.cfg.drain_timeout)
+        self.tasks.clear()
+        for k in list(self.slots):
+            self._slot_done(k)
+        for conn in (self.data, self.ctrl):
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def _drain_data(self) -> None:
+        try:
+            while self.data.poll():
+                msg = self.data.recv()
+                if isinstance(msg, Chunk):
+                    self.chunks.append(_ChunkState(msg, [], 0))
+                elif isinstance(msg, ReaderEnd) and self.end is None:
+                    self.end = msg
+                    self.stats.add_reader(msg.stats)
+        except (EOFError, OSError):
+            pass

@@ -1,0 +1,124 @@
+"""Named shared-memory segments with one owner, and the sweep that removes them if the owner dies.
+
+Why not :mod:`multiprocessing.shared_memory`: before Python 3.13 every process that *attaches* to a
+segment registers it with the resource tracker, which then unlinks it (with a warning) when that process
+exits -- a decoder process that ends would destroy the consumer's ring.  Here a segment is created and
+unlinked by its owner only; others attach and detach.
+
+Every name starts with ``parrecio-<owner pid>-<token>-``, so that if the owner is killed (SIGKILL leaves
+no chance to clean up) its surviving children can :func:`sweep` everything of that run from ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+from typing import Iterable, Optional
+
+try:  # CPython's own binding of shm_open/shm_unlink (what multiprocessing.shared_memory uses)
+    import _posixshmem
+except ImportError:  # pragma: no cover - non-POSIX platforms
+    _posixshmem = None
+
+__all__ = ["Segment", "new_prefix", "sweep", "SHM_DIR"]
+
+SHM_DIR = "/dev/shm"
+
+
+def new_prefix() -> str:
+    """A name prefix unique to this process and call: ``parrecio-<pid>-<token>-``."""
+    return f"parrecio-{os.getpid()}-{secrets.token_hex(4)}-"
+
+
+class Segment:
+    """A named shared-memory segment mapped into this process.
+
+    ``Segment.create(name, size)`` makes it (the caller owns it and must :meth:`unlink` it);
+    ``Segment.attach(name)`` maps an existing one.  ``buf`` is the writable ``mmap``.
+    """
+
+    __slots__ = ("name", "size", "buf", "_owner")
+
+    def __init__(self, name: str, size: int, buf: mmap.mmap, owner: bool) -> None:
+        self.name, self.size, self.buf, self._owner = name, size, buf, owner
+
+    @classmethod
+    def create(cls, name: str, size: int) -> "Segment":
+        if _posixshmem is None:  # pragma: no cover
+            raise OSError("POSIX shared memory is not available on this platform")
+        size = max(int(size), 1)
+        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        try:
+            os.ftruncate(fd, size)
+            buf = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            _unlink(name)
+            raise
+        os.close(fd)
+        return cls(name, size, buf, True)
+
+    @classmethod
+    def attach(cls, name: str) -> "Segment":
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+        try:
+            size = os.fstat(fd).st_size
+            buf = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return cls(name, size, buf, False)
+
+    def close(self) -> bool:
+        """Unmap, unless numpy arrays or memoryviews still use the memory (then the mapping lives on
+        until they are gone).  Returns whether it was unmapped."""
+        try:
+            self.buf.close()
+            return True
+        except BufferError:
+            return False
+
+    def unlink(self) -> None:
+        """Remove the name (the owner does this once); existing mappings stay valid."""
+        _unlink(self.name)
+
+    def __repr__(self) -> str:
+        return f"Segment({self.name!r}, {self.size})"
+
+
+def _unlink(name: str) -> None:
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
+def sweep(prefix: str, also: Iterable[str] = ()) -> int:
+    """Unlink every segment whose name starts with ``prefix`` (and the names in ``also``).
+
+    Used by children whose owner died.  Returns how many names were removed.
+    """
+    names = set(also)
+    try:
+        names.update(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
+    except OSError:  # no /dev/shm listing (macOS): only the names we know
+        pass
+    removed = 0
+    for name in names:
+        try:
+            _posixshmem.shm_unlink("/" + name)
+            removed += 1
+        except FileNotFoundError:
+            pass
+        except OSError:
+            pass
+    return removed
+
+
+def leftover(prefix: Optional[str] = None) -> list:
+    """Names of our segments still in ``/dev/shm`` (all of parrecio's, or those with ``prefix``)."""
+    want = prefix or "parrecio-"
+    try:
+        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(want))
+    except OSError:
+        return []

@@ -1,0 +1,179 @@
+"""Output slots: where decoders write fixed-shape results, and how the consumer lends them out.
+
+A slot is one shared-memory segment holding ``slot_size`` samples of every fixed-shape output (for each
+such output an array ``(slot_size, *shape)``; with ``batch_size`` set, ``slot_size == batch_size`` so a
+full slot *is* a batch).  Workers write sample results in place; the consumer hands out numpy views.
+
+Lending: a view never outlives the memory it shows, and a slot is reused only when no view of it is
+left.  Views are made from a *lease*, a ctypes array over the slot's memory: every numpy array derived
+from it keeps it alive, and a ``weakref.finalize`` on it reports the slot free when the last view is
+gone.  Finalizers may run in any thread, so they only append to a deque that the consumer drains.
+
+The pool starts with a few slots and grows only when every slot is held by the user (``list(reader)``):
+growing then costs what the user holds anyway, while waiting would deadlock.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Deque, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..decoders.base import ArraySpec, OutputSpec
+from .shm import Segment
+
+__all__ = ["SlotLayout", "SlotPool", "Lease"]
+
+_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class _Entry:
+    field: int            # index of the field in the group
+    part: Optional[int]   # position in a tuple value, or None when the value itself is the array
+    spec: ArraySpec
+    offset: int           # byte offset of this entry's (slot_size, *shape) array in the segment
+
+
+class SlotLayout:
+    """Where each fixed-shape output of each field lives inside a slot segment.  Picklable."""
+
+    def __init__(self, specs: Sequence[OutputSpec], slot_size: int) -> None:
+        self.slot_size = slot_size
+        self.specs = list(specs)
+        entries: List[_Entry] = []
+        offset = 0
+        for f, spec in enumerate(specs):
+            parts = [(None, spec)] if isinstance(spec, ArraySpec) else \
+                list(enumerate(spec)) if isinstance(spec, tuple) else []
+            for part, s in parts:
+                if s is None:
+                    continue
+                entries.append(_Entry(f, part, s, offset))
+                offset += -(-(slot_size * s.nbytes) // _ALIGN) * _ALIGN
+        self.entries = entries
+        self.nbytes = max(offset, 1)
+
+    @property
+    def has_fixed(self) -> bool:
+        return bool(self.entries)
+
+    def arrays(self, buf) -> List[np.ndarray]:
+        """One ``(slot_size, *shape)`` array per entry, over ``buf`` (an mmap or a lease)."""
+        return [np.frombuffer(buf, e.spec.dtype, self.slot_size * int(np.prod(e.spec.shape, dtype=np.int64)),
+                              e.offset).reshape((self.slot_size,) + e.spec.shape) for e in self.entries]
+
+    def outs(self, arrays: List[np.ndarray], index: int) -> List[object]:
+        """Per field, the ``out`` argument of ``decode_into`` for the sample at slot ``index``:
+        an array (ArraySpec), a tuple of arrays/None (tuple spec), or None (no fixed output)."""
+        outs: List[object] = [None] * len(self.specs)
+        for f, spec in enumerate(self.specs):
+            if isinstance(spec, tuple):
+                outs[f] = [None] * len(spec)
+        for e, arr in zip(self.entries, arrays):
+            if e.part is None:
+                outs[e.field] = arr[index]
+            else:
+                outs[e.field][e.part] = arr[index]
+        return [tuple(o) if isinstance(o, list) else o for o in outs]
+
+    def merge(self, ragged: Tuple, arrays: List[np.ndarray], index: int) -> Tuple:
+        """The full value tuple of one sample: ``ragged`` with the fixed outputs filled in from slots."""
+        values = list(ragged)
+        parts = {}
+        for e, arr in zip(self.entries, arrays):
+            if e.part is None:
+                values[e.field] = arr[index]
+            else:
+                parts.setdefault(e.field, list(values[e.field]))[e.part] = arr[index]
+        for f, p in parts.items():
+            values[f] = tuple(p)
+        return tuple(values)
+
+
+class Lease:
+    """The consumer's claim on a slot's memory while views of it are in the user's hands."""
+
+    __slots__ = ("slot", "arrays", "__weakref__")
+
+    def __init__(self, pool: "SlotPool", slot: int) -> None:
+        seg = pool.segments[slot]
+        mem = (ctypes.c_ubyte * seg.size).from_buffer(seg.buf)
+        self.slot = slot
+        self.arrays = pool.layout.arrays(mem)
+        weakref.finalize(mem, pool._released.append, slot)
+
+
+class SlotPool:
+    """The consumer's set of output slots.  Only the consumer thread calls its methods."""
+
+    def __init__(self, layout: SlotLayout, prefix: str, initial: int) -> None:
+        self.layout = layout
+        self.prefix = prefix
+        self.segments: List[Segment] = []
+        self.free: Deque[int] = deque()
+        self._released: Deque[int] = deque()  # appended by lease finalizers, from any thread
+        self._leased = set()
+        self._busy = set()  # acquired by a run, not yet finished
+        for _ in range(initial):
+            self._grow()
+
+    def _grow(self) -> int:
+        slot = len(self.segments)
+        self.segments.append(Segment.create(f"{self.prefix}s{slot}", self.layout.nbytes))
+        self.free.append(slot)
+        return slot
+
+    @property
+    def names(self) -> List[str]:
+        return [s.name for s in self.segments]
+
+    def poll(self) -> None:
+        """Take in the slots whose last view died."""
+        while self._released:
+            slot = self._released.popleft()
+            self._leased.discard(slot)
+            if slot not in self._busy:
+                self.free.append(slot)
+
+    def acquire(self, may_grow: bool) -> Optional[int]:
+        """A free slot, or a new one when ``may_grow`` and none is free, else None."""
+        self.poll()
+        if not self.free:
+            if not may_grow:
+                return None
+            self._grow()
+        slot = self.free.popleft()
+        self._busy.add(slot)
+        return slot
+
+    def lease(self, slot: int) -> Lease:
+        self._leased.add(slot)
+        return Lease(self, slot)
+
+    def finish(self, slot: int) -> None:
+        """The run is done with ``slot``: it is free once no view of it is left."""
+        self._busy.discard(slot)
+        self.poll()
+        if slot not in self._leased:
+            self.free.append(slot)
+
+    def all_user_held(self) -> bool:
+        """True when no slot is free or busy in the run: every one is in the user's hands."""
+        self.poll()
+        return not self.free and not self._busy
+
+    def writer_arrays(self, slot: int) -> List[np.ndarray]:
+        return self.layout.arrays(self.segments[slot].buf)
+
+    def close(self) -> None:
+        """Unlink every segment; unmap those no view uses (the others stay mapped for the user)."""
+        for seg in self.segments:
+            seg.unlink()
+            seg.close()
+        self.segments = []
+        self.free.clear()

@@ -1,0 +1,148 @@
+"""Decoders and streams for the pipeline tests.  Importable by decoder processes under every start
+method (spawn/forkserver children get the parent's sys.path, which pytest has put this folder on)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from typing import List
+
+import numpy as np
+
+from parrecio.decoders import ArraySpec
+from parrecio.recordio import RecordWriter
+
+
+def digest_array(payload, shape=(4, 3)) -> np.ndarray:
+    """A deterministic uint8 array from the payload's bytes (sha256, repeated)."""
+    n = int(np.prod(shape))
+    h = hashlib.sha256(bytes(payload)).digest()
+    return np.frombuffer((h * (n // 32 + 1))[:n], np.uint8).reshape(shape).copy()
+
+
+class Fixed:
+    """payload -> digest array of a fixed shape; writes straight into the output slot."""
+
+    def __init__(self, shape=(4, 3)):
+        self.shape = tuple(shape)
+        self.output_spec = ArraySpec(self.shape, np.uint8)
+
+    def __call__(self, payload):
+        return digest_array(payload, self.shape)
+
+    def decode_into(self, payload, out):
+        out[...] = digest_array(payload, self.shape)
+
+
+class FixedNoInto:
+    """Like Fixed, but without decode_into: the pipeline copies the returned value into the slot."""
+
+    output_spec = ArraySpec((4, 3), np.uint8)
+
+    def __call__(self, payload):
+        return digest_array(payload)
+
+
+class Sleepy(Fixed):
+    """Fixed, after sleeping 0..max_ms milliseconds (chosen by the payload): uneven decode times."""
+
+    def __init__(self, max_ms=3.0):
+        super().__init__()
+        self.max_ms = max_ms
+
+    def decode_into(self, payload, out):
+        time.sleep(hashlib.md5(bytes(payload)).digest()[0] / 255 * self.max_ms / 1000)
+        super().decode_into(payload, out)
+
+
+class Ragged:
+    """payload -> int32 array whose length depends on the payload (travels in the result message)."""
+
+    def __call__(self, payload):
+        b = bytes(payload)
+        return np.frombuffer(b[: len(b) // 4 * 4], np.int32).copy()
+
+
+class Pair:
+    """payload -> (fixed digest array, ragged dict): a tuple output_spec like ImageRecord's."""
+
+    output_spec = (ArraySpec((4, 3), np.uint8), None)
+
+    def __call__(self, payload):
+        return digest_array(payload), {"n": len(payload)}
+
+    def decode_into(self, payload, out):
+        out[0][...] = digest_array(payload)
+        return (None, {"n": len(payload)})
+
+
+class FailOn:
+    """Raises ValueError on payloads starting with ``marker``, else returns the digest array."""
+
+    output_spec = ArraySpec((4, 3), np.uint8)
+
+    def __init__(self, marker: bytes):
+        self.marker = marker
+
+    def __call__(self, payload):
+        if bytes(payload[: len(self.marker)]) == self.marker:
+            raise ValueError(f"refusing {bytes(payload[:16])!r}")
+        return digest_array(payload)
+
+
+class KillOn(Fixed):
+    """SIGKILLs its own process on payloads starting with ``marker`` (a poison record)."""
+
+    def __init__(self, marker: bytes):
+        super().__init__()
+        self.marker = marker
+
+    def decode_into(self, payload, out):
+        if bytes(payload[: len(self.marker)]) == self.marker:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().decode_into(payload, out)
+
+
+class KillOnceOn(Fixed):
+    """SIGKILLs its process the first time it meets ``marker`` (a flag file remembers), like an
+    OOM kill that does not come back."""
+
+    def __init__(self, marker: bytes, flag_path: str):
+        super().__init__()
+        self.marker, self.flag_path = marker, flag_path
+
+    def decode_into(self, payload, out):
+        if bytes(payload[: len(self.marker)]) == self.marker and not os.path.exists(self.flag_path):
+            open(self.flag_path, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().decode_into(payload, out)
+
+
+def payloads(n: int, seed: int = 0, max_len: int = 200) -> List[bytes]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, int(rng.integers(0, max_len)), dtype=np.uint8).tobytes() for _ in range(n)]
+
+
+def write_rec(path, records) -> List[int]:
+    """Write records with RecordWriter; return each record's byte offset."""
+    offsets = []
+    with RecordWriter(str(path)) as w:
+        for r in records:
+            offsets.append(w.tell())
+            w.write(r)
+    return offsets
+
+
+def our_children() -> List[int]:
+    """Live child processes of this process (zombies excluded)."""
+    import psutil
+    out = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE and "forkserver" not in " ".join(c.cmdline()):
+                out.append(c.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
