@@ -86,6 +86,7 @@ class Task:
     ring_offs: array
     lens: array
     dest: List[Tuple[str, int, int, int]] = field(default_factory=list)
+    isolated: bool = False  # a re-run after a crash: its worker gets no other task meanwhile
 
 
 @dataclass

@@ -93,8 +93,11 @@ class WorkerPool:
         return sum(len(w.inflight) for w in self.workers)
 
     def pick(self, max_inflight: int) -> Optional[_Worker]:
-        """The least loaded worker with fewer than ``max_inflight`` tasks, or None."""
-        best = min(self.workers, key=lambda w: len(w.inflight), default=None)
+        """The least loaded worker with fewer than ``max_inflight`` tasks, or None.  A worker running
+        an isolated task gets nothing else (were it to die, the task must be the only suspect)."""
+        best = min((w for w in self.workers
+                    if not any(t.isolated for t in w.inflight.values())),
+                   key=lambda w: len(w.inflight), default=None)
         return best if best is not None and len(best.inflight) < max_inflight else None
 
     def submit(self, worker: _Worker, task: Task) -> None:

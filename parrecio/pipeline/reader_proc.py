@@ -309,8 +309,12 @@ def reader_main(cfg: ReaderConfig, data_conn, ctrl_conn, lifeline) -> None:
             r.finish(exc)
         except Exception as exc:
             r.finish(RemoteError(exc))
-    except (BrokenPipeError, EOFError, ConnectionResetError, _Stopped):
-        return  # the consumer is gone or closed the run
+    except _Stopped:
+        return
+    except (EOFError, OSError):
+        # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after).
+        if lifeline.poll(cfg.poll_interval):
+            sweep(cfg.prefix)
     finally:
         if r is not None:
             r.mem.release()

@@ -151,6 +151,7 @@ class Run:
                 self._store(task, msg)
             for task in orphans:
                 self._orphaned(task)
+            self.stats.workers_replaced = pool.replaced
             if done or orphans:
                 self._dispatch()
 
@@ -193,11 +194,11 @@ class Run:
             return
         cap = self.cfg.prefetch
         while self.retry:
-            w = pool.pick(cap + 1)  # re-runs go first: the consumer is probably waiting for them
+            w = pool.pick(1)  # re-runs go first, each alone on an idle worker
             if w is None:
                 return
             cs, start, n = self.retry.popleft()
-            self._submit(w, cs, start, n)
+            self._submit(w, cs, start, n, isolated=True)
         while self.undispatched:
             w = pool.pick(cap)
             if w is None:
@@ -210,7 +211,7 @@ class Run:
             self.in_pipeline += 1
             self._submit(w, cs, 0, cs.chunk.n)
 
-    def _submit(self, worker: Any, cs: _ChunkState, start: int, n: int) -> None:
+    def _submit(self, worker: Any, cs: _ChunkState, start: int, n: int, isolated: bool = False) -> None:
         c, nf = cs.chunk, self.nf
         dest = []
         if cs.pos0 is not None:
@@ -223,7 +224,8 @@ class Run:
                 dest.append((self.sh.slots.segments[self.slots[k].phys].name, j - start, i, count))
                 j += count
         task = Task(self.sh.pool.next_id(), c.first_seq, start, n, c.segment or self.sh.ring.name,
-                    c.ring_offs[start * nf:(start + n) * nf], c.lens[start * nf:(start + n) * nf], dest)
+                    c.ring_offs[start * nf:(start + n) * nf], c.lens[start * nf:(start + n) * nf], dest,
+                    isolated)
         self.tasks[task.task_id] = cs
         self.sh.pool.submit(worker, task)
 
@@ -257,15 +259,16 @@ class Run:
         self.stats.add_worker(msg.pid, msg.cpu, task.n)
 
     def _orphaned(self, task: Task) -> None:
-        """The worker running ``task`` died: re-run its groups, one task per group."""
+        """The worker running ``task`` died: re-run its groups, each alone on an idle worker.  A group
+        whose isolated re-run kills its worker too has killed two: it is a poison record."""
         cs = self.tasks.pop(task.task_id, None)
         if cs is None:
             return
         self.stats.reruns += 1
         for j in range(task.start, task.start + task.n):
-            tries = cs.attempts.get(j, 0) + (1 if task.n == 1 else 0)
+            tries = cs.attempts.get(j, 0) + 1
             cs.attempts[j] = tries
-            if tries >= 2:
+            if task.isolated and tries >= 2:
                 exc = PipelineError("a decoder process died twice while decoding this sample "
                                     "(poison record: it crashes or exhausts its decoder)")
                 cs.results[j] = RemoteError(exc)

@@ -60,15 +60,14 @@ def worker_main(cfg: WorkerConfig, index: int, task_conn, result_conn, lifeline)
                 return
             if task_conn not in ready:
                 continue
-            try:
-                msg = task_conn.recv()
-            except (EOFError, OSError):
-                return
+            msg = task_conn.recv()
             if isinstance(msg, Stop):
                 return
             result_conn.send(_run_task(cfg, msg, ring, slots))
-    except (BrokenPipeError, EOFError, ConnectionResetError):
-        return  # the consumer closed our pipes: nothing left to do
+    except (EOFError, OSError):
+        # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after).
+        if lifeline.poll(cfg.poll_interval):
+            sweep(cfg.prefix)
     finally:
         for seg, _ in slots.values():
             seg.close()

@@ -1,0 +1,333 @@
+"""ParallelReader: output equals a sequential decode, in order, for any number of workers and batch
+sizes; framing, group and decode errors follow the policy; memory handed out is never overwritten;
+nothing is left behind."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from parrecio import CorruptRecordError, DecodeError, ParallelReader
+from parrecio.decoders import Json, Raw
+from parrecio.pipeline.shm import leftover
+from pipeline_helpers import (Fixed, FixedNoInto, FailOn, Pair, Ragged, Sleepy, digest_array, our_children,
+                              payloads, write_rec)
+
+
+@pytest.fixture
+def no_leaks():
+    """After the test: no process of ours and no /dev/shm segment of ours is left."""
+    before = set(leftover())
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while (our_children() or set(leftover()) - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert our_children() == []
+    assert set(leftover()) - before == set()
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory):
+    recs = payloads(400, seed=1)
+    path = tmp_path_factory.mktemp("pipe") / "s.rec"
+    offsets = write_rec(path, recs)
+    return path, recs, offsets
+
+
+def flatten(batches):
+    return [x for b in batches for x in b]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+@pytest.mark.parametrize("batch_size", [None, 1, 7, 64])
+def test_equals_sequential_decode(stream, workers, batch_size, no_leaks):
+    path, recs, _ = stream
+    expected = [digest_array(r) for r in recs]
+    with ParallelReader(path, fields=Sleepy(2.0), workers=workers, batch_size=batch_size,
+                        chunk_groups=5) as reader:
+        out = list(reader)
+        assert len(reader.worker_pids) == workers
+    if batch_size is None:
+        got = out
+    else:
+        assert [len(b) for b in out] == [min(batch_size, len(recs) - i) for i in range(0, len(recs), batch_size)]
+        assert all(isinstance(b, np.ndarray) and b.dtype == np.uint8 for b in out)
+        got = flatten(out)
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        assert np.array_equal(a, b), f"sample {i} differs"
+
+
+def test_tuples_dicts_and_mixed_fields(stream, no_leaks):
+    path, recs, _ = stream
+    groups = [recs[i:i + 3] for i in range(0, len(recs) - len(recs) % 3, 3)]
+    with ParallelReader(path, fields={"a": Raw(), "b": Fixed(), "c": Ragged()}, workers=2,
+                        on_error="skip") as reader:
+        out = list(reader)
+    assert len(out) == len(groups)
+    for s, g in zip(out, groups):
+        assert s["a"] == g[0]
+        assert np.array_equal(s["b"], digest_array(g[1]))
+        assert np.array_equal(s["c"], np.frombuffer(g[2][: len(g[2]) // 4 * 4], np.int32))
+    # 400 records in groups of 3: one record left over, counted as a skipped (broken) group
+    assert reader.stats.skipped == 1
+    with ParallelReader(path, fields=(Raw(), Pair()), workers=2, batch_size=16) as reader:
+        batches = list(reader)
+    b0 = batches[0]
+    assert isinstance(b0, tuple) and len(b0) == 2
+    assert b0[0] == recs[0:32:2]
+    images, infos = b0[1]
+    assert images.shape == (16, 4, 3) and np.array_equal(images[3], digest_array(recs[7]))
+    assert infos == [{"n": len(r)} for r in recs[1:32:2]]
+
+
+def test_fixed_spec_without_decode_into_and_ragged_batches(stream, no_leaks):
+    path, recs, _ = stream
+    with ParallelReader(path, fields=[FixedNoInto(), Ragged()], workers=2, batch_size=10) as reader:
+        batches = list(reader)
+    fixed = np.concatenate([b[0] for b in batches])
+    assert np.array_equal(fixed, np.stack([digest_array(r) for r in recs[0::2]]))
+    # ragged arrays of different lengths stay a list
+    assert isinstance(batches[0][1], list)
+    assert all(np.array_equal(x, np.frombuffer(r[: len(r) // 4 * 4], np.int32))
+               for x, r in zip(flatten(b[1] for b in batches), recs[1::2]))
+
+
+def test_raw_passthrough_of_100k_small_records(tmp_path, no_leaks):
+    recs = [i.to_bytes(4, "little") * (i % 5) for i in range(100_000)]
+    path = tmp_path / "small.rec"
+    write_rec(path, recs)
+    with ParallelReader(path, workers=2) as reader:
+        out = list(reader)
+        assert reader.worker_pids == []  # nothing to decode: no decoder process at all
+    assert out == recs
+    assert reader.stats.samples == 100_000 and reader.stats.records == 100_000
+
+
+def test_empty_and_huge_records_larger_than_the_ring(tmp_path, no_leaks):
+    rng = np.random.default_rng(5)
+    big = rng.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    recs = [b"", big, b"x", b"", big[:1 << 20], b"tail"]
+    path = tmp_path / "big.rec"
+    write_rec(path, recs)
+    for fields in (None, Fixed()):
+        with ParallelReader(path, fields=fields, workers=2, ring_bytes=1 << 20) as reader:
+            out = list(reader)
+        if fields is None:
+            assert out == recs
+        else:
+            assert all(np.array_equal(a, digest_array(r)) for a, r in zip(out, recs))
+            assert len(out) == len(recs)
+
+
+@pytest.mark.parametrize("group", [1, 2, 3])
+def test_group_sizes(stream, group, no_leaks):
+    path, recs, offsets = stream
+    n = len(recs) // group * group
+    fields = [Raw()] * group
+    with ParallelReader(path, fields=fields, workers=2, on_error="raise") as reader:
+        it = iter(reader)
+        got = []
+        if n == len(recs):
+            got = list(it)
+        else:
+            with pytest.raises(CorruptRecordError) as ei:
+                for s in it:
+                    got.append(s)
+            err = ei.value
+            assert err.offset == offsets[n]
+            assert err.index == n // group
+            assert f"byte offset {offsets[n]}" in str(err) and f"sample {n // group}" in str(err)
+            assert "inside a group" in str(err)
+    assert got == [tuple(recs[i:i + group]) for i in range(0, n, group)]
+
+
+def test_decode_error_is_raised_at_its_position(tmp_path, no_leaks):
+    recs = [b"ok%d" % i for i in range(100)]
+    recs[37] = b"BAD-record"
+    path = tmp_path / "e.rec"
+    offsets = write_rec(path, recs)
+    got = []
+    with ParallelReader(path, fields=FailOn(b"BAD"), workers=2, chunk_groups=4) as reader:
+        with pytest.raises(DecodeError) as ei:
+            for s in reader:
+                got.append(s)
+    err = ei.value
+    assert len(got) == 37 and all(np.array_equal(a, digest_array(r)) for a, r in zip(got, recs))
+    assert (err.index, err.offset) == (37, offsets[37])
+    assert "sample 37" in str(err) and f"byte offset {offsets[37]}" in str(err)
+    assert "refusing" in str(err) and isinstance(err.__cause__, ValueError)
+    with ParallelReader(path, fields=FailOn(b"BAD"), workers=2, batch_size=10, on_error="skip") as reader:
+        out = flatten(list(reader))
+        assert reader.stats.skipped == 1
+    assert len(out) == 99
+    assert all(np.array_equal(a, digest_array(r)) for a, r in zip(out, recs[:37] + recs[38:]))
+
+
+def test_json_field_errors_name_the_field(tmp_path, no_leaks):
+    recs = [b"img", b'{"a": 1}', b"img", b"{not json"]
+    path = tmp_path / "j.rec"
+    offsets = write_rec(path, recs)
+    with ParallelReader(path, fields={"image": Raw(), "label": Json()}, workers=1) as reader:
+        it = iter(reader)
+        assert next(it) == {"image": b"img", "label": {"a": 1}}
+        with pytest.raises(DecodeError, match=r"field 'label'.*invalid JSON.*sample 1, byte offset") as ei:
+            next(it)
+    assert ei.value.offset == offsets[2]
+
+
+def test_held_arrays_are_never_overwritten(stream, no_leaks):
+    path, recs, _ = stream
+    expected = [digest_array(r) for r in recs]
+    with ParallelReader(path, fields=Fixed(), workers=2, batch_size=8, prefetch=1, chunk_groups=4) as reader:
+        held = list(reader)          # every batch kept: the pool must grow, never recycle
+        again = flatten(list(reader))  # a second epoch while the first is still held
+    assert all(np.array_equal(a, b) for a, b in zip(flatten(held), expected))
+    assert all(np.array_equal(a, b) for a, b in zip(again, expected))
+    # arrays stay valid (and unchanged) after close()
+    assert np.array_equal(held[3][2], expected[26])
+
+
+def test_slots_are_recycled_when_views_die(stream, no_leaks):
+    path, recs, _ = stream
+    with ParallelReader(path, fields=Fixed(), workers=2, batch_size=8) as reader:
+        next(iter(reader))
+        initial = len(reader._sh.slots.segments)
+        for _ in range(3):
+            for batch in reader:
+                pass
+        n_slots = len(reader._sh.slots.segments)
+    # bounded by what is in flight, not by the stream's length (50 batches x 3): no growth at all
+    assert n_slots == initial < 50
+
+
+def test_zero_copy_batches_are_views_of_shared_memory(stream, no_leaks):
+    path, _, _ = stream
+    with ParallelReader(path, fields=Fixed(), workers=2, batch_size=16) as reader:
+        batch = next(iter(reader))
+        assert not batch.flags.owndata and batch.shape == (16, 4, 3)
+
+
+def test_early_break_leaves_nothing_behind(stream, no_leaks):
+    path, _, _ = stream
+    reader = ParallelReader(path, fields=Sleepy(), workers=2, batch_size=4)
+    for i, _ in enumerate(reader):
+        if i == 3:
+            break
+    assert reader.state.value == "idle"
+    assert len(reader.worker_pids) == 2
+    reader.close()
+
+
+def test_exception_in_loop_body_and_dropped_reader(stream, no_leaks):
+    path, _, _ = stream
+    with pytest.raises(KeyError):
+        with ParallelReader(path, fields=Fixed(), workers=2) as reader:
+            for _ in reader:
+                raise KeyError("user code")
+    reader = ParallelReader(path, fields=Fixed(), workers=2)
+    it = iter(reader)
+    next(it)
+    del it, reader  # no close(): the finalizer must clean up
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_start_methods(stream, method, no_leaks):
+    path, recs, _ = stream
+    with ParallelReader(path, fields=[Fixed(), Raw()], workers=2, start_method=method) as reader:
+        out = list(reader)
+    assert [bytes(b) for _, b in out] == recs[1::2]
+    assert all(np.array_equal(a, digest_array(r)) for (a, _), r in zip(out, recs[0::2]))
+
+
+def test_fifo_fed_slowly_by_another_process(tmp_path, no_leaks):
+    import subprocess
+    import sys
+    recs = payloads(60, seed=3)
+    src = tmp_path / "src.rec"
+    write_rec(src, recs)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    feeder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "with open(sys.argv[2], 'wb', buffering=0) as f:\n"
+        "    for i in range(0, len(data), 997):\n"
+        "        f.write(data[i:i + 997]); time.sleep(0.002)\n"), str(src), str(fifo)])
+    try:
+        with ParallelReader(str(fifo), fields=Fixed(), workers=2, batch_size=5) as reader:
+            t0 = time.monotonic()
+            first = next(iter(reader))
+            latency = time.monotonic() - t0
+            rest = flatten(list(reader)) if False else None
+            assert first.shape == (5, 4, 3)
+    finally:
+        feeder.wait(10)
+    assert np.array_equal(first[4], digest_array(recs[4]))
+    assert latency < 5  # records flow as they arrive, not at EOF
+
+
+def test_fifo_whole_stream_in_order(tmp_path, no_leaks):
+    import subprocess
+    import sys
+    recs = payloads(300, seed=4, max_len=3000)
+    src = tmp_path / "src.rec"
+    write_rec(src, recs)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    feeder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "with open(sys.argv[2], 'wb', buffering=0) as f:\n"
+        "    for i in range(0, len(data), 4093):\n"
+        "        f.write(data[i:i + 4093]); time.sleep(0.001)\n"), str(src), str(fifo)])
+    try:
+        with ParallelReader(str(fifo), workers=2) as reader:
+            out = list(reader)
+    finally:
+        feeder.wait(10)
+    assert out == recs
+
+
+def test_file_object_and_stdin_like_sources(stream, no_leaks):
+    import io
+    path, recs, _ = stream
+    data = open(path, "rb").read()
+    with ParallelReader(io.BytesIO(data), workers=1) as reader:
+        assert list(reader) == recs
+    with open(path, "rb") as f, ParallelReader(f, fields=Fixed(), workers=1, batch_size=100) as reader:
+        out = flatten(list(reader))
+    assert all(np.array_equal(a, digest_array(r)) for a, r in zip(out, recs))
+
+
+def test_sharding_splits_the_stream_into_disjoint_complete_parts(stream, no_leaks):
+    path, recs, _ = stream
+    parts = []
+    for k in range(3):
+        with ParallelReader(path, workers=1, num_shards=3, shard_index=k) as reader:
+            parts.append(list(reader))
+            assert reader.stats.sharded_out == len(recs) - len(parts[-1])
+    assert parts[0] == recs[0::3] and parts[1] == recs[1::3] and parts[2] == recs[2::3]
+
+
+def test_stats_and_arguments(stream, no_leaks):
+    path, recs, _ = stream
+    with ParallelReader(path, fields=Fixed(), workers=2, batch_size=32) as reader:
+        n = sum(len(b) for b in reader)
+        st = reader.stats
+    assert n == st.samples == len(recs) and st.records == len(recs)
+    assert st.bytes == sum(map(len, recs))
+    assert sum(st.decoded.values()) == len(recs)
+    assert st.wait_workers_time >= 0 and st.read_time >= 0
+    with pytest.raises(ValueError):
+        ParallelReader(path, on_error="ignore")
+    with pytest.raises(ValueError):
+        ParallelReader(path, batch_size=0)
+    with pytest.raises(TypeError):
+        ParallelReader(path, fields=[Raw(), 3])

@@ -1,0 +1,189 @@
+"""Faults injected for real: killed workers, poison records, a killed consumer, Ctrl-C, stalled
+sources.  Each compares the output with an undisturbed run and checks processes and /dev/shm after."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from parrecio import DecodeError, ParallelReader
+from parrecio.pipeline.shm import leftover
+from pipeline_helpers import (KillOn, KillOnceOn, Sleepy, digest_array, payloads, write_rec)
+from test_pipeline import flatten, no_leaks  # noqa: F401  (fixture)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory):
+    recs = payloads(300, seed=7)
+    path = tmp_path_factory.mktemp("rel") / "s.rec"
+    offsets = write_rec(path, recs)
+    return path, recs, offsets
+
+
+def test_killed_worker_is_replaced_and_its_groups_rerun(stream, no_leaks):
+    path, recs, _ = stream
+    expected = [digest_array(r) for r in recs]
+    out = []
+    with ParallelReader(path, fields=Sleepy(4.0), workers=2, batch_size=10, chunk_groups=8) as reader:
+        for i, batch in enumerate(reader):
+            out.append(batch.copy())
+            if i in (3, 12):
+                victim = reader.worker_pids[i % 2]
+                os.kill(victim, signal.SIGKILL)
+                time.sleep(0.05)
+        assert reader.stats.workers_replaced >= 2
+        assert len(reader.worker_pids) == 2 and victim not in reader.worker_pids
+    got = flatten(out)
+    assert len(got) == len(expected)
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_worker_killed_once_by_a_record_rerun_identically(stream, tmp_path, no_leaks):
+    path, recs, _ = stream
+    marked = list(recs)
+    marked[123] = b"OOM!" + recs[123]
+    p2 = tmp_path / "m.rec"
+    write_rec(p2, marked)
+    with ParallelReader(p2, fields=KillOnceOn(b"OOM!", str(tmp_path / "flag")), workers=2,
+                        batch_size=16) as reader:
+        got = flatten(list(reader))
+        assert reader.stats.reruns >= 1
+    assert all(np.array_equal(a, digest_array(r)) for a, r in zip(got, marked))
+    assert len(got) == len(marked)
+
+
+def test_poison_record_becomes_a_decode_error(stream, tmp_path, no_leaks):
+    path, recs, _ = stream
+    marked = list(recs)
+    marked[200] = b"POISON" + recs[200]
+    p2 = tmp_path / "p.rec"
+    offsets = write_rec(p2, marked)
+    got = []
+    with ParallelReader(p2, fields=KillOn(b"POISON"), workers=2) as reader:
+        with pytest.raises(DecodeError) as ei:
+            for s in reader:
+                got.append(s)
+    assert len(got) == 200
+    assert (ei.value.index, ei.value.offset) == (200, offsets[200])
+    assert "died twice" in str(ei.value)
+    with ParallelReader(p2, fields=KillOn(b"POISON"), workers=2, on_error="skip", batch_size=50) as reader:
+        got = flatten(list(reader))
+        assert reader.stats.skipped == 1
+    assert len(got) == 299
+    assert all(np.array_equal(a, digest_array(r)) for a, r in zip(got, marked[:200] + marked[201:]))
+
+
+def _script(body: str) -> str:
+    return textwrap.dedent(f"""
+        import os, sys, time, signal
+        sys.path.insert(0, {HERE!r})
+        from parrecio import ParallelReader
+        from pipeline_helpers import Sleepy
+        if __name__ == "__main__":
+        """) + textwrap.indent(textwrap.dedent(body), "    ")
+
+
+def _wait_gone(pids, prefix, timeout=8.0):
+    import psutil
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive and not leftover(prefix):
+            return [], []
+        time.sleep(0.1)
+    return alive, leftover(prefix)
+
+
+def test_killed_consumer_leaves_nothing_behind(stream):
+    path, _, _ = stream
+    proc = subprocess.Popen([sys.executable, "-c", _script(f"""
+        r = ParallelReader({str(path)!r}, fields=Sleepy(20.0), workers=2, batch_size=4)
+        it = iter(r)
+        next(it)
+        print(r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+        time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().split()
+    prefix, pids = line[0], [int(p) for p in line[1:]]
+    assert leftover(prefix)
+    proc.kill()
+    proc.wait()
+    alive, segs = _wait_gone(pids, prefix)
+    assert alive == [] and segs == []
+
+
+def test_ctrl_c_on_a_stalled_fifo_returns_promptly(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-c", _script(f"""
+        r = ParallelReader({str(fifo)!r}, workers=1)
+        it = iter(r)
+        print(r._sh.prefix, r._sh.run.reader.pid, flush=True)
+        try:
+            next(it)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            r.close()
+        """)], stdout=subprocess.PIPE, text=True)
+    writer = open(fifo, "wb")  # a writer that never writes: the stream stalls
+    try:
+        prefix, reader_pid = proc.stdout.readline().split()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == "interrupted"
+        proc.wait(5)
+        assert time.monotonic() - t0 < 3
+    finally:
+        writer.close()
+        proc.kill()
+    alive, segs = _wait_gone([int(reader_pid)], prefix)
+    assert alive == [] and segs == []
+
+
+def test_close_returns_promptly_while_the_source_stalls(tmp_path, no_leaks):
+    recs = payloads(20, seed=9)
+    src = tmp_path / "src.rec"
+    write_rec(src, recs)
+    data = open(src, "rb").read()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "with open(sys.argv[1], 'wb', buffering=0) as f:\n"
+        "    f.write(sys.stdin.buffer.read()); time.sleep(30)\n"), str(fifo)], stdin=subprocess.PIPE)
+    proc.stdin.write(data[: len(data) // 2])
+    proc.stdin.close()
+    try:
+        reader = ParallelReader(str(fifo), workers=1)
+        it = iter(reader)
+        assert next(it) == recs[0]
+        t0 = time.monotonic()
+        reader.close()
+        assert time.monotonic() - t0 < 2.5
+        del it
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_reader_process_death_is_reported(tmp_path, no_leaks):
+    from parrecio import PipelineError
+    path = tmp_path / "big.rec"
+    write_rec(path, payloads(300, seed=2, max_len=4000))  # ~600 KB: the reader waits on a 64 KB ring
+    with ParallelReader(path, fields=Sleepy(20.0), workers=1, batch_size=2, ring_bytes=1 << 16) as reader:
+        it = iter(reader)
+        next(it)
+        os.kill(reader._sh.run.reader.pid, signal.SIGKILL)
+        with pytest.raises(PipelineError, match="reader process died.*SIGKILL"):
+            for _ in it:
+                pass
