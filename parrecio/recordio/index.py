@@ -1,0 +1,189 @@
+"""Random access to a RecordIO file through its ``.idx`` index (MXNet ``MXIndexedRecordIO``).
+
+The ``.idx`` file (MXNet ``MXIndexedRecordIO``, DALI ``tools/rec2idx.py``) is text, one line per record::
+
+    key \\t byte_offset \\n
+
+where ``byte_offset`` is where the record's first frame starts in the ``.rec`` file.
+:class:`IndexedRecordReader` reads a record with ``os.pread`` (one call for most records: it asks for the
+span up to the next indexed offset) and parses it with the same
+:func:`~parrecio.recordio.framing.read_record` as the streaming reader, so validation and part joining are
+identical.  Nothing is read ahead of use, and reads are safe from several threads (no shared file
+position).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from typing import Dict, Iterator, List, Optional, Union
+
+from ..errors import CorruptRecordError, SourceError
+from .framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
+
+__all__ = ["IndexedRecordReader", "read_index"]
+
+Key = Union[int, str]
+_DEFAULT_READ = 64 << 10  # bytes asked for when the record's span is unknown
+
+
+def read_index(idx_path: Union[str, "os.PathLike[str]"]) -> List[tuple]:
+    """Parse an ``.idx`` file into a list of ``(key, offset)`` in file order.
+
+    Keys are ``int`` when every key parses as one, else ``str``.  Blank lines are ignored; a malformed line
+    raises :class:`~parrecio.errors.CorruptRecordError` whose ``offset`` is the line's byte offset in the
+    ``.idx`` file.
+    """
+    name = os.fsdecode(idx_path)
+    try:
+        with open(name, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise SourceError(f"could not read index {name}: {err}") from err
+    raw_keys: List[str] = []
+    offsets: List[int] = []
+    at = 0
+    for line in data.split(b"\n"):
+        start, at = at, at + len(line) + 1
+        text = line.strip()
+        if not text:
+            continue
+        parts = text.split(b"\t")
+        try:
+            if len(parts) != 2:
+                raise ValueError("expected 'key<TAB>offset'")
+            offset = int(parts[1])
+            if offset < 0:
+                raise ValueError("negative offset")
+            raw_keys.append(parts[0].decode("utf-8"))
+        except ValueError as err:
+            raise CorruptRecordError(f"malformed index line {line[:80]!r}: {err}", start, source=name) from None
+        offsets.append(offset)
+    keys: List[Key]
+    try:
+        keys = [int(k) for k in raw_keys]
+    except ValueError:
+        keys = list(raw_keys)
+    return list(zip(keys, offsets))
+
+
+class _PreadSource:
+    """A :class:`~parrecio.recordio.framing.FrameSource` over ``os.pread``, one per read (thread-safe)."""
+
+    __slots__ = ("fd", "readahead", "lo", "data")
+
+    def __init__(self, fd: int, readahead: int) -> None:
+        self.fd, self.readahead = fd, readahead
+        self.lo = 0
+        self.data = memoryview(b"")
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        rel = offset - self.lo
+        if rel < 0 or rel + nbytes > len(self.data):
+            self.data = memoryview(os.pread(self.fd, max(nbytes, self.readahead), offset))
+            self.lo, rel = offset, 0
+            self.readahead = _DEFAULT_READ  # the hint was for the first read only
+        return self.data[rel:rel + nbytes]
+
+
+class IndexedRecordReader:
+    """Read records by key or offset from a ``.rec`` file and its ``.idx`` index.
+
+    :param rec_path: the RecordIO file.
+    :param idx_path: its index; default ``rec_path`` with the suffix replaced by ``.idx``.
+    :param join: ``"mxnet"`` (default) or ``"concat"``, as for :class:`~parrecio.recordio.reader.RecordReader`.
+    :param max_record_bytes: the largest (joined) payload accepted, in bytes (default 64 MiB).
+
+    ``reader[key]`` returns the payload ``bytes`` (``KeyError`` for an unknown key), :meth:`read_at` reads
+    the record whose first frame starts at a byte offset.  Framing errors raise
+    :class:`~parrecio.errors.CorruptRecordError`.  Iterating yields the keys in file order.
+    """
+
+    def __init__(self, rec_path: Union[str, "os.PathLike[str]"],
+                 idx_path: Union[str, "os.PathLike[str]", None] = None, *, join: str = "mxnet",
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+        self.join = check_join(join)
+        self.max_record_bytes = int(max_record_bytes)
+        self.rec_path = os.fsdecode(rec_path)
+        if idx_path is None:
+            idx_path = os.path.splitext(self.rec_path)[0] + ".idx"
+        self.idx_path = os.fsdecode(idx_path)
+        entries = read_index(self.idx_path)
+        self._keys: List[Key] = [k for k, _ in entries]
+        self._offsets: List[int] = [o for _, o in entries]
+        self._by_key: Dict[Key, int] = dict(entries)
+        try:
+            self._fd: Optional[int] = os.open(self.rec_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as err:
+            raise SourceError(f"could not open {self.rec_path}: {err}") from err
+        self._size = os.fstat(self._fd).st_size
+        self._sorted = sorted(set(self._offsets))
+
+    @property
+    def keys(self) -> List[Key]:
+        """The keys in ``.idx`` file order (a copy)."""
+        return list(self._keys)
+
+    @property
+    def offsets(self) -> List[int]:
+        """The byte offsets in ``.idx`` file order (a copy), parallel to :attr:`keys`."""
+        return list(self._offsets)
+
+    def offset_of(self, key: Key) -> int:
+        """Byte offset of ``key``'s record (``KeyError`` if unknown)."""
+        return self._by_key[key]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+    def __getitem__(self, key: Key) -> bytes:
+        """The payload of the record stored under ``key``."""
+        return self.read_at(self._by_key[key])
+
+    def read_at(self, offset: int) -> bytes:
+        """The payload of the record whose first frame starts at byte ``offset`` of the ``.rec`` file."""
+        if self._fd is None:
+            raise ValueError("I/O operation on a closed IndexedRecordReader")
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, not {offset}")
+        i = bisect.bisect_right(self._sorted, offset)
+        span = (self._sorted[i] if i < len(self._sorted) else self._size) - offset
+        span = min(max(span, HEADER_SIZE), self.max_record_bytes + HEADER_SIZE + 3)
+        got = read_record(_PreadSource(self._fd, span), offset, join=self.join,
+                          max_record_bytes=self.max_record_bytes, source=self.rec_path)
+        if got is None:
+            raise CorruptRecordError("no record here: offset at or past the end of the file", offset,
+                                     source=self.rec_path)
+        return got[0].tobytes()
+
+    def close(self) -> None:
+        """Close the ``.rec`` file.  Idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._fd is None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __enter__(self) -> "IndexedRecordReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"IndexedRecordReader({self.rec_path!r}, {len(self)} records)"

@@ -1,0 +1,321 @@
+"""Streaming RecordIO reader: files, pipes, FIFOs, sockets, any binary file object.
+
+The format is described in :mod:`parrecio.recordio.framing` (dmlc-core ``RecordIOReader::NextRecord``,
+MXNet ``MXRecordIO.read``).  :class:`RecordReader` reads the stream in large chunks into one preallocated
+``bytearray`` (``readinto`` where the file object has it), and walks the frames in place:
+
+- **fast path** (:meth:`RecordReader.iter_views`): a whole single-part record (``cflag 0``) already in the
+  buffer is yielded as a ``memoryview`` slice of the buffer, no copy.  The check it does (magic equal,
+  lrec at most ``max_record_bytes``, so cflag 0) only selects the happy case;
+- **slow path**: everything else -- a record that straddles the end of the buffer, multipart records, end of
+  stream, corruption -- goes through :func:`~parrecio.recordio.framing.read_record`, the one implementation
+  of header validation and part joining, which pulls bytes through :meth:`RecordReader.view`.
+
+The buffer is compacted (the partial record moved to its start) or grown (to fit the largest record) only
+when a record does not fit; its size is ``max(chunk_size, largest record + 8)`` bytes, never the stream.
+With ``on_corrupt="skip"`` a corrupt record is dropped and the reader resyncs on the next 4-byte-aligned
+magic followed by a ``cflag`` of 0 or 1 (dmlc-core ``FindNextRecordIOHead``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, BinaryIO, Callable, Iterator, List, NamedTuple, Optional, Tuple, Union
+
+from ..errors import CorruptRecordError, SourceError
+from .framing import (DEFAULT_MAX_RECORD_BYTES, HEADER, HEADER_SIZE, LENGTH_MASK, MAGIC, check_join,
+                      find_next_head, read_record)
+
+__all__ = ["Record", "RecordReader", "DEFAULT_CHUNK_SIZE", "MAX_CORRUPT_REGIONS", "ON_CORRUPT"]
+
+DEFAULT_CHUNK_SIZE = 4 << 20
+"""Default read size and initial buffer size: 4 MiB."""
+MAX_CORRUPT_REGIONS = 1000
+"""How many ``(offset, nbytes)`` entries :attr:`RecordReader.corrupt_regions` keeps at most."""
+ON_CORRUPT = ("raise", "skip")
+
+Source = Union[str, "os.PathLike[str]", BinaryIO, Any]
+
+
+class Record(NamedTuple):
+    """One record: ``offset`` is the stream byte offset of its first frame, ``payload`` its joined bytes."""
+
+    offset: int
+    payload: bytes
+
+
+class RecordReader:
+    """Iterate the records of a RecordIO stream.
+
+    :param source: a path (``str``/``PathLike``; opened unbuffered and closed by :meth:`close`), a binary
+        file object, which may return short reads (pipes, FIFOs, ``socket.makefile("rb")``), or a connected
+        ``socket.socket``.  A file object is read from its
+        current position (offsets are counted from there) and is not closed by :meth:`close`.  It must be
+        blocking.
+    :param join: ``"mxnet"`` (default; dmlc-core and MXNet ``.rec`` files: the 4 magic bytes are re-inserted
+        between the parts of a multipart record) or ``"concat"`` (SageMaker Pipe mode's RecordIO wrapper,
+        AWS ML-IO: parts are concatenated).  The bytes do not tell which applies.
+    :param on_corrupt: ``"raise"`` (default) raises :class:`~parrecio.errors.CorruptRecordError` at the
+        first framing error; ``"skip"`` drops the broken record, resyncs on the next frame head and counts
+        what it dropped in :attr:`skipped_records`, :attr:`skipped_bytes` and :attr:`corrupt_regions`.
+    :param max_record_bytes: the largest (joined) payload accepted, in bytes; a length word above it is
+        corruption and is never allocated.  Default 64 MiB.
+    :param chunk_size: bytes asked of the source per read, and the initial buffer size.  Default 4 MiB.
+    :param source_name: how error messages name the stream; default the path, or the file object's
+        ``.name``.
+
+    Iterating yields :class:`Record` objects (``payload`` is ``bytes``); :meth:`iter_views` is the zero-copy
+    variant.  The reader is single-pass: a new iteration continues where the last one stopped (after a
+    ``break``, or a read error between records).  After a framing error (``on_corrupt="raise"``), or a read
+    error inside a record, every later iteration raises that error again.
+    """
+
+    def __init__(self, source: Source, *, join: str = "mxnet", on_corrupt: str = "raise",
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 source_name: Optional[str] = None) -> None:
+        self.join = check_join(join)
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, not {on_corrupt!r}")
+        self.on_corrupt = on_corrupt
+        if int(max_record_bytes) < 0:
+            raise ValueError(f"max_record_bytes must be >= 0, not {max_record_bytes}")
+        self.max_record_bytes = int(max_record_bytes)
+        if int(chunk_size) < HEADER_SIZE:
+            raise ValueError(f"chunk_size must be at least {HEADER_SIZE} bytes, not {chunk_size}")
+        self.chunk_size = int(chunk_size)
+        self._file, self._owns, self.source_name = _open(source, source_name)
+        self._read_into = _reader_of(self._file)
+        self._buf = bytearray(self.chunk_size)
+        self._mv = memoryview(self._buf)
+        self._base = 0  # stream offset of _buf[0]
+        self._end = 0  # valid bytes in _buf
+        self._resume = 0  # stream offset of the next record, saved when an iteration stops
+        self._eof = False
+        self._iterating = False
+        self._error: Optional[Exception] = None  # raised again by every later iteration
+        #: Number of corrupt regions dropped under ``on_corrupt="skip"`` (one per broken record).
+        self.skipped_records = 0
+        #: Total bytes of the dropped regions.
+        self.skipped_bytes = 0
+        #: ``(offset, nbytes)`` of each dropped region, the first :data:`MAX_CORRUPT_REGIONS` only.
+        self.corrupt_regions: List[Tuple[int, int]] = []
+
+    # -- iteration ---------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Record]:
+        """Yield :class:`Record` objects whose ``payload`` is a ``bytes`` copy (safe to keep)."""
+        new = tuple.__new__
+        for offset, view in self.iter_views():
+            yield new(Record, (offset, view.tobytes()))
+
+    def iter_views(self) -> Iterator[Tuple[int, memoryview]]:
+        """Yield ``(offset, payload)`` pairs without copying single-part payloads.
+
+        ``offset`` is the stream byte offset of the record's first frame.  ``payload`` is a ``memoryview``
+        into the reader's internal buffer (or, for a multipart record, of a fresh ``bytearray``).  **It is
+        only valid until the next step of the iteration**: the buffer is then refilled in place.  Copy what
+        must be kept (``bytes(payload)``, or into shared memory).
+        """
+        if self._file is None:
+            raise ValueError("I/O operation on a closed RecordReader")
+        if self._iterating:
+            raise RuntimeError("this RecordReader is already being iterated")
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        self._iterating = True
+        unpack_from = HEADER.unpack_from
+        magic_ = MAGIC
+        maxlen = min(self.max_record_bytes, LENGTH_MASK)  # lrec <= maxlen also means cflag == 0
+        buf, mv, base, end = self._buf, self._mv, self._base, self._end
+        pos = self._resume - base  # base + pos stays the next record's offset whatever the buffer does
+        try:
+            while True:
+                # Fast path: whole single-part records already in the buffer.
+                while pos + 8 <= end:
+                    magic, lrec = unpack_from(buf, pos)
+                    if magic != magic_ or lrec > maxlen:
+                        break
+                    start = pos + 8
+                    nxt = start + ((lrec + 3) & -4)
+                    if nxt > end:
+                        break
+                    pos = nxt
+                    yield base + start - 8, mv[start:start + lrec]
+                # Slow path: refill, multipart, end of stream, corruption.
+                got = self._next_slow(base + pos)
+                buf, mv, base, end = self._buf, self._mv, self._base, self._end
+                if got is None:
+                    pos = end
+                    return
+                offset, view, nxt_offset = got
+                pos = nxt_offset - base
+                yield offset, view
+        finally:
+            self._iterating = False
+            if self._error is None:
+                self._resume = base + pos
+                if self._resume < self._base:  # an exception escaped mid-record, after the buffer moved on
+                    self._error = SourceError(
+                        f"reading {self.source_name or 'the stream'} stopped inside the record at byte offset "
+                        f"{self._resume}, which is no longer buffered: this reader cannot resume")
+
+    def _next_slow(self, offset: int) -> Optional[Tuple[int, memoryview, int]]:
+        """The record at stream ``offset`` through the shared framing code; skip corruption if asked."""
+        while True:
+            try:
+                got = read_record(self, offset, join=self.join, max_record_bytes=self.max_record_bytes,
+                                  source=self.source_name)
+            except CorruptRecordError as err:
+                if self.on_corrupt == "raise":
+                    self._error = err
+                    raise
+                nxt = self._skip(offset)
+                if nxt is None:
+                    return None
+                offset = nxt
+                continue
+            if got is None:
+                return None
+            view, nxt = got
+            return offset, view, nxt
+
+    # -- corruption --------------------------------------------------------------------------------------
+
+    def _skip(self, record_start: int) -> Optional[int]:
+        """Drop the broken record at ``record_start``; return the next head's offset (None: end of stream).
+
+        The scan starts 4 bytes past the record start, or at the oldest byte still buffered when the
+        buffer was compacted while the record was read (the bytes compacted away were frames that parsed).
+        """
+        nxt = self._resync(max(record_start + 4, self._base))
+        stop = nxt if nxt is not None else self._base + self._end
+        nbytes = stop - record_start
+        self.skipped_records += 1
+        self.skipped_bytes += nbytes
+        if len(self.corrupt_regions) < MAX_CORRUPT_REGIONS:
+            self.corrupt_regions.append((record_start, nbytes))
+        return nxt
+
+    def _resync(self, offset: int) -> Optional[int]:
+        """Stream offset of the next frame head at or after ``offset``, or None at end of stream."""
+        rel = offset - self._base
+        while True:
+            i = find_next_head(self._buf, rel, self._end, self._base)
+            if i >= 0:
+                return self._base + i
+            if self._eof:
+                return None
+            keep = max(rel, self._end - (HEADER_SIZE - 1))  # a head may straddle the refill
+            rel = self._fill(keep, self._end - keep + 1)
+
+    # -- buffer management (FrameSource protocol) --------------------------------------------------------
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        """Stream bytes ``[offset, offset + nbytes)`` from the buffer, reading as needed.
+
+        Shorter only at end of stream.  May compact or replace the buffer, which invalidates earlier views
+        and every offset before ``offset``.  ``nbytes`` must already be bounded (``read_record`` checks
+        lengths against ``max_record_bytes`` before it asks).
+        """
+        rel = offset - self._base
+        if rel + nbytes > self._end and not self._eof:
+            rel = self._fill(rel, nbytes)
+        return self._mv[rel:min(rel + nbytes, self._end)]
+
+    def _fill(self, rel: int, nbytes: int) -> int:
+        """Make the buffer hold ``[rel, rel + nbytes)`` or up to end of stream; return ``rel``'s new index."""
+        cap = len(self._buf)
+        if rel + nbytes > cap:
+            kept = self._end - rel
+            if nbytes > cap:
+                new = bytearray(max(nbytes, self.chunk_size, cap + cap // 4))
+                newmv = memoryview(new)
+                newmv[:kept] = self._mv[rel:self._end]
+                self._buf, self._mv = new, newmv
+            elif rel:
+                self._mv[:kept] = self._mv[rel:self._end]
+            self._base += rel
+            self._end = kept
+            rel = 0
+        mv, need = self._mv, rel + nbytes
+        end = self._end
+        try:
+            while end < need:
+                got = self._read_into(mv[end:])
+                if got is None:  # a non-blocking source with nothing yet
+                    time.sleep(0.001)
+                    continue
+                if not got:
+                    self._eof = True
+                    break
+                end += got
+        except OSError as err:
+            raise SourceError(f"could not read {self.source_name or 'the stream'} at byte offset "
+                              f"{self._base + end}: {err}") from err
+        finally:
+            self._end = end
+        return rel
+
+    # -- lifetime ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the buffer; close the file if the reader opened it.  Idempotent."""
+        f, self._file = self._file, None
+        if f is not None and self._owns:
+            f.close()
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._file is None
+
+    def __enter__(self) -> "RecordReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"RecordReader({self.source_name!r}, join={self.join!r}, on_corrupt={self.on_corrupt!r}, "
+                f"skipped_records={self.skipped_records})")
+
+
+def _open(source: Source, name: Optional[str]) -> Tuple[Any, bool, Optional[str]]:
+    """``(file object, owned, display name)`` of a path or a file object."""
+    if isinstance(source, (str, bytes, os.PathLike)):
+        path = os.fsdecode(source)
+        try:
+            f = open(path, "rb", buffering=0)
+        except OSError as err:
+            raise SourceError(f"could not open {path}: {err}") from err
+        return f, True, name if name is not None else path
+    if not any(hasattr(source, a) for a in ("readinto", "read", "recv_into")):
+        raise TypeError(f"source must be a path or a binary file object, not {type(source).__name__}")
+    if name is None:
+        raw = getattr(source, "name", None)
+        name = raw if isinstance(raw, str) else (f"<fd {raw}>" if isinstance(raw, int) else None)
+    return source, False, name
+
+
+def _reader_of(f: Any) -> Callable[[memoryview], Optional[int]]:
+    """A ``readinto``-like function for ``f`` that does at most one underlying read per call.
+
+    ``readinto1`` (buffered objects) returns what one raw read gives instead of blocking until the whole
+    buffer is full, which matters on pipes; raw files and sockets' ``readinto`` already behave so.
+    """
+    for name in ("readinto1", "readinto", "recv_into"):  # recv_into: a socket.socket itself
+        fn = getattr(f, name, None)
+        if fn is not None:
+            return fn
+    read = getattr(f, "read1", None) or f.read
+
+    def read_into(mv: memoryview) -> Optional[int]:
+        data = read(len(mv))
+        if data is None:
+            return None
+        n = len(data)
+        mv[:n] = data
+        return n
+
+    return read_into
