@@ -1,6 +1,18 @@
-"""Decoders: picklable callables ``payload -> value`` (see :mod:`parrecio.decoders.base`)."""
+"""Decoders: picklable callables ``payload -> value`` (see :mod:`parrecio.decoders.base`).
+
+- :class:`Raw`, :class:`Json`: the payload itself, JSON text.
+- :class:`Image`, :class:`Mask`: encoded images -> ``uint8`` arrays; segmentation masks -> class ids.
+- :class:`BoundingBoxes`, :class:`ClassLabel`: Ground Truth labels -> arrays.
+- :class:`ImageRecord`: MXNet ``.rec`` image records -> ``(image, label)``.
+- :func:`sniff`, :func:`guess_fields`: what payloads look like, how records group into samples.
+"""
 
 from .base import ArraySpec, Decoder, OutputSpec
 from .basic import Json, Raw
+from .image import Geometry, Image, Mask
+from .imagerecord import ImageRecord
+from .labels import BoundingBoxes, ClassLabel
+from .sniff import guess_fields, sniff
 
-__all__ = ["ArraySpec", "Decoder", "OutputSpec", "Raw", "Json"]
+__all__ = ["ArraySpec", "Decoder", "OutputSpec", "Raw", "Json", "Image", "Mask", "Geometry", "BoundingBoxes",
+           "ClassLabel", "ImageRecord", "sniff", "guess_fields"]

@@ -76,9 +76,9 @@ class SlotLayout:
                 outs[f] = [None] * len(spec)
         for e, arr in zip(self.entries, arrays):
             if e.part is None:
-                outs[e.field] = arr[index]
+                outs[e.field] = arr[index, ...]
             else:
-                outs[e.field][e.part] = arr[index]
+                outs[e.field][e.part] = arr[index, ...]
         return [tuple(o) if isinstance(o, list) else o for o in outs]
 
     def merge(self, ragged: Tuple, arrays: List[np.ndarray], index: int) -> Tuple:

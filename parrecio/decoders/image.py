@@ -1,0 +1,655 @@
+"""Image decoders: encoded images -> ``uint8`` numpy arrays, with Pillow(-SIMD).
+
+``Image`` decodes JPEG, PNG and every other format the loaded Pillow build reads to an ``RGB`` or ``L``
+array, optionally resized to a fixed ``(height, width)``; then it has a fixed ``output_spec`` and a
+``decode_into`` that writes straight into the pipeline's shared memory.  ``Mask`` decodes a semantic
+segmentation mask (the PNG of a Ground Truth ``-ref`` attribute) to class ids, resized with NEAREST.
+
+How one payload goes through ``Image``::
+
+    payload --Image.open (lazy: header only)--> size check (max_pixels) --[draft]--> load() (strict)
+            --> convert(mode) --> one resize(size, box) --> [EXIF transpose] --> one copy into out
+
+Geometry.  ``resize`` says how the source fills the ``size`` frame; all three are one Pillow ``resize``
+call with a source ``box``, so no pixel is computed twice and none outside the output:
+
+- ``"stretch"``: the whole image to exactly ``size`` (aspect ratio not kept).
+- ``"letterbox"``: scaled by ``s = min(W_out/W, H_out/H)`` to ``round(W*s) x round(H*s)``, centred, the
+  rest filled with ``fill`` (left/top pad ``(W_out - w)//2``, ``(H_out - h)//2``).
+- ``"shorter"``: scaled by ``s = max(W_out/W, H_out/H)`` (the shorter side matches) and cropped to
+  ``size`` around the centre; the crop box is exact (fractional), not rounded to whole pixels first.
+
+:meth:`Image.geometry` returns where a source point lands (``x_out = x*scale_x + offset_x``), for any
+``resize``, so boxes can follow the image (``BoundingBoxes(image=...)`` does it for you);
+:meth:`Image.letterbox_params` is the usual ``(scale, pad_x, pad_y)`` triple.
+
+Exactness.  With the defaults (``draft=False``, ``reducing_gap=None``) the result equals, pixel for pixel,
+``PIL.Image.open(f).convert(mode).resize((w, h), resample, box=...)`` -- what you would write by hand.
+``draft=True`` lets libjpeg decode JPEGs at 1/2, 1/4 or 1/8 scale (DCT scaling) when the scaled image is
+still at least as large as what the resize reads (``draft=2.0``: twice as large); ``reducing_gap`` lets
+Pillow box-reduce by an integer factor before resampling.  Both are faster on large images and move
+pixels a little.  Measured against the exact result (``bench/bench_decoders.py``, 11 real photographs
+371..1411 px, q90, to 224x224 / 56x56; absolute differences on the 0..255 scale):
+
+    ===================  ==================================  ==================================
+    option               224x224: mean / p99 / max, changed  56x56: mean / p99 / max
+    ===================  ==================================  ==================================
+    draft=True           0.53 / 6 / 25, 6 of 11 images       1.14 / 9 / 31
+    draft=2.0            0.012 / 1 / 2, 1 of 11 images       0.33 / 2 / 8
+    reducing_gap=2.0     0.049 / 1 / 5, 2 of 11 images       0.47 / 3 / 14
+    reducing_gap=3.0     0.014 / 1 / 2, 1 of 11 images       0.25 / 2 / 8
+    ===================  ==================================  ==================================
+
+``draft`` with ``mode="L"`` also has libjpeg decode only the luma channel (mean 0.012, max 20 against
+``convert("L")`` of the RGB decode).  Images smaller than twice the output are never DCT-scaled (at
+224x224 that is most ImageNet-sized photos), so there ``draft`` changes nothing.
+
+Strictness.  A truncated image raises :class:`DecodeError` even when the caller's code has set Pillow's
+global ``ImageFile.LOAD_TRUNCATED_IMAGES`` (``allow_truncated=True`` accepts them, grey-filled, as Pillow
+would).  Images whose header claims more than ``max_pixels`` pixels are refused before any pixel memory
+is allocated; Pillow's own decompression-bomb error and warning become :class:`DecodeError` too.
+Known limit: a JPEG whose entropy-coded data is cut short but which still ends with an EOI marker (or
+whose data is otherwise corrupt) decodes with grey or garbled blocks: libjpeg only warns there, and
+Pillow does not report libjpeg warnings.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from PIL import Image as PILImage
+from PIL import ImageFile, features
+
+from ..errors import DecodeError
+from .base import ArraySpec
+from .sniff import IMAGE_KINDS, describe, sniff
+
+__all__ = ["Image", "Mask", "Geometry", "RESAMPLING", "RESIZE_MODES"]
+
+#: Resampling filters by name (Pillow's, all antialiased when reducing except "nearest").
+RESAMPLING = {
+    "nearest": PILImage.Resampling.NEAREST,
+    "box": PILImage.Resampling.BOX,
+    "bilinear": PILImage.Resampling.BILINEAR,
+    "hamming": PILImage.Resampling.HAMMING,
+    "bicubic": PILImage.Resampling.BICUBIC,
+    "lanczos": PILImage.Resampling.LANCZOS,
+}
+#: The values of the ``resize`` parameter.
+RESIZE_MODES = ("stretch", "letterbox", "shorter")
+
+_TRANSPOSE = {  # EXIF orientation -> the transpose that shows the image upright (as ImageOps.exif_transpose)
+    2: PILImage.Transpose.FLIP_LEFT_RIGHT,
+    3: PILImage.Transpose.ROTATE_180,
+    4: PILImage.Transpose.FLIP_TOP_BOTTOM,
+    5: PILImage.Transpose.TRANSPOSE,
+    6: PILImage.Transpose.ROTATE_270,
+    7: PILImage.Transpose.TRANSVERSE,
+    8: PILImage.Transpose.ROTATE_90,
+}
+_EXIF_ORIENTATION = 0x0112
+
+Size = Union[int, Tuple[int, int]]
+
+
+class Geometry(NamedTuple):
+    """Where a point of the source image lands in the output frame.
+
+    ``x_out = x * scale_x + offset_x`` and ``y_out = y * scale_y + offset_y``, in pixels, with (0, 0) the
+    top-left corner of the top-left pixel.  ``width`` and ``height`` are the output frame's size.
+    """
+
+    scale_x: float
+    scale_y: float
+    offset_x: float
+    offset_y: float
+    width: int
+    height: int
+
+    def apply(self, boxes: np.ndarray, clip: bool = True) -> np.ndarray:
+        """Map ``(k, 5)`` ``[class_id, x0, y0, x1, y1]`` pixel boxes into the output frame (a new array).
+
+        Rows whose class id is negative (``max_boxes`` padding) are left as they are.  With ``clip`` the
+        corners are clipped to the frame (a box wholly outside then has zero width or height).
+        """
+        out = np.array(boxes, dtype=np.float32, copy=True)
+        rows = out[:, 0] >= 0
+        coords = out[rows, 1:5]
+        coords[:, 0::2] = coords[:, 0::2] * self.scale_x + self.offset_x
+        coords[:, 1::2] = coords[:, 1::2] * self.scale_y + self.offset_y
+        if clip:
+            np.clip(coords[:, 0::2], 0, self.width, out=coords[:, 0::2])
+            np.clip(coords[:, 1::2], 0, self.height, out=coords[:, 1::2])
+        out[rows, 1:5] = coords
+        return out
+
+
+class _Plan(NamedTuple):
+    """One resize, in the upright frame: the centred source box (bw x bh) goes to content (cw x ch) at pad."""
+
+    box_w: float
+    box_h: float
+    content_w: int
+    content_h: int
+    pad_x: int
+    pad_y: int
+
+
+def _size_pair(size: Optional[Size]) -> Optional[Tuple[int, int]]:
+    if size is None:
+        return None
+    if isinstance(size, (int, np.integer)):
+        size = (int(size), int(size))
+    height, width = (int(s) for s in size)
+    if height < 1 or width < 1:
+        raise ValueError(f"size must be positive (height, width), got {size!r}")
+    return height, width
+
+
+def _plan(resize: str, src_w: int, src_h: int, out_w: int, out_h: int) -> _Plan:
+    """The resize that puts a ``src_w x src_h`` upright image into the ``out_w x out_h`` frame."""
+    if resize == "stretch":
+        return _Plan(src_w, src_h, out_w, out_h, 0, 0)
+    if resize == "letterbox":
+        scale = min(out_w / src_w, out_h / src_h)
+        content_w = min(out_w, max(1, round(src_w * scale)))
+        content_h = min(out_h, max(1, round(src_h * scale)))
+        return _Plan(src_w, src_h, content_w, content_h, (out_w - content_w) // 2, (out_h - content_h) // 2)
+    # "shorter": the side with the larger scale is kept whole; the other is cropped around the centre.
+    # Computed as ratios of integers so that the whole side is exactly src (no 374.99999 boxes).
+    if out_w * src_h >= out_h * src_w:
+        return _Plan(src_w, min(src_h, out_h * src_w / out_w), out_w, out_h, 0, 0)
+    return _Plan(min(src_w, out_w * src_h / out_h), src_h, out_w, out_h, 0, 0)
+
+
+def _check_resize(resize: str) -> str:
+    if resize not in RESIZE_MODES:
+        raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
+    return resize
+
+
+def _open(payload: Any, max_pixels: int, formats: Optional[Tuple[str, ...]]) -> PILImage.Image:
+    """Open lazily (header only) and refuse bombs before any pixel memory is allocated."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PILImage.DecompressionBombWarning)
+            warnings.filterwarnings("ignore", "image file could not be identified")  # said below
+            image = PILImage.open(io.BytesIO(payload), formats=formats)
+    except (PILImage.DecompressionBombError, PILImage.DecompressionBombWarning) as exc:
+        raise DecodeError(f"image refused as a decompression bomb: {exc}") from None
+    except PILImage.UnidentifiedImageError:
+        raise DecodeError(_unidentified(payload, formats)) from None
+    except Exception as exc:  # Pillow raises SyntaxError, OSError, ValueError, struct.error, ...
+        raise DecodeError(f"corrupt image header ({type(exc).__name__}: {exc}); the payload is "
+                          f"{describe(payload)}") from exc
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise DecodeError(f"{image.format} image has an empty size {width}x{height}")
+    if width * height > max_pixels:
+        raise DecodeError(f"{image.format} image of {width}x{height} = {width * height} pixels refused: more "
+                          f"than max_pixels={max_pixels} (a decompression bomb?)")
+    return image
+
+
+def _unidentified(payload: Any, formats: Optional[Tuple[str, ...]]) -> str:
+    """Why Pillow could not identify ``payload``, for the error message."""
+    kind = sniff(payload)
+    if kind not in IMAGE_KINDS:
+        return f"not an image: the payload is {describe(payload)}"
+    if kind == "webp" and not features.check("webp"):
+        why = "this Pillow build has no WEBP support"
+    elif formats is not None:
+        why = f"{kind.upper()} is not in formats={formats}" if kind.upper() not in formats else "corrupt header"
+    else:
+        why = "corrupt or truncated header, or a variant Pillow does not read"
+    return f"cannot read this {kind.upper()} image ({why}): the payload is {describe(payload)}"
+
+
+def _load(image: PILImage.Image, allow_truncated: bool) -> None:
+    """``image.load()``, strict about truncation whatever the global ``LOAD_TRUNCATED_IMAGES`` says."""
+    saved = ImageFile.LOAD_TRUNCATED_IMAGES
+    try:
+        if saved != allow_truncated:
+            ImageFile.LOAD_TRUNCATED_IMAGES = allow_truncated
+        image.load()
+    except Exception as exc:
+        raise DecodeError(f"truncated or corrupt {image.format} image of {image.width}x{image.height} "
+                          f"({type(exc).__name__}: {exc})") from exc
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = saved
+
+
+def _orientation(image: PILImage.Image) -> int:
+    try:
+        value = image.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # corrupt EXIF: show the image as stored
+        return 1
+    return value if value in _TRANSPOSE else 1
+
+
+class _PillowDecoder:
+    """What ``Image`` and ``Mask`` share: open, load, plan and run one resize, equality and repr."""
+
+    _defaults: dict = {}
+
+    size: Optional[Tuple[int, int]]
+    resize: str
+    max_pixels: int
+    formats: Optional[Tuple[str, ...]]
+
+    # -- geometry --------------------------------------------------------------------------------------
+    def geometry(self, width: int, height: int) -> Geometry:
+        """Where a point of a ``width x height`` source image lands in this decoder's output.
+
+        ``width`` and ``height`` are the source image's size in pixels (as decoded: after EXIF transpose
+        when that is on).  Without ``size`` the output is the source itself (scale 1, offset 0).
+        """
+        if self.size is None:
+            return Geometry(1.0, 1.0, 0.0, 0.0, int(width), int(height))
+        out_h, out_w = self.size
+        plan = _plan(self.resize, width, height, out_w, out_h)
+        scale_x, scale_y = plan.content_w / plan.box_w, plan.content_h / plan.box_h
+        x0, y0 = (width - plan.box_w) / 2, (height - plan.box_h) / 2
+        return Geometry(scale_x, scale_y, plan.pad_x - x0 * scale_x, plan.pad_y - y0 * scale_y, out_w, out_h)
+
+    def letterbox_params(self, width: int, height: int) -> Tuple[float, int, int]:
+        """``(scale, pad_x, pad_y)`` of ``resize="letterbox"`` for a ``width x height`` source image.
+
+        ``x_out = x * scale + pad_x`` (likewise y), up to the rounding of the scaled size to whole pixels
+        (under half a pixel at the far edge; :meth:`geometry` has the exact per-axis scales).
+        """
+        if self.size is None or self.resize != "letterbox":
+            raise ValueError(f"letterbox_params needs size=... and resize='letterbox' ({self!r})")
+        out_h, out_w = self.size
+        plan = _plan("letterbox", width, height, out_w, out_h)
+        return min(out_w / width, out_h / height), plan.pad_x, plan.pad_y
+
+    # -- decoding steps --------------------------------------------------------------------------------
+    def _open_load(self, payload: Any, draft_mode: Optional[str], draft: float, allow_truncated: bool,
+                   exif_transpose: bool) -> "_Loaded":
+        """Open and check the header, maybe ask libjpeg for a DCT-scaled decode, then load strictly.
+
+        ``draft`` is 0 (no DCT scaling) or the gap: the scaled image must be at least ``draft`` times as
+        large as what the planned resize reads.
+        """
+        image = _open(payload, self.max_pixels, self.formats)
+        raw_size = image.size
+        orientation = _orientation(image) if exif_transpose else 1
+        factors = (1.0, 1.0)
+        if (draft or draft_mode) and image.format == "JPEG":
+            request = self._draft_request(raw_size, orientation, draft) if draft else None
+            result = image.draft(draft_mode, request)
+            if result is not None:
+                # result[1] is the original image's extent in the scaled image: (0, 0, W/s, H/s).
+                factors = (result[1][2] / raw_size[0], result[1][3] / raw_size[1])
+        _load(image, allow_truncated)
+        return _Loaded(image, raw_size, orientation, factors)
+
+    def _draft_request(self, raw_size: Tuple[int, int], orientation: int,
+                       gap: float) -> Optional[Tuple[int, int]]:
+        """The smallest whole-image size (raw frame) to decode: ``gap`` times what the resize reads."""
+        if self.size is None:
+            return None
+        swap = orientation >= 5
+        width, height = (raw_size[1], raw_size[0]) if swap else raw_size
+        out_h, out_w = self.size
+        plan = _plan(self.resize, width, height, out_w, out_h)
+        need_w = math.ceil(width * plan.content_w / plan.box_w * gap - 1e-6)
+        need_h = math.ceil(height * plan.content_h / plan.box_h * gap - 1e-6)
+        return (need_h, need_w) if swap else (need_w, need_h)
+
+    def _resize(self, loaded: "_Loaded", image: PILImage.Image, resample: int,
+                reducing_gap: Optional[float]) -> Tuple[PILImage.Image, _Plan]:
+        """Run the planned resize in the raw (not yet EXIF-transposed) frame: one Pillow call."""
+        swap = loaded.orientation >= 5
+        raw_w, raw_h = loaded.raw_size
+        width, height = (raw_h, raw_w) if swap else (raw_w, raw_h)
+        out_h, out_w = self.size  # type: ignore[misc]
+        plan = _plan(self.resize, width, height, out_w, out_h)
+        box_w, box_h = (plan.box_h, plan.box_w) if swap else (plan.box_w, plan.box_h)
+        size = (plan.content_h, plan.content_w) if swap else (plan.content_w, plan.content_h)
+        fx, fy = loaded.factors
+        x0, y0 = (raw_w - box_w) / 2 * fx, (raw_h - box_h) / 2 * fy
+        box = (max(0.0, x0), max(0.0, y0), min(image.width, x0 + box_w * fx), min(image.height, y0 + box_h * fy))
+        if size == image.size and box == (0, 0, image.width, image.height):
+            return image, plan
+        return image.resize(size, resample, box=box, reducing_gap=reducing_gap), plan
+
+    # -- equality, hashing, repr -----------------------------------------------------------------------
+    def _params(self) -> dict:
+        return {name: getattr(self, name) for name in self._defaults}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._params().items() if v != self._defaults[k])
+        return f"{type(self).__name__}({args})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._params() == self._params()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, tuple(self._params().items())))
+
+
+class _Loaded(NamedTuple):
+    image: PILImage.Image
+    raw_size: Tuple[int, int]        # (width, height) from the header, before any draft
+    orientation: int                 # EXIF orientation to undo (1: none)
+    factors: Tuple[float, float]     # draft scale: decoded pixels per header pixel, per axis
+
+
+def _fill_array(fill: Union[int, Sequence[int]], channels: Optional[int]) -> np.ndarray:
+    arr = np.asarray(fill, dtype=np.int64)
+    if arr.ndim > 1 or np.any(arr < 0) or np.any(arr > 255):
+        raise ValueError(f"fill must be an int or a sequence of ints in 0..255, got {fill!r}")
+    if arr.ndim == 1 and channels is not None and arr.size not in (1, channels):
+        raise ValueError(f"fill has {arr.size} values but the output has {channels} channels")
+    return arr
+
+
+def _spatial(layout: str, rows: slice, cols: slice) -> tuple:
+    return (rows, cols) if layout == "HWC" else (slice(None), rows, cols)
+
+
+def _place(arr: np.ndarray, plan: Optional[_Plan], frame: Optional[Tuple[int, int]], layout: str,
+           fill: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+    """Copy ``arr`` (already in ``layout``) into ``out`` (allocated when ``None``), padding with ``fill``.
+
+    ``frame`` is the output's ``(height, width)``; ``plan`` says where the content goes in it.
+    """
+    if plan is None or frame is None or (plan.content_h, plan.content_w) == frame:
+        if out is None:
+            return np.array(arr, order="C")  # a writable copy (np.asarray of a Pillow image is read-only)
+        out[...] = arr
+        return out
+    frame_h, frame_w = frame
+    if out is None:
+        shape = (frame_h, frame_w) + arr.shape[2:] if layout == "HWC" else (arr.shape[0], frame_h, frame_w)
+        out = np.empty(shape, arr.dtype)
+    y0, x0 = plan.pad_y, plan.pad_x
+    y1, x1 = y0 + plan.content_h, x0 + plan.content_w
+    out[_spatial(layout, slice(y0, y1), slice(x0, x1))] = arr
+    value = fill if layout == "HWC" or fill.ndim == 0 else fill[:, None, None]
+    for rows, cols in ((slice(0, y0), slice(None)), (slice(y1, None), slice(None)),
+                       (slice(y0, y1), slice(0, x0)), (slice(y0, y1), slice(x1, None))):
+        out[_spatial(layout, rows, cols)] = value
+    return out
+
+
+class Image(_PillowDecoder):
+    """An encoded image (JPEG, PNG, GIF, BMP, TIFF, ... whatever Pillow reads) -> ``uint8`` numpy array.
+
+    Parameters
+    ----------
+    size:
+        ``(height, width)`` in pixels of the output (an ``int`` means a square), or ``None`` to keep each
+        image's own size.  With a ``size`` and ``mode`` other than ``"keep"`` the decoder has a fixed
+        ``output_spec`` and a ``decode_into``: the pipeline writes straight into shared memory.
+    mode:
+        ``"RGB"`` (3 channels), ``"L"`` (8-bit grey, Pillow's ITU-R 601-2 luma) or ``"keep"`` (Pillow's own
+        mode, e.g. ``P`` palette indices, ``RGBA``; then no fixed ``output_spec``).  Alpha is dropped,
+        not composited.
+    resize:
+        ``"stretch"``, ``"letterbox"`` or ``"shorter"`` (see the module docstring); ignored without ``size``.
+    layout:
+        ``"HWC"`` (``(h, w, 3)``; ``(h, w)`` for ``"L"``) or ``"CHW"`` (``(3, h, w)``; ``(1, h, w)`` for ``"L"``).
+    max_pixels:
+        Refuse images whose header claims more than this many pixels (width * height), before decoding.
+    fill:
+        Letterbox padding value, 0..255: one int, or one per channel (e.g. ``(124, 116, 104)``).
+    resample:
+        Pillow filter name: ``"bilinear"`` (default, as torchvision), ``"bicubic"``, ``"lanczos"``,
+        ``"hamming"``, ``"box"`` or ``"nearest"``.  All but ``"nearest"`` are antialiased when reducing.
+    draft:
+        Let libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale (DCT scaling) when the scaled image is still at
+        least ``draft`` times as large as what the resize reads (``True`` means 1.0; 2.0 keeps a 2x margin
+        and moves pixels less).  Faster on big JPEGs, slightly different pixels.  Needs ``size``; with
+        ``mode="L"`` it also decodes luma only.  Default ``False``: exact.
+    reducing_gap:
+        Pillow's ``resize(reducing_gap=...)``: box-reduce by an integer factor first when the image shrinks
+        by at least this factor (>= 1.0; 2.0 or 3.0 are typical).  Default ``None``: exact.
+    exif_transpose:
+        Turn images upright by their EXIF orientation tag (as ``ImageOps.exif_transpose``).  Default
+        ``False``: pixels as stored, as MXNet, OpenCV's ``imdecode`` and ``PIL.Image.open`` give them.
+    allow_truncated:
+        Accept truncated images (the missing part grey), as Pillow's ``LOAD_TRUNCATED_IMAGES`` would.
+        Default ``False``: a truncated image raises :class:`DecodeError`, whatever that global says.
+    formats:
+        Pillow format names to try (e.g. ``("JPEG", "PNG")``), or ``None`` for every format Pillow has.
+
+    Calling the decoder returns a new, writable, C-contiguous array.  Errors: :class:`DecodeError` for
+    non-images (naming what the bytes look like), corrupt or truncated images and decompression bombs.
+    """
+
+    _defaults = dict(size=None, mode="RGB", resize="stretch", layout="HWC", max_pixels=64_000_000, fill=0,
+                     resample="bilinear", draft=False, reducing_gap=None, exif_transpose=False,
+                     allow_truncated=False, formats=None)
+
+    def __init__(self, size: Optional[Size] = None, mode: str = "RGB", resize: str = "stretch",
+                 layout: str = "HWC", max_pixels: int = 64_000_000, fill: Union[int, Sequence[int]] = 0,
+                 resample: str = "bilinear", draft: Union[bool, float] = False,
+                 reducing_gap: Optional[float] = None,
+                 exif_transpose: bool = False, allow_truncated: bool = False,
+                 formats: Optional[Sequence[str]] = None) -> None:
+        if mode not in ("RGB", "L", "keep"):
+            raise ValueError(f"mode must be 'RGB', 'L' or 'keep', got {mode!r}")
+        if layout not in ("HWC", "CHW"):
+            raise ValueError(f"layout must be 'HWC' or 'CHW', got {layout!r}")
+        if resample not in RESAMPLING:
+            raise ValueError(f"resample must be one of {tuple(RESAMPLING)}, got {resample!r}")
+        if reducing_gap is not None and reducing_gap < 1.0:
+            raise ValueError(f"reducing_gap must be None or >= 1.0, got {reducing_gap!r}")
+        if not isinstance(draft, bool) and draft < 1.0:
+            raise ValueError(f"draft must be a bool or a gap >= 1.0, got {draft!r}")
+        if max_pixels < 1:
+            raise ValueError(f"max_pixels must be positive, got {max_pixels!r}")
+        self.size = _size_pair(size)
+        self.mode = mode
+        self.resize = _check_resize(resize)
+        self.layout = layout
+        self.max_pixels = int(max_pixels)
+        self.fill = int(fill) if isinstance(fill, (int, np.integer)) else tuple(int(v) for v in fill)
+        self.resample = resample
+        self.draft = draft if isinstance(draft, bool) else float(draft)
+        self.reducing_gap = reducing_gap
+        self.exif_transpose = bool(exif_transpose)
+        self.allow_truncated = bool(allow_truncated)
+        self.formats = None if formats is None else tuple(formats)
+        channels = {"RGB": 3, "L": 1}.get(mode)
+        self._fill = _fill_array(self.fill, channels)
+        self.output_spec: Optional[ArraySpec] = None
+        if self.size is not None and channels is not None:
+            h, w = self.size
+            shape = (h, w, 3) if channels == 3 else (h, w)
+            if layout == "CHW":
+                shape = (channels, h, w)
+            self.output_spec = ArraySpec(shape, np.uint8)
+
+    def _decode(self, payload: Any) -> Tuple[np.ndarray, Optional[_Plan]]:
+        """The decoded, converted, resized, upright content as an array in ``layout``, and its plan."""
+        draft_mode = "L" if self.draft and self.mode == "L" else None
+        gap = float(self.draft) if self.size is not None else 0.0  # True -> 1.0
+        loaded = self._open_load(payload, draft_mode, gap, self.allow_truncated, self.exif_transpose)
+        image = loaded.image
+        try:
+            if self.mode != "keep" and image.mode != self.mode:
+                if image.mode in ("P", "PA"):
+                    image.info.pop("transparency", None)  # alpha is dropped anyway; spares a warning
+                image = image.convert(self.mode)
+            plan = None
+            if self.size is not None:
+                image, plan = self._resize(loaded, image, RESAMPLING[self.resample], self.reducing_gap)
+            if loaded.orientation != 1:
+                image = image.transpose(_TRANSPOSE[loaded.orientation])
+            arr = np.asarray(image)
+        except DecodeError:
+            raise
+        except Exception as exc:  # a mode Pillow cannot convert or resize
+            raise DecodeError(f"cannot convert a {image.format or ''} {image.mode} image of {image.width}x"
+                              f"{image.height} to {self.mode}: {type(exc).__name__}: {exc}") from exc
+        if self.layout == "CHW":
+            arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+        return arr, plan
+
+    def decode_into(self, payload: Any, out: np.ndarray) -> None:
+        """Decode ``payload`` into ``out``, an array of ``output_spec``'s shape and dtype (may be a view)."""
+        arr, plan = self._decode(payload)
+        _place(arr, plan, self.size, self.layout, self._fill, out)
+
+    def __call__(self, payload: Any) -> np.ndarray:
+        """Decode ``payload`` (bytes-like) to a new ``uint8`` array (see the class docstring for shapes)."""
+        if self.output_spec is not None:
+            out = np.empty(self.output_spec.shape, np.uint8)
+            self.decode_into(payload, out)
+            return out
+        arr, plan = self._decode(payload)
+        try:
+            return _place(arr, plan, self.size, self.layout, self._fill, None)
+        except ValueError as exc:  # mode="keep": a per-channel fill that does not fit this image's mode
+            raise DecodeError(f"fill={self.fill!r} does not fit an image of shape {arr.shape}: {exc}") from exc
+
+
+def _parse_color(value: Any) -> int:
+    """``"#rrggbb"``, ``(r, g, b)`` or a Ground Truth ``{"hex-color": "#rrggbb", ...}`` -> 0xRRGGBB."""
+    if isinstance(value, dict):
+        value = value.get("hex-color")
+    if isinstance(value, str):
+        text = value.lstrip("#")
+        if len(text) == 6:
+            return int(text, 16)
+    elif isinstance(value, (tuple, list)) and len(value) >= 3:
+        r, g, b = (int(v) for v in value[:3])
+        if all(0 <= v <= 255 for v in (r, g, b)):
+            return (r << 16) | (g << 8) | b
+    raise ValueError(f"not a colour: {value!r} (use '#rrggbb', (r, g, b) or {{'hex-color': '#rrggbb'}})")
+
+
+class Mask(_PillowDecoder):
+    """A semantic-segmentation mask image (Ground Truth ``-ref`` PNG) -> ``uint8 (H, W)`` class ids.
+
+    Class ids are read as stored: palette indices for ``P`` images, values for ``L`` (and for 16/32-bit
+    grey, which must then be <= 255), 0/1 for ``1``; an alpha band is ignored.  RGB(A) masks need
+    ``colors``: the colour of each class.
+
+    Parameters
+    ----------
+    size:
+        ``(height, width)`` of the output (an ``int`` means a square), or ``None`` for the mask's own size.
+        With a size the decoder has a fixed ``output_spec`` ``(h, w) uint8`` and a ``decode_into``.
+    resize:
+        ``"stretch"``, ``"letterbox"`` or ``"shorter"``, with the same geometry as :class:`Image` (use the
+        same value as the image's decoder so that mask and image stay aligned).  Always NEAREST.
+    fill:
+        Class id of letterbox padding (e.g. 255, the usual "ignore" label).
+    colors:
+        For RGB masks: ``colors[i]`` is the colour of class ``i`` (``"#rrggbb"`` or ``(r, g, b)``), or a
+        mapping ``{class_id: colour}`` -- Ground Truth's ``internal-color-map`` from the ``-metadata``
+        attribute (``{"0": {"hex-color": "#ffffff", ...}, ...}``) can be passed as it is.
+    unknown:
+        Class id for RGB colours not in ``colors``; ``None`` (default) raises :class:`DecodeError` instead.
+    max_pixels, allow_truncated, formats:
+        As for :class:`Image`.
+    """
+
+    _defaults = dict(size=None, resize="stretch", fill=0, colors=None, unknown=None, max_pixels=64_000_000,
+                     allow_truncated=False, formats=None)
+
+    def __init__(self, size: Optional[Size] = None, resize: str = "stretch", fill: int = 0,
+                 colors: Any = None, unknown: Optional[int] = None, max_pixels: int = 64_000_000,
+                 allow_truncated: bool = False, formats: Optional[Sequence[str]] = None) -> None:
+        if not 0 <= int(fill) <= 255:
+            raise ValueError(f"fill must be a class id in 0..255, got {fill!r}")
+        if unknown is not None and not 0 <= int(unknown) <= 255:
+            raise ValueError(f"unknown must be None or a class id in 0..255, got {unknown!r}")
+        self.size = _size_pair(size)
+        self.resize = _check_resize(resize)
+        self.fill = int(fill)
+        self.unknown = None if unknown is None else int(unknown)
+        self.max_pixels = int(max_pixels)
+        self.allow_truncated = bool(allow_truncated)
+        self.formats = None if formats is None else tuple(formats)
+        self.colors = self._freeze_colors(colors)
+        self._color_keys, self._color_ids = self._color_table(self.colors)
+        self._fill = np.asarray(self.fill, dtype=np.int64)
+        self.output_spec = None if self.size is None else ArraySpec(self.size, np.uint8)
+
+    @staticmethod
+    def _freeze_colors(colors: Any) -> Optional[Tuple[Tuple[int, int], ...]]:
+        """``colors`` as a hashable, picklable tuple of ``(class_id, 0xRRGGBB)``."""
+        if colors is None:
+            return None
+        items = colors.items() if hasattr(colors, "items") else enumerate(colors)
+        pairs = []
+        for key, value in items:
+            class_id = int(key)
+            if not 0 <= class_id <= 255:
+                raise ValueError(f"class ids of colors must be in 0..255, got {key!r}")
+            pairs.append((class_id, _parse_color(value)))
+        keys = [c for _, c in pairs]
+        if len(set(keys)) != len(keys):
+            raise ValueError("two classes have the same colour in colors")
+        return tuple(sorted(pairs))
+
+    @staticmethod
+    def _color_table(colors: Optional[Tuple[Tuple[int, int], ...]]) -> Tuple[np.ndarray, np.ndarray]:
+        pairs = sorted(colors or (), key=lambda p: p[1])
+        return (np.array([c for _, c in pairs], dtype=np.uint32),
+                np.array([i for i, _ in pairs], dtype=np.uint8))
+
+    def _ids(self, image: PILImage.Image) -> np.ndarray:
+        """Class ids of a loaded (maybe resized) mask image, ``uint8 (h, w)``."""
+        mode = image.mode
+        if mode in ("P", "L"):
+            return np.asarray(image)
+        if mode in ("PA", "LA"):
+            return np.asarray(image)[..., 0]
+        if mode == "1":
+            return np.asarray(image).astype(np.uint8)
+        if mode in ("RGB", "RGBA", "RGBX"):
+            return self._map_colors(np.asarray(image))
+        if mode.startswith("I") or mode == "F":
+            arr = np.asarray(image)
+            if arr.size and (arr.min() < 0 or arr.max() > 255):
+                raise DecodeError(f"{mode} mask has values {arr.min()}..{arr.max()}: class ids must be 0..255")
+            return arr.astype(np.uint8)
+        raise DecodeError(f"cannot read class ids from a {mode} mask image")
+
+    def _map_colors(self, rgb: np.ndarray) -> np.ndarray:
+        if self.colors is None:
+            raise DecodeError("RGB mask: pass Mask(colors=...) (e.g. the -metadata internal-color-map) to map "
+                              "colours to class ids")
+        packed = (rgb[..., 0].astype(np.uint32) << 16) | (rgb[..., 1].astype(np.uint32) << 8) | rgb[..., 2]
+        keys = self._color_keys
+        pos = np.minimum(np.searchsorted(keys, packed), len(keys) - 1)
+        known = keys[pos] == packed
+        ids = self._color_ids[pos]
+        if not known.all():
+            if self.unknown is None:
+                bad = int(packed[~known].flat[0])
+                raise DecodeError(f"RGB mask has colour #{bad:06x}, not in colors (pass unknown=... to map "
+                                  f"such pixels to one class id)")
+            ids = np.where(known, ids, np.uint8(self.unknown))
+        return ids
+
+    def _decode(self, payload: Any) -> Tuple[np.ndarray, Optional[_Plan]]:
+        loaded = self._open_load(payload, None, 0.0, self.allow_truncated, False)
+        image, plan = loaded.image, None
+        if self.size is not None:
+            if image.mode not in ("P", "L", "PA", "LA", "RGB", "RGBA", "1"):
+                # exotic modes: class ids first, then resize the ids
+                image = PILImage.fromarray(self._ids(image), "L")
+            image, plan = self._resize(loaded, image, PILImage.Resampling.NEAREST, None)
+        return self._ids(image), plan
+
+    def decode_into(self, payload: Any, out: np.ndarray) -> None:
+        """Decode ``payload`` into ``out``, a ``uint8`` array of shape ``size`` (may be a view)."""
+        ids, plan = self._decode(payload)
+        _place(ids, plan, self.size, "HWC", self._fill, out)
+
+    def __call__(self, payload: Any) -> np.ndarray:
+        """Decode ``payload`` (bytes-like) to a new ``uint8 (H, W)`` array of class ids."""
+        ids, plan = self._decode(payload)
+        return _place(ids, plan, self.size, "HWC", self._fill, None)

@@ -1,0 +1,114 @@
+"""MXNet image records (``.rec`` files made by ``im2rec``) -> ``(image, label)``.
+
+A payload is ``[IRHeader 24 bytes][flag x float32 labels][image bytes]`` (see
+:mod:`parrecio.recordio.irheader`).  :class:`ImageRecord` splits it without copying the image bytes and
+hands them to an :class:`~parrecio.decoders.Image` decoder; the label is what MXNet's ``ImageRecordIter``
+sees: the header's scalar ``label`` when ``flag == 0``, the ``flag`` float32 labels otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple, Union
+
+import numpy as np
+
+from ..errors import DecodeError
+from ..recordio.irheader import unpack
+from .base import ArraySpec
+from .image import Image
+
+__all__ = ["ImageRecord"]
+
+Label = Union[float, np.ndarray]
+
+
+class ImageRecord:
+    """An MXNet image record payload -> ``(image, label)``.
+
+    Parameters
+    ----------
+    image:
+        The decoder of the image bytes (default ``Image()``: RGB at the image's own size).  Any decoder
+        works; with a fixed ``output_spec`` (e.g. ``Image(size=(224, 224))``) the image is written straight
+        into the pipeline's shared memory.
+    label_width:
+        ``None`` (default): the label is a Python ``float`` for ``flag == 0`` records and a ``float32``
+        array of ``flag`` values otherwise; it travels back in the result message.
+        ``0``: every record must have a scalar label (``flag == 0``); the label is a 0-d ``float32`` array
+        and has a fixed spec ``ArraySpec((), float32)`` (the im2rec classification case).
+        ``n >= 1``: every record must have ``flag == n`` labels (or, for ``n == 1``, a scalar label); the
+        label is a ``float32`` array ``(n,)`` with a fixed spec, like ``ImageRecordIter(label_width=n)``.
+        A record that does not fit raises :class:`DecodeError`.
+
+    ``output_spec`` is ``(image.output_spec, label spec)``, or ``None`` when neither is fixed;
+    ``decode_into(payload, out)`` follows :mod:`parrecio.decoders.base`.
+    """
+
+    def __init__(self, image: Any = None, label_width: Optional[int] = None) -> None:
+        if label_width is not None and int(label_width) < 0:
+            raise ValueError(f"label_width must be None or >= 0, got {label_width!r}")
+        self.image = Image() if image is None else image
+        self.label_width = None if label_width is None else int(label_width)
+        if self.label_width is None:
+            label_spec = None
+        else:
+            label_spec = ArraySpec((self.label_width,) if self.label_width else (), np.float32)
+        image_spec = getattr(self.image, "output_spec", None)
+        if image_spec is not None and not isinstance(image_spec, ArraySpec):
+            raise ValueError(f"the image decoder's output_spec must be an ArraySpec or None, got {image_spec!r}")
+        self.output_spec: Optional[Tuple[Optional[ArraySpec], Optional[ArraySpec]]] = \
+            (image_spec, label_spec) if image_spec is not None or label_spec is not None else None
+
+    def _label(self, header: Any) -> Label:
+        """The label MXNet would see, shaped by ``label_width``."""
+        width = self.label_width
+        if header.flag == 0:
+            if width is None:
+                return float(header.label)
+            if width in (0, 1):
+                return np.full((width,) if width else (), header.label, dtype=np.float32)
+            raise DecodeError(f"image record (id {header.id}) has a scalar label, but label_width={width}")
+        if width is None:
+            return header.label
+        if header.flag != width:
+            raise DecodeError(f"image record (id {header.id}) has {header.flag} labels, but label_width={width}")
+        return header.label
+
+    def __call__(self, payload: Any) -> Tuple[Any, Label]:
+        """Decode ``payload`` (bytes-like) to ``(image, label)``."""
+        header, data = unpack(payload)
+        label = self._label(header)
+        return self.image(data), label
+
+    def decode_into(self, payload: Any, out: Tuple[Optional[np.ndarray], Optional[np.ndarray]]) -> Tuple[Any, Any]:
+        """Write the positions with a spec into ``out``; return the others (``None`` where written)."""
+        if self.output_spec is None:
+            raise TypeError(f"{self!r} has no output_spec: call it instead")
+        image_out, label_out = out
+        header, data = unpack(payload)
+        label = self._label(header)
+        if self.output_spec[0] is not None:
+            image_decode_into = getattr(self.image, "decode_into", None)
+            if image_decode_into is not None:
+                image_decode_into(data, image_out)
+            else:
+                image_out[...] = self.image(data)
+            image = None
+        else:
+            image = self.image(data)
+        if self.output_spec[1] is not None:
+            label_out[...] = label
+            label = None
+        return image, label
+
+    def __repr__(self) -> str:
+        args = [] if self.image == Image() else [f"image={self.image!r}"]
+        if self.label_width is not None:
+            args.append(f"label_width={self.label_width}")
+        return f"ImageRecord({', '.join(args)})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ImageRecord and (other.image, other.label_width) == (self.image, self.label_width)
+
+    def __hash__(self) -> int:
+        return hash(("ImageRecord", self.image, self.label_width))

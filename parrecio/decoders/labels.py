@@ -1,0 +1,341 @@
+"""Label decoders for SageMaker Ground Truth output: bounding boxes and class labels -> numpy arrays.
+
+Ground Truth writes, per labeling job, a label attribute and a ``<name>-metadata`` attribute.  In an
+augmented manifest read through RecordIO each attribute is a record of JSON text:
+
+- object detection: ``{"image_size": [{"width": W, "height": H, "depth": 3}],
+  "annotations": [{"class_id": 0, "left": x, "top": y, "width": w, "height": h}, ...]}``
+  -> :class:`BoundingBoxes` -> ``float32 (k, 5)`` rows ``[class_id, x0, y0, x1, y1]``;
+- image classification: the class id, ``0`` or ``"0"``; multi-label: ``[1, 0, 8]``
+  -> :class:`ClassLabel` -> a 0-d array, an id array or a multi-hot vector.
+
+The ``-metadata`` attributes (``class-name``, ``class-map``, ``confidence``, ``type``, ...) carry no label
+of their own: read them with ``Json()`` if you need them.  JSON is parsed with orjson, which refuses
+nesting deeper than 1024 levels, so hostile input cannot exhaust the stack.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import orjson
+
+from ..errors import DecodeError
+from .base import ArraySpec
+
+__all__ = ["BoundingBoxes", "ClassLabel"]
+
+_BOX_KEYS = ("class_id", "left", "top", "width", "height")
+_NUMBER = (int, float)
+
+
+def _loads(payload: Any) -> Any:
+    """orjson.loads on any bytes-like payload; JSON errors (including too deep nesting) -> DecodeError."""
+    if not isinstance(payload, (bytes, bytearray, memoryview, str)):
+        payload = memoryview(payload)
+    if isinstance(payload, memoryview) and (payload.ndim != 1 or payload.itemsize != 1):
+        payload = payload.cast("B")
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"invalid JSON: {exc}") from exc
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, _NUMBER) and not isinstance(value, bool)
+
+
+def _looks_like_metadata(doc: Mapping[str, Any]) -> bool:
+    kind = doc.get("type")
+    return (isinstance(kind, str) and kind.startswith("groundtruth/")) or "class-map" in doc \
+        or "class-name" in doc or "job-name" in doc
+
+
+class BoundingBoxes:
+    """Ground Truth object-detection JSON -> ``float32`` array ``(k, 5)`` of ``[class_id, x0, y0, x1, y1]``.
+
+    Coordinates are in pixels of the original image (``x1 = left + width``), unless ``normalize``.
+    A label with no boxes, an empty or missing ``annotations`` list gives shape ``(0, 5)``.  Unknown keys
+    are ignored; a ``-metadata`` object given by mistake is refused with a clear :class:`DecodeError`.
+
+    Parameters
+    ----------
+    normalize:
+        Divide x by the image width and y by its height (from ``image_size``, or the output frame of
+        ``image`` when that is given), giving 0..1 coordinates.  A label without ``image_size`` is then a
+        :class:`DecodeError`.
+    max_boxes:
+        Pad to exactly ``(max_boxes, 5)`` with rows of ``-1`` (MXNet ``ImageDetRecordIter`` style); the
+        decoder then has a fixed ``output_spec`` and a ``decode_into``.  More boxes than that are a
+        :class:`DecodeError`, unless ``truncate``.
+    truncate:
+        With ``max_boxes``: keep the first ``max_boxes`` boxes instead of raising.
+    image:
+        An :class:`~parrecio.decoders.Image` (or ``Mask``) decoder with a ``size``: map the boxes into
+        its output frame (stretch, letterbox or centre crop) with ``image.geometry(W, H)``, ``W, H`` from
+        ``image_size`` (required then).  Boxes are clipped to the frame; boxes left with no area (wholly
+        cropped away by ``resize="shorter"``) are dropped.
+    """
+
+    def __init__(self, normalize: bool = False, max_boxes: Optional[int] = None, truncate: bool = False,
+                 image: Any = None) -> None:
+        if max_boxes is not None and int(max_boxes) < 0:
+            raise ValueError(f"max_boxes must be None or >= 0, got {max_boxes!r}")
+        if image is not None and not callable(getattr(image, "geometry", None)):
+            raise TypeError(f"image must be an Image or Mask decoder (with .geometry), got {image!r}")
+        self.normalize = bool(normalize)
+        self.max_boxes = None if max_boxes is None else int(max_boxes)
+        self.truncate = bool(truncate)
+        self.image = image
+        self.output_spec = None if self.max_boxes is None else ArraySpec((self.max_boxes, 5), np.float32)
+
+    # -- parsing ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _image_size(doc: Mapping[str, Any]) -> Optional[Tuple[float, float]]:
+        size = doc.get("image_size")
+        if isinstance(size, list):
+            size = size[0] if size else None
+        if size is None:
+            return None
+        if not isinstance(size, dict) or not _is_number(size.get("width")) or not _is_number(size.get("height")):
+            raise DecodeError(f"image_size must be [{{'width': W, 'height': H, ...}}], got {size!r}")
+        width, height = float(size["width"]), float(size["height"])
+        if width <= 0 or height <= 0:
+            raise DecodeError(f"image_size has a non-positive width or height: {size!r}")
+        return width, height
+
+    def _boxes(self, doc: Any) -> Tuple[np.ndarray, Optional[Tuple[float, float]]]:
+        if not isinstance(doc, dict):
+            raise DecodeError(f"a bounding-box label must be a JSON object, got {type(doc).__name__}")
+        annotations = doc.get("annotations")
+        if annotations is None:
+            if _looks_like_metadata(doc):
+                raise DecodeError("this JSON is a Ground Truth -metadata attribute (keys "
+                                  f"{sorted(doc)[:6]}), not a bounding-box label; decode it with Json()")
+            annotations = []
+        if not isinstance(annotations, list):
+            raise DecodeError(f"'annotations' must be a list, got {type(annotations).__name__}")
+        rows = np.empty((len(annotations), 5), dtype=np.float64)
+        for i, ann in enumerate(annotations):
+            if not isinstance(ann, dict):
+                raise DecodeError(f"annotation {i} must be an object, got {type(ann).__name__}")
+            try:
+                values = [ann[k] for k in _BOX_KEYS]
+            except KeyError as exc:
+                raise DecodeError(f"annotation {i} has no {exc.args[0]!r} (needs {', '.join(_BOX_KEYS)})") \
+                    from None
+            if not all(_is_number(v) for v in values):
+                raise DecodeError(f"annotation {i} has a non-numeric value: {ann!r}")
+            rows[i] = values
+        rows[:, 3] += rows[:, 1]  # x1 = left + width
+        rows[:, 4] += rows[:, 2]  # y1 = top + height
+        return rows, self._image_size(doc)
+
+    def _finish(self, rows: np.ndarray, size: Optional[Tuple[float, float]]) -> np.ndarray:
+        """Geometry mapping and normalization of parsed rows (float64) -> float32 rows."""
+        if self.image is not None:
+            if size is None:
+                raise DecodeError("BoundingBoxes(image=...) needs the label's image_size to map boxes")
+            geometry = self.image.geometry(int(round(size[0])), int(round(size[1])))
+            rows = geometry.apply(rows.astype(np.float32)).astype(np.float64)
+            rows = rows[(rows[:, 3] > rows[:, 1]) & (rows[:, 4] > rows[:, 2])]
+            size = (float(geometry.width), float(geometry.height))
+        if self.normalize:
+            if size is None:
+                raise DecodeError("normalize=True needs image_size in the label (none found)")
+            rows[:, 1::2] /= size[0]
+            rows[:, 2::2] /= size[1]
+        return rows.astype(np.float32)
+
+    def _check_count(self, count: int) -> int:
+        """How many boxes fit ``max_boxes``; raises unless ``truncate`` when there are too many."""
+        if self.max_boxes is None or count <= self.max_boxes:
+            return count
+        if self.truncate:
+            return self.max_boxes
+        raise DecodeError(f"label has {count} boxes, more than max_boxes={self.max_boxes} "
+                          f"(raise max_boxes, or pass truncate=True to keep the first {self.max_boxes})")
+
+    # -- the decoder protocol --------------------------------------------------------------------------
+    def decode_into(self, payload: Any, out: np.ndarray) -> None:
+        """Write the ``(max_boxes, 5)`` padded boxes of ``payload`` into ``out`` (needs ``max_boxes``)."""
+        boxes = self._finish(*self._boxes(_loads(payload)))
+        count = self._check_count(len(boxes))
+        out[:count] = boxes[:count]
+        out[count:] = -1
+
+    def __call__(self, payload: Any) -> np.ndarray:
+        """Decode JSON text (bytes-like or ``str``) to a ``float32`` array ``(k, 5)`` or ``(max_boxes, 5)``."""
+        boxes = self._finish(*self._boxes(_loads(payload)))
+        if self.max_boxes is None:
+            return boxes
+        out = np.empty((self.max_boxes, 5), np.float32)
+        count = self._check_count(len(boxes))
+        out[:count] = boxes[:count]
+        out[count:] = -1
+        return out
+
+    # -- value semantics -------------------------------------------------------------------------------
+    def _params(self) -> tuple:
+        return (self.normalize, self.max_boxes, self.truncate, self.image)
+
+    def __repr__(self) -> str:
+        names = ("normalize", "max_boxes", "truncate", "image")
+        defaults = (False, None, False, None)
+        args = ", ".join(f"{n}={v!r}" for n, v, d in zip(names, self._params(), defaults) if v != d)
+        return f"BoundingBoxes({args})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is BoundingBoxes and other._params() == self._params()
+
+    def __hash__(self) -> int:
+        return hash(("BoundingBoxes",) + self._params())
+
+
+class ClassLabel:
+    """Ground Truth classification labels -> numpy arrays.
+
+    Accepted payloads (JSON text, bytes-like or ``str``): a class id as a number (``3``, ``3.0``) or a
+    string (``"3"``), a list of them (multi-label, ``[1, 0, 8]``); with ``class_names`` also a class name
+    (``"cat"``, quoted or bare text) or an object with a ``class-name`` key.  Booleans are refused.
+    A Ground Truth ``-metadata`` object carries the class *name*, not its id: it is refused unless
+    ``class_names`` is given (decode the label attribute itself, the one without ``-metadata``).
+
+    Parameters
+    ----------
+    dtype:
+        Output dtype; default ``int64`` for ids, ``float32`` for multi-hot vectors.  A float dtype also
+        accepts non-integral numbers (regression targets); an integer dtype refuses them.
+    num_classes:
+        When given, ids must be in ``0 .. num_classes-1``; needed for multi-hot output.
+    multi_label:
+        ``False``: one label per payload -> 0-d array, fixed ``output_spec = ArraySpec((), dtype)`` (so a
+        batch column is one array); a one-element list is accepted, longer lists are a
+        :class:`DecodeError`.  ``True`` with ``num_classes``: multi-hot vector ``(num_classes,)`` (fixed
+        ``output_spec``).  ``True`` without ``num_classes``: a 1-D array of ids (ragged: no spec).
+    class_names:
+        Names of the classes in id order (``["dog", "cat"]``) or a mapping ``{name: id}``; lets names stand
+        for ids.
+    """
+
+    def __init__(self, dtype: Any = None, num_classes: Optional[int] = None, multi_label: bool = False,
+                 class_names: Union[Sequence[str], Mapping[str, int], None] = None) -> None:
+        if num_classes is not None and int(num_classes) < 1:
+            raise ValueError(f"num_classes must be None or >= 1, got {num_classes!r}")
+        multi_hot = bool(multi_label) and num_classes is not None
+        self.dtype = np.dtype(dtype if dtype is not None else (np.float32 if multi_hot else np.int64))
+        if self.dtype.kind not in "iuf":
+            raise ValueError(f"dtype must be an integer or float dtype, got {self.dtype}")
+        self.num_classes = None if num_classes is None else int(num_classes)
+        self.multi_label = bool(multi_label)
+        if class_names is None:
+            self.class_names: Optional[Tuple[Tuple[str, int], ...]] = None
+        else:
+            items = class_names.items() if isinstance(class_names, Mapping) else \
+                ((name, i) for i, name in enumerate(class_names))
+            self.class_names = tuple(sorted((str(n), int(i)) for n, i in items))
+        self._names = dict(self.class_names or ())
+        if multi_hot:
+            self.output_spec: Optional[ArraySpec] = ArraySpec((self.num_classes,), self.dtype)
+        elif not self.multi_label:
+            self.output_spec = ArraySpec((), self.dtype)
+        else:
+            self.output_spec = None
+
+    # -- parsing ---------------------------------------------------------------------------------------
+    def _parse(self, payload: Any) -> Any:
+        try:
+            return _loads(payload)
+        except DecodeError:
+            if not self._names:
+                raise
+            # bare text such as  cat  (not JSON): a class name
+            if isinstance(payload, str):
+                return payload.strip()
+            return bytes(memoryview(payload).cast("B")).decode("utf-8", "replace").strip()
+
+    def _one(self, value: Any) -> Union[int, float]:
+        """One label value -> a class id (or a float target for float dtypes)."""
+        if isinstance(value, dict):
+            if "class-name" in value and self._names:
+                value = value["class-name"]
+            else:
+                raise DecodeError("a JSON object is not a class label (a Ground Truth -metadata attribute? "
+                                  "it holds the class name, not the id; decode the label attribute, or pass "
+                                  f"class_names=...); keys: {sorted(value)[:6]}")
+        if isinstance(value, str):
+            text = value.strip()
+            if text in self._names:
+                value = self._names[text]
+            else:
+                try:
+                    value = float(text)
+                except ValueError:
+                    hint = "" if self._names else " (pass class_names=... to use class names)"
+                    raise DecodeError(f"class label {text!r} is neither a number nor a known class name{hint}") \
+                        from None
+        if isinstance(value, bool) or not _is_number(value):
+            raise DecodeError(f"a class label must be a number or a numeric string, got {value!r}")
+        if not math.isfinite(value):
+            raise DecodeError(f"class label {value!r} is not finite")
+        if self.dtype.kind != "f":
+            if value != int(value):
+                raise DecodeError(f"class label {value!r} is not an integer (use a float dtype for targets)")
+            value = int(value)
+        if self.num_classes is not None and not 0 <= value < self.num_classes:
+            raise DecodeError(f"class id {value!r} out of range 0..{self.num_classes - 1}")
+        return value
+
+    def _values(self, doc: Any) -> list:
+        if isinstance(doc, list):
+            return [self._one(v) for v in doc]
+        return [self._one(doc)]
+
+    def _check_dtype(self, values: list) -> None:
+        if self.dtype.kind in "iu":
+            info = np.iinfo(self.dtype)
+            for v in values:
+                if not info.min <= v <= info.max:
+                    raise DecodeError(f"class id {v!r} does not fit {self.dtype}")
+
+    # -- the decoder protocol --------------------------------------------------------------------------
+    def __call__(self, payload: Any) -> np.ndarray:
+        """Decode one label payload (see the class docstring for the shapes)."""
+        values = self._values(self._parse(payload))
+        self._check_dtype(values)
+        if not self.multi_label:
+            if len(values) != 1:
+                raise DecodeError(f"got {len(values)} labels {values[:8]} for a single-label ClassLabel "
+                                  "(use multi_label=True)")
+            return np.array(values[0], dtype=self.dtype)
+        if self.num_classes is None:
+            return np.array(values, dtype=self.dtype).reshape(-1)
+        hot = np.zeros(self.num_classes, dtype=self.dtype)
+        hot[[int(v) for v in values]] = 1
+        return hot
+
+    def decode_into(self, payload: Any, out: np.ndarray) -> None:
+        """Write the label into ``out`` (shape ``()`` or ``(num_classes,)``, see ``output_spec``)."""
+        out[...] = self(payload)
+
+    # -- value semantics -------------------------------------------------------------------------------
+    def _params(self) -> tuple:
+        return (self.dtype, self.num_classes, self.multi_label, self.class_names)
+
+    def __repr__(self) -> str:
+        args = [f"dtype={self.dtype.name!r}"]
+        if self.num_classes is not None:
+            args.append(f"num_classes={self.num_classes}")
+        if self.multi_label:
+            args.append("multi_label=True")
+        if self.class_names is not None:
+            args.append(f"class_names={dict(self.class_names)!r}")
+        return f"ClassLabel({', '.join(args)})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ClassLabel and other._params() == self._params()
+
+    def __hash__(self) -> int:
+        return hash(("ClassLabel",) + self._params())

@@ -1,0 +1,79 @@
+"""What every decoder of parrecio.decoders must do: pickle, compare, repr, keep its spec honest."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from image_helpers import gt_boxes_json, jpeg, mask_png, palette_mask
+from parrecio.decoders import (BoundingBoxes, ClassLabel, Image, ImageRecord, Json, Mask, Raw, guess_fields,
+                               sniff)
+from parrecio.decoders.base import ArraySpec, spec_of, write_into
+from parrecio.recordio.irheader import IRHeader, pack
+
+JPEG = jpeg(160, 120)
+CASES = [
+    (Image(), JPEG),
+    (Image(size=(32, 48), resize="letterbox", fill=(1, 2, 3), layout="CHW", draft=2.0), JPEG),
+    (Image(size=40, mode="L", resize="shorter", resample="lanczos", reducing_gap=2.0, exif_transpose=True), JPEG),
+    (Image(size=40, mode="keep", formats=["JPEG"]), JPEG),
+    (Mask(), mask_png(palette_mask(40, 30))),
+    (Mask(size=20, resize="letterbox", fill=255, colors=["#000000", "#ff0000"], unknown=9),
+     mask_png(palette_mask(40, 30))),
+    (BoundingBoxes(), gt_boxes_json([(1, 2, 3, 4, 5)])),
+    (BoundingBoxes(normalize=True, max_boxes=4, truncate=True, image=Image(size=32, resize="letterbox")),
+     gt_boxes_json([(1, 2, 3, 4, 5)])),
+    (ClassLabel(), b"3"),
+    (ClassLabel(dtype=np.float32, num_classes=5, multi_label=True, class_names=["a", "b", "c", "d", "e"]),
+     b'["a", 3]'),
+    (ClassLabel(multi_label=True), b"[1, 2]"),
+    (ImageRecord(), pack(IRHeader(0, 1.0, 0, 0), JPEG)),
+    (ImageRecord(Image(size=16), label_width=2), pack(IRHeader(0, [1, 2], 0, 0), JPEG)),
+]
+
+
+def same(a, b) -> bool:
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("decoder,payload", CASES, ids=[repr(c[0]) for c in CASES])
+def test_pickle_round_trip_equality_and_repr(decoder, payload):
+    clone = pickle.loads(pickle.dumps(decoder))
+    assert clone == decoder and hash(clone) == hash(decoder)
+    assert repr(clone) == repr(decoder) and repr(decoder).startswith(type(decoder).__name__ + "(")
+    assert same(clone(payload), decoder(payload))
+    assert spec_of(clone) == spec_of(decoder)
+
+
+@pytest.mark.parametrize("decoder,payload", CASES, ids=[repr(c[0]) for c in CASES])
+def test_values_match_output_spec(decoder, payload):
+    spec = spec_of(decoder)
+    value = decoder(payload)
+    if spec is None:
+        return
+    if isinstance(spec, ArraySpec):
+        assert value.shape == spec.shape and value.dtype == spec.dtype
+        out = np.empty(spec.shape, spec.dtype)
+        assert write_into(decoder, payload, spec, out) is None
+        assert same(out, value)
+        return
+    outs = tuple(None if s is None else np.empty(s.shape, s.dtype) for s in spec)
+    rest = write_into(decoder, payload, spec, outs)
+    for s, v, o, r in zip(spec, value, outs, rest):
+        if s is None:
+            assert same(r, v)
+        else:
+            assert r is None and v.shape == s.shape and v.dtype == s.dtype and same(o, np.asarray(v))
+
+
+def test_inequality_and_exports():
+    assert Image() != Image(size=3) and Image() != Mask() and BoundingBoxes() != BoundingBoxes(max_boxes=1)
+    assert ClassLabel() != ClassLabel(num_classes=3) and ImageRecord() != ImageRecord(label_width=1)
+    assert Raw() == Raw() and Json() == Json()
+    assert callable(sniff) and callable(guess_fields)

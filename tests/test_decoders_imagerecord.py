@@ -1,0 +1,97 @@
+"""ImageRecord: MXNet image records (IRHeader + labels + image bytes) -> (image, label)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from image_helpers import jpeg, png
+from parrecio.decoders import ArraySpec, Image, ImageRecord
+from parrecio.decoders.base import spec_of, write_into
+from parrecio.errors import DecodeError
+from parrecio.recordio.irheader import IRHeader, pack
+
+JPEG = jpeg(320, 240)
+
+
+def test_scalar_label_like_mxnet():
+    record = pack(IRHeader(0, 7.0, 42, 0), JPEG)
+    image, label = ImageRecord()(record)
+    assert isinstance(label, float) and label == 7.0
+    assert np.array_equal(image, Image()(JPEG))
+    assert ImageRecord().output_spec is None and spec_of(ImageRecord()) is None
+
+
+@pytest.mark.parametrize("labels", [[1.0, 0.0, 8.0], [0.5], list(range(10))])
+def test_multi_label_headers(labels):
+    record = pack(IRHeader(0, labels, 1, 0), JPEG)
+    image, label = ImageRecord(Image(size=32))(record)
+    assert label.dtype == np.float32 and label.tolist() == labels
+    assert image.shape == (32, 32, 3)
+    fixed = ImageRecord(Image(size=32), label_width=len(labels))
+    assert fixed.output_spec == (ArraySpec((32, 32, 3), np.uint8), ArraySpec((len(labels),), np.float32))
+    assert fixed(record)[1].tolist() == labels
+
+
+def test_decode_into_tuple_spec_writes_both_and_returns_nones():
+    decoder = ImageRecord(Image(size=(24, 32)), label_width=3)
+    record = pack(IRHeader(0, [4, 5, 6], 9, 0), JPEG)
+    images = np.full((3, 24, 32, 3), 11, np.uint8)
+    labels = np.full((3, 3), -5, np.float32)
+    rest = decoder.decode_into(memoryview(record), (images[1], labels[1]))
+    assert rest == (None, None)
+    assert np.array_equal(images[1], Image(size=(24, 32))(JPEG)) and labels[1].tolist() == [4, 5, 6]
+    assert (images[[0, 2]] == 11).all() and (labels[[0, 2]] == -5).all()
+    assert write_into(decoder, record, decoder.output_spec, (images[2], labels[2])) == (None, None)
+    assert np.array_equal(images[2], images[1])
+
+
+def test_partial_specs():
+    record = pack(IRHeader(0, 3.0, 1, 0), JPEG)
+    # image fixed, label free: the label comes back in the returned tuple
+    decoder = ImageRecord(Image(size=16))
+    assert decoder.output_spec == (ArraySpec((16, 16, 3), np.uint8), None)
+    out = np.zeros((16, 16, 3), np.uint8)
+    assert decoder.decode_into(record, (out, None)) == (None, 3.0)
+    assert out.any()
+    # image free, scalar label fixed (label_width=0): the image comes back
+    decoder = ImageRecord(label_width=0)
+    assert decoder.output_spec == (None, ArraySpec((), np.float32))
+    label = np.zeros((), np.float32)
+    image, rest = decoder.decode_into(record, (None, label))
+    assert rest is None and label == 3.0 and image.shape == (240, 320, 3)
+    assert write_into(decoder, record, decoder.output_spec, (None, label))[1] is None
+
+
+def test_label_width_rules():
+    scalar = pack(IRHeader(0, 2.0, 1, 0), JPEG)
+    two = pack(IRHeader(0, [1, 2], 1, 0), JPEG)
+    assert ImageRecord(label_width=1)(scalar)[1].tolist() == [2.0]
+    assert ImageRecord(label_width=0)(scalar)[1].shape == ()
+    with pytest.raises(DecodeError, match="label_width=3"):
+        ImageRecord(label_width=3)(two)
+    with pytest.raises(DecodeError, match="scalar label"):
+        ImageRecord(label_width=2)(scalar)
+    with pytest.raises(DecodeError, match="label_width=0"):
+        ImageRecord(label_width=0)(two)
+    with pytest.raises(ValueError):
+        ImageRecord(label_width=-1)
+
+
+def test_png_and_bytes_like_payloads():
+    record = pack(IRHeader(0, [9], 3, 0), png(64, 48))
+    expected = Image()(png(64, 48))
+    for form in (record, bytearray(record), memoryview(record), np.frombuffer(record, np.uint8)):
+        image, label = ImageRecord()(form)
+        assert np.array_equal(image, expected) and label.tolist() == [9.0]
+
+
+def test_refusals():
+    with pytest.raises(DecodeError, match="24-byte"):
+        ImageRecord()(b"\x00" * 10)
+    with pytest.raises(DecodeError, match="labels"):
+        ImageRecord()(pack(IRHeader(0, [1, 2, 3], 0, 0), b"")[:30])
+    with pytest.raises(DecodeError, match="JSON"):
+        ImageRecord()(pack(IRHeader(0, 1.0, 0, 0), b'{"not": "an image"}'))
+    with pytest.raises(DecodeError, match="truncated"):
+        ImageRecord()(pack(IRHeader(0, 1.0, 0, 0), JPEG[:5000]))
