@@ -141,7 +141,9 @@ def our_children() -> List[int]:
     out = []
     for c in psutil.Process().children(recursive=True):
         try:
-            if c.status() != psutil.STATUS_ZOMBIE and "forkserver" not in " ".join(c.cmdline()):
+            cmd = " ".join(c.cmdline())
+            if c.status() != psutil.STATUS_ZOMBIE and "forkserver" not in cmd \
+                    and "resource_tracker" not in cmd:
                 out.append(c.pid)
         except psutil.NoSuchProcess:
             pass

@@ -1,0 +1,1 @@
+"""The ``parrecio`` command: ``parrecio <subcommand> ...`` (see :mod:`parrecio.cli.main`)."""

@@ -1,0 +1,65 @@
+"""The ``parrecio`` command line: a small dispatcher over subcommand modules.
+
+Each subcommand is a module listed in :data:`COMMANDS` that defines:
+
+- ``NAME`` (the subcommand, e.g. ``"pipe-serve"``) and ``HELP`` (one line for ``parrecio --help``);
+- ``add_arguments(parser)``, which fills its ``argparse`` parser (``parser.description`` may be set there);
+- ``run(args) -> int``, the exit status.
+
+Keep the modules light at import time (``parrecio --help`` imports them all); import heavy things in
+``run``.  A :class:`~parrecio.errors.ParrecioError` from ``run`` is printed as one line, exit status 1;
+Ctrl-C exits with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+from .. import __version__
+from ..errors import ParrecioError
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+COMMANDS = (
+    "parrecio.cli.pipe_serve",
+)
+"""The subcommand modules, in ``--help`` order."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``parrecio`` parser with every subcommand of :data:`COMMANDS` registered."""
+    parser = argparse.ArgumentParser(
+        prog="parrecio", description="RecordIO streams to decoded numpy batches: tools.")
+    parser.add_argument("--version", action="version", version=f"parrecio {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMANDS:
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run ``parrecio`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = getattr(args, "_run", None)
+    if run is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(run(args) or 0)
+    except ParrecioError as exc:
+        print(f"parrecio {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"parrecio {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

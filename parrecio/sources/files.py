@@ -1,0 +1,160 @@
+"""Files, directories, globs and FIFO paths: a fixed list of paths, each one a stream, every epoch.
+
+```
+ resolve("data/")        -> FileSource(paths=("data/a.rec", "data/b.rec"))   listed once, in the consumer
+ FileSource.streams(e)   -> Stream("data/a.rec", open(...)), Stream("data/b.rec", ...)   in the reader
+```
+
+The list of paths is fixed when the source is resolved (errors come early, in the consumer, and every
+epoch reads the same files).  Files are opened only in :meth:`FileSource.streams`, in the reader process,
+so a FIFO path is opened by the reader alone (a blocking open: the pipeline ends a reader stuck there).
+
+Directory rule (:func:`list_recordio_files`): the ``*.rec`` files of the directory in name order; if it
+has none, every regular file whose name does not start with ``.`` and does not end in ``.idx`` or ``.lst``
+(the index and image-list files that sit next to ``.rec`` files).  "Name order" is plain string order of
+the path relative to the directory, which for a recursive listing is the order in which S3 lists keys.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+from typing import Iterable, Iterator, List, Optional, Sequence
+
+from ..errors import SourceError
+from .base import Source, Stream
+
+__all__ = ["FileSource", "list_recordio_files", "expand_patterns", "GLOB_CHARS"]
+
+GLOB_CHARS = frozenset("*?[")
+_SKIP_SUFFIXES = (".idx", ".lst")
+
+
+def _is_glob(path: str) -> bool:
+    return any(c in GLOB_CHARS for c in path)
+
+
+def list_recordio_files(directory: str, *, recursive: bool = False) -> List[str]:
+    """The RecordIO files of ``directory``, by the directory rule (see the module docstring).
+
+    With ``recursive``, files in subdirectories count too (hidden subdirectories are skipped) and the
+    order is that of the relative paths (``a/x.rec`` < ``a0.rec`` < ``b.rec``, as S3 lists keys).
+    Returns an empty list when nothing qualifies.
+    """
+    found = sorted(_walk_regular_files(directory, recursive))  # (relative path, full path), hidden skipped
+    recs = [full for rel, full in found if rel.endswith(".rec")]
+    if recs:
+        return recs
+    return [full for rel, full in found if not rel.endswith(_SKIP_SUFFIXES)]
+
+
+def _walk_regular_files(directory: str, recursive: bool) -> Iterator[tuple]:
+    stack = [("", directory)]
+    while stack:
+        prefix, path = stack.pop()
+        try:
+            entries = list(os.scandir(path))
+        except OSError as exc:
+            raise SourceError(f"cannot list directory {path}: {exc.strerror or exc}") from exc
+        for entry in entries:
+            rel = prefix + entry.name
+            if entry.name.startswith("."):
+                continue
+            if entry.is_file():  # follows symlinks; FIFOs, sockets and devices are not regular files
+                yield rel, entry.path
+            elif recursive and entry.is_dir():
+                stack.append((rel + "/", entry.path))
+
+
+def expand_patterns(patterns: Iterable) -> List[str]:
+    """Expand paths, directories and glob patterns into the list of file paths, in the given order.
+
+    An existing path is taken literally (even if it contains glob characters); a directory by the directory
+    rule; anything else with ``*``, ``?`` or ``[`` as a glob (``recursive=True``, sorted, matched
+    directories expanded).  Raises :class:`SourceError` for a missing path, an empty glob or a directory
+    without files.
+    """
+    paths: List[str] = []
+    for item in patterns:
+        if not isinstance(item, (str, bytes, os.PathLike)):
+            raise SourceError(f"expected a path or glob pattern in the channel list, got {item!r}")
+        pattern = os.fsdecode(item)
+        if os.path.lexists(pattern):
+            paths.extend(_expand_existing(pattern))
+        elif _is_glob(pattern):
+            matches = sorted(glob.glob(pattern, recursive=True))
+            if not matches:
+                raise SourceError(f"glob pattern {pattern!r} matches no file")
+            for match in matches:
+                paths.extend(_expand_existing(match, from_glob=pattern))
+            if not paths:
+                raise SourceError(f"glob pattern {pattern!r} matches only directories without files")
+        else:
+            raise SourceError(f"no such file or directory: {pattern!r} (cwd {os.getcwd()})")
+    return paths
+
+
+def _expand_existing(path: str, from_glob: Optional[str] = None) -> List[str]:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise SourceError(f"cannot use {path!r}: {exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(mode):
+        return [path]  # a regular file, a FIFO, a character device...: opened as given
+    files = list_recordio_files(path)
+    if not files and from_glob is None:
+        raise SourceError(
+            f"directory {path!r} has no RecordIO files (looked for *.rec, then for any regular, non-hidden "
+            f"file other than *.idx/*.lst; subdirectories are not searched)"
+        )
+    return files
+
+
+class FileSource(Source):
+    """A fixed list of file paths (regular files or FIFOs), opened one after the other, every epoch.
+
+    ``paths`` is public: the pipeline may shard by file.  ``default_join`` is ``"mxnet"`` unless given.
+    """
+
+    kind = "files"
+
+    def __init__(self, paths: Sequence[str], *, name: Optional[str] = None, default_join: str = "mxnet",
+                 kind: Optional[str] = None) -> None:
+        if not paths:
+            raise SourceError(f"{name or 'file list'}: no files")
+        self.paths = tuple(paths)
+        self.name = name if name is not None else _describe(self.paths)
+        self.default_join = default_join
+        if kind is not None:
+            self.kind = kind
+
+    @classmethod
+    def from_patterns(cls, patterns: Sequence, *, name: Optional[str] = None) -> "FileSource":
+        """A source over ``patterns`` (paths, directories, globs) expanded by :func:`expand_patterns`."""
+        if isinstance(patterns, (list, tuple)) and not patterns:
+            raise SourceError("empty channel list: give at least one path")
+        if name is None:
+            name = _describe([os.fsdecode(p) if isinstance(p, (str, bytes, os.PathLike)) else repr(p)
+                              for p in patterns])
+        return cls(expand_patterns(patterns), name=name)
+
+    def streams(self, epoch: int) -> Iterator[Stream]:
+        self.check_epoch(epoch)
+        for path in self.paths:
+            yield Stream(path, open_for_reading(path))
+
+
+def open_for_reading(path: str):
+    """``open(path, "rb")`` with errors as :class:`SourceError` naming the path."""
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise SourceError(f"cannot open {path!r}: {exc.strerror or exc}") from exc
+
+
+def _describe(paths: Sequence[str]) -> str:
+    if len(paths) == 1:
+        return paths[0]
+    head = ", ".join(paths[:3])
+    return f"[{head}{', ...' if len(paths) > 3 else ''}] ({len(paths)} paths)"

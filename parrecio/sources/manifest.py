@@ -1,0 +1,124 @@
+"""Augmented manifests: JSON lines whose attributes SageMaker turns into one record each.
+
+```
+ {"source-ref": "s3://b/img1.jpg", "bounding-box": {"image_size": [...], "annotations": [...]}, ...}
+ {"source-ref": "s3://b/img2.jpg", "bounding-box": {...}}
+       |  AttributeNames = ["source-ref", "bounding-box"]
+       v
+ [bytes of img1.jpg] [{"image_size":[...],"annotations":[...]}] [bytes of img2.jpg] [...]
+```
+
+SageMaker (augmented manifest, Pipe mode, ``RecordWrapperType: RecordIO``) emits, for every line and for
+each name of ``AttributeNames`` in that order, one record: an attribute whose name ends with ``-ref``
+carries the bytes of the object it references, any other attribute its JSON text.  Here, for local
+emulation and packing, a ``-ref`` is a local path: absolute, relative to the manifest's directory, or a
+``file://`` URL; ``s3://`` references are refused (nothing here talks to S3).  JSON text is
+``orjson.dumps(value)`` (compact, no spaces).  Blank lines are skipped; a line without one of the
+attributes is an error, as it is for SageMaker.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator, List, Optional, Sequence, Tuple
+from urllib.parse import unquote, urlparse
+
+import orjson
+
+from ..errors import SourceError
+
+__all__ = [
+    "ManifestLine", "read_manifest_lines", "line_records", "iter_manifest_records", "parse_attribute_names",
+    "is_manifest_path", "resolve_ref", "MANIFEST_SUFFIXES",
+]
+
+MANIFEST_SUFFIXES = (".manifest", ".jsonl")
+
+ManifestLine = Tuple[int, bytes]
+"""``(line number, 1-based; the line's bytes)``."""
+
+
+def is_manifest_path(path: str) -> bool:
+    """Whether ``path`` names an augmented manifest (``*.manifest`` or ``*.jsonl``)."""
+    return path.lower().endswith(MANIFEST_SUFFIXES)
+
+
+def parse_attribute_names(text: str) -> List[str]:
+    """``"source-ref,bounding-box"`` -> ``["source-ref", "bounding-box"]`` (spaces around names ignored)."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise SourceError(f"bad attribute names {text!r}: expected names separated by commas")
+    return names
+
+
+def read_manifest_lines(manifest_path: str) -> List[ManifestLine]:
+    """The non-blank lines of the manifest, with their line numbers (the lines are parsed later)."""
+    try:
+        with open(manifest_path, "rb") as f:
+            return [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    except OSError as exc:
+        raise SourceError(f"cannot read manifest {manifest_path}: {exc.strerror or exc}") from exc
+
+
+def line_records(line: ManifestLine, attribute_names: Sequence[str], manifest_path: str) -> List[bytes]:
+    """The records of one manifest line: one per attribute name, in order (see the module docstring)."""
+    lineno, text = line
+    where = f"{manifest_path} line {lineno}"
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise SourceError(f"{where}: not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise SourceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    records = []
+    for name in attribute_names:
+        if name not in obj:
+            raise SourceError(f"{where}: no attribute {name!r} (the line has {', '.join(map(repr, obj))})")
+        value = obj[name]
+        if name.endswith("-ref"):
+            records.append(_referenced_bytes(value, manifest_path, where, name))
+        else:
+            records.append(orjson.dumps(value))
+    return records
+
+
+def iter_manifest_records(manifest_path: str, attribute_names: Sequence[str], *,
+                          order: Optional[Sequence[int]] = None) -> Iterator[bytes]:
+    """The records of an augmented manifest, ``len(attribute_names)`` per line, as SageMaker would stream them.
+
+    ``order`` optionally lists the indexes of the manifest's non-blank lines to emit (a permutation for a
+    shuffled epoch); referenced files are read only when their line is reached.
+    """
+    if not attribute_names:
+        raise SourceError(f"{manifest_path}: give at least one attribute name (AttributeNames)")
+    lines = read_manifest_lines(manifest_path)
+    for index in (range(len(lines)) if order is None else order):
+        yield from line_records(lines[index], attribute_names, manifest_path)
+
+
+def _referenced_bytes(value, manifest_path: str, where: str, name: str) -> bytes:
+    if not isinstance(value, str):
+        raise SourceError(f"{where}: attribute {name!r} should be a path or URL string, got {value!r}")
+    path = resolve_ref(value, manifest_path)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise SourceError(f"{where}: cannot read {name} {value!r} ({path}): {exc.strerror or exc}") from exc
+
+
+def resolve_ref(ref: str, manifest_path: str) -> str:
+    """The local path of a ``-ref`` value: ``file://`` URL, absolute path, or relative to the manifest."""
+    if "://" in ref:
+        url = urlparse(ref)
+        if url.scheme != "file":
+            raise SourceError(
+                f"cannot fetch {ref!r}: only local files are read here (a path, relative to the manifest "
+                f"or absolute, or a file:// URL); download the objects and rewrite the manifest's references"
+            )
+        if url.netloc not in ("", "localhost"):
+            raise SourceError(f"cannot read {ref!r}: a file:// URL must name a local path (file:///...)")
+        return unquote(url.path)
+    if os.path.isabs(ref):
+        return ref
+    return os.path.join(os.path.dirname(os.path.abspath(manifest_path)), ref)

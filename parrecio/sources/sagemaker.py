@@ -1,0 +1,256 @@
+"""SageMaker training channels: ``ParallelReader("train")`` inside a SageMaker training container.
+
+```
+ <input>/config/inputdataconfig.json   {"train": {"TrainingInputMode": "Pipe", "RecordWrapperType": "RecordIO",
+                                                  "S3DistributionType": "FullyReplicated", ...}, ...}
+ Pipe mode:  <input>/data/train_0, train_1, ...   one FIFO per epoch, created by SageMaker one after another
+             -> PipeChannelSource.streams(e): wait for train_<e>, open it (reader process only), one Stream
+ File mode:  <input>/data/train/**                the channel's S3 objects, downloaded (or mounted: FastFile)
+             -> FileChannelSource: the directory's RecordIO files, recursively, every epoch
+```
+
+Where things are: ``<input>`` is ``sm_input_dir``, else ``$SM_INPUT_DIR``, else ``/opt/ml/input``;
+``<input>/data`` can be replaced by ``pipe_dir`` and ``<input>/config`` by ``config_dir``.  In File mode the
+channel's directory is ``<data>/<channel>``, or ``$SM_CHANNEL_<CHANNEL>`` when that one does not exist.
+
+The multipart convention (``default_join``) follows who framed the records:
+
+- Pipe mode with ``RecordWrapperType: RecordIO``: SageMaker's wrapper framed them -> ``"concat"``.
+- Pipe mode with ``RecordWrapperType: None`` (or unset): SageMaker streams the S3 objects back to back, which
+  is a valid RecordIO stream only when the objects are ``.rec`` files themselves (SageMaker's documentation:
+  "If the input data is already in RecordIO format, you don't need to set this attribute").  Their own
+  writer framed them -> ``"mxnet"``.  Raw objects cannot be delimited: a ``ContentType`` that says images,
+  text or JSON is refused at once, and any stream that does not begin with the RecordIO magic is refused
+  when it is opened, both with a :class:`SourceError` that says how to fix the channel.
+- File and FastFile mode: the files are the ``.rec`` objects as written -> ``"mxnet"``.
+
+Without ``inputdataconfig.json`` (a hand-made layout), a ``<data>/<channel>`` directory means File mode and
+a ``<data>/<channel>_0`` path means Pipe mode with the RecordIO wrapper.  ``S3DistributionType`` is kept in
+``distribution``: with ``ShardedByS3Key`` each host already receives its own share of the data.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import stat
+import time
+from typing import Any, Dict, Iterator, Optional
+
+from ..errors import SourceError
+from ..recordio.framing import MAGIC_BYTES
+from .base import DEFAULT_FIFO_TIMEOUT, Source, Stream
+from .files import FileSource, list_recordio_files, open_for_reading
+
+__all__ = [
+    "PipeChannelSource", "FileChannelSource", "channel_source", "looks_like_channel_name",
+    "read_input_config", "input_dirs", "DEFAULT_INPUT_DIR", "INPUT_CONFIG_FILE",
+]
+
+DEFAULT_INPUT_DIR = "/opt/ml/input"
+INPUT_CONFIG_FILE = "inputdataconfig.json"
+_CHANNEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")  # SageMaker's ChannelName pattern
+_RAW_CONTENT_TYPES = ("image/", "application/x-image", "text/", "application/json", "application/jsonlines")
+_FIX_WRAPPER = (
+    "set RecordWrapperType to RecordIO on the channel (SageMaker Python SDK: "
+    "TrainingInput(..., input_mode='Pipe', record_wrapping='RecordIO'); for an augmented manifest also "
+    "s3_data_type='AugmentedManifestFile' and attribute_names=[...]), or give the channel .rec files"
+)
+
+
+def looks_like_channel_name(text: str) -> bool:
+    """Whether ``text`` can be a SageMaker channel name (``[A-Za-z0-9._-]``, 1 to 64 characters)."""
+    return bool(_CHANNEL_NAME.match(text)) and text not in (".", "..")
+
+
+def input_dirs(sm_input_dir: Optional[str] = None, pipe_dir: Optional[str] = None,
+               config_dir: Optional[str] = None) -> tuple:
+    """``(data_dir, config_dir)`` by the rules of the module docstring."""
+    root = sm_input_dir or os.environ.get("SM_INPUT_DIR") or DEFAULT_INPUT_DIR
+    return (os.fspath(pipe_dir) if pipe_dir else os.path.join(root, "data"),
+            os.fspath(config_dir) if config_dir else os.path.join(root, "config"))
+
+
+def read_input_config(config_dir: str) -> Optional[Dict[str, Any]]:
+    """The parsed ``inputdataconfig.json`` of ``config_dir``, or ``None`` if there is none."""
+    path = os.path.join(config_dir, INPUT_CONFIG_FILE)
+    try:
+        with open(path, "rb") as f:
+            config = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"cannot read the SageMaker input config {path}: {exc}") from exc
+    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+        raise SourceError(f"the SageMaker input config {path} is not an object of channel objects")
+    return config
+
+
+def channel_source(channel: str, *, sm_input_dir: Optional[str] = None, pipe_dir: Optional[str] = None,
+                   config_dir: Optional[str] = None, fifo_timeout: float = DEFAULT_FIFO_TIMEOUT) -> Source:
+    """The source of SageMaker channel ``channel`` (see the module docstring).  Call in the consumer."""
+    data_dir, config_dir = input_dirs(sm_input_dir, pipe_dir, config_dir)
+    config_path = os.path.join(config_dir, INPUT_CONFIG_FILE)
+    taken_as = f"{channel!r} is not an existing path (cwd {os.getcwd()}), so it was taken as a SageMaker channel"
+    config = read_input_config(config_dir)
+    channel_dir = os.path.join(data_dir, channel)
+    if config is None:
+        if os.path.isdir(channel_dir):
+            return FileChannelSource(channel, channel_dir, {"TrainingInputMode": "File"})
+        if os.path.lexists(os.path.join(data_dir, f"{channel}_0")):
+            assumed = {"TrainingInputMode": "Pipe", "RecordWrapperType": "RecordIO"}
+            return PipeChannelSource(channel, data_dir, assumed, fifo_timeout=fifo_timeout)
+        raise SourceError(
+            f"{taken_as}, but there is no SageMaker input config {config_path}, no directory {channel_dir} "
+            f"(File mode) and no FIFO {channel_dir}_0 (Pipe mode)"
+        )
+    if channel not in config:
+        known = ", ".join(repr(c) for c in sorted(config)) or "none"
+        raise SourceError(f"{taken_as}, but the SageMaker input config {config_path} has no channel "
+                          f"{channel!r}; its channels: {known}")
+    settings = config[channel]
+    mode = settings.get("TrainingInputMode") or ("File" if os.path.isdir(channel_dir) else "Pipe")
+    if mode in ("File", "FastFile"):
+        return FileChannelSource(channel, _file_mode_dir(channel, channel_dir), settings)
+    if mode == "Pipe":
+        return PipeChannelSource(channel, data_dir, settings, fifo_timeout=fifo_timeout)
+    raise SourceError(f"SageMaker channel {channel!r}: unknown TrainingInputMode {mode!r} in {config_path} "
+                      f"(expected File, FastFile or Pipe)")
+
+
+def _file_mode_dir(channel: str, channel_dir: str) -> str:
+    if os.path.isdir(channel_dir):
+        return channel_dir
+    upper = channel.upper()
+    for var in dict.fromkeys([f"SM_CHANNEL_{upper}", "SM_CHANNEL_" + re.sub(r"[^A-Z0-9]", "_", upper)]):
+        env_dir = os.environ.get(var)
+        if env_dir and os.path.isdir(env_dir):
+            return env_dir
+    raise SourceError(f"SageMaker channel {channel!r} is in File mode but its directory {channel_dir} does "
+                      f"not exist (nor does $SM_CHANNEL_{channel.upper()})")
+
+
+class FileChannelSource(FileSource):
+    """A SageMaker channel in File or FastFile mode: its directory's RecordIO files, recursively, every epoch.
+
+    The directory rule is :func:`parrecio.sources.files.list_recordio_files` with ``recursive=True``: the
+    ``*.rec`` files anywhere under the directory, in the order of their relative paths (the order in which
+    S3 lists the keys that SageMaker mirrored there); if there are none, every regular non-hidden file except
+    ``*.idx``/``*.lst``.  Hidden files and directories are skipped.
+    """
+
+    def __init__(self, channel: str, directory: str, settings: Dict[str, Any]) -> None:
+        files = list_recordio_files(directory, recursive=True)
+        if not files:
+            raise SourceError(f"SageMaker channel {channel!r} (File mode): directory {directory} has no files "
+                              f"(looked for *.rec, then any regular non-hidden file, recursively)")
+        super().__init__(files, name=channel, default_join="mxnet", kind="sagemaker-file")
+        self.channel = channel
+        self.directory = directory
+        self.settings = dict(settings)
+        self.distribution = settings.get("S3DistributionType")
+
+
+class PipeChannelSource(Source):
+    """A SageMaker channel in Pipe mode: epoch ``e`` is the FIFO ``<data>/<channel>_<e>``.
+
+    :meth:`streams` waits up to ``fifo_timeout`` seconds for the FIFO to appear, then opens it (a blocking
+    open, in the reader process only) and yields it as the epoch's one stream.
+    """
+
+    kind = "sagemaker-pipe"
+
+    def __init__(self, channel: str, data_dir: str, settings: Dict[str, Any], *,
+                 fifo_timeout: float = DEFAULT_FIFO_TIMEOUT) -> None:
+        self.name = channel
+        self.channel = channel
+        self.data_dir = data_dir
+        self.settings = dict(settings)
+        self.fifo_timeout = float(fifo_timeout)
+        self.distribution = settings.get("S3DistributionType")
+        wrapper = settings.get("RecordWrapperType") or "None"  # SageMaker's default is None
+        self.wrapped = str(wrapper).lower() == "recordio"
+        self.default_join = "concat" if self.wrapped else "mxnet"
+        if not self.wrapped:
+            content_type = str(settings.get("ContentType") or "").lower()
+            if content_type.startswith(_RAW_CONTENT_TYPES):
+                raise SourceError(
+                    f"SageMaker channel {channel!r} is in Pipe mode with RecordWrapperType {wrapper} and "
+                    f"ContentType {settings.get('ContentType')!r}: SageMaker streams the S3 objects back to "
+                    f"back without RecordIO framing, so their records cannot be delimited; {_FIX_WRAPPER}"
+                )
+
+    def fifo_path(self, epoch: int) -> str:
+        return os.path.join(self.data_dir, f"{self.channel}_{epoch}")
+
+    def streams(self, epoch: int) -> Iterator[Stream]:
+        self.check_epoch(epoch)
+        path = self.fifo_path(epoch)
+        self._wait_for(path, epoch)
+        file = open_for_reading(path)
+        name = f"{self.channel}_{epoch} (FIFO {path})"
+        if not self.wrapped:
+            file = _expect_recordio(file, name, self.channel)
+        yield Stream(name, file)
+
+    def _wait_for(self, path: str, epoch: int) -> None:
+        deadline = time.monotonic() + self.fifo_timeout
+        delay = 0.002
+        while True:
+            try:
+                mode = os.stat(path).st_mode
+            except FileNotFoundError:
+                mode = None
+            if mode is not None:
+                if stat.S_ISDIR(mode):
+                    raise SourceError(f"SageMaker channel {self.channel!r}: {path} is a directory, not a FIFO")
+                return
+            if time.monotonic() >= deadline:
+                raise SourceError(
+                    f"SageMaker channel {self.channel!r} (Pipe mode): the FIFO of epoch {epoch}, {path}, did not "
+                    f"appear within {self.fifo_timeout:g} s (SageMaker creates <channel>_<epoch> after the "
+                    f"previous epoch's FIFO was read to its end; raise fifo_timeout= if it is just slow)"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+def _expect_recordio(file, name: str, channel: str):
+    """``file`` unchanged in content, after checking that it starts with the RecordIO magic (or is empty)."""
+    head = file.read(len(MAGIC_BYTES))
+    if head == MAGIC_BYTES or not head:
+        return io.BufferedReader(_PrefixedRaw(head, file))
+    file.close()
+    raise SourceError(
+        f"{name}: the stream does not start with the RecordIO magic (first bytes {head.hex()}). SageMaker "
+        f"channel {channel!r} is in Pipe mode without RecordWrapperType RecordIO, so SageMaker streams the S3 "
+        f"objects back to back and they must be RecordIO (.rec) files themselves; for raw objects (images, "
+        f"an augmented manifest's attributes) the records cannot be delimited: {_FIX_WRAPPER}"
+    )
+
+
+class _PrefixedRaw(io.RawIOBase):
+    """``prefix`` followed by the rest of ``file``: gives back the bytes read to check the magic."""
+
+    def __init__(self, prefix: bytes, file) -> None:
+        super().__init__()
+        self._prefix = memoryview(prefix)
+        self._file = file
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        if self._prefix:
+            n = min(len(buf), len(self._prefix))
+            buf[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            return n
+        return self._file.readinto1(buf)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()

@@ -1,0 +1,187 @@
+"""SageMaker channels: Pipe mode FIFOs per epoch, File mode directories, and the input-config errors."""
+
+import io
+import json
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from parrecio.errors import SourceError
+from parrecio.sources import FileChannelSource, PipeChannelSource, resolve, write_sagemaker_recordio
+from source_helpers import digest, fifo_feeder, make_payloads, read_epoch, read_in_child, records_of, write_rec
+
+
+def write_config(root, channels):
+    (root / "config").mkdir(parents=True, exist_ok=True)
+    (root / "data").mkdir(exist_ok=True)
+    (root / "config" / "inputdataconfig.json").write_text(json.dumps(channels))
+
+
+PIPE = {"TrainingInputMode": "Pipe", "RecordWrapperType": "RecordIO", "S3DistributionType": "FullyReplicated"}
+
+
+def wrapped(payloads, split_bytes=None) -> bytes:
+    out = io.BytesIO()
+    write_sagemaker_recordio(payloads, out, split_bytes=split_bytes)
+    return out.getvalue()
+
+
+@pytest.fixture
+def feeder():
+    """Start a FIFO-feeding process (fork context: cheap); always joined, killed if still running."""
+    procs = []
+
+    def start(*args):
+        proc = multiprocessing.get_context("fork").Process(target=fifo_feeder, args=args, daemon=True)
+        proc.start()
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def test_pipe_mode_epochs_from_late_fifos_in_small_writes(tmp_path, feeder):
+    write_config(tmp_path, {"train": PIPE, "validation": PIPE})
+    epochs = [make_payloads(40, seed=e, hi=600) for e in range(3)]
+    streams = [wrapped(p, split_bytes=97) for p in epochs]  # multipart records at odd sizes
+    source = resolve("train", sm_input_dir=str(tmp_path), fifo_timeout=20)
+    assert isinstance(source, PipeChannelSource)
+    assert (source.default_join, source.kind, source.distribution) == ("concat", "sagemaker-pipe", "FullyReplicated")
+    proc = feeder(str(tmp_path / "data"), "train", streams, 0.3, 7)  # each FIFO appears 0.3 s after the last
+    for epoch, payloads in enumerate(epochs):
+        start = time.monotonic()
+        [(name, data)] = read_epoch(source, epoch)  # waits for train_<epoch>, then reads it
+        assert time.monotonic() - start > 0.1  # it did wait for the FIFO to appear
+        fifo = str(tmp_path / "data" / f"train_{epoch}")
+        assert name == f"train_{epoch} (FIFO {fifo})"
+        assert records_of(data, join="concat") == payloads
+    proc.join(10)
+    assert proc.exitcode == 0 and os.listdir(tmp_path / "data") == []
+
+
+def test_pipe_channel_read_in_a_forkserver_child(tmp_path, feeder):
+    streams = [wrapped(make_payloads(30, seed=e)) for e in range(2)]
+    write_config(tmp_path, {"train": PIPE})
+    source = resolve("train", pipe_dir=str(tmp_path / "data"), config_dir=str(tmp_path / "config"), fifo_timeout=20)
+    feeder(str(tmp_path / "data"), "train", streams, 0.2, 1000)
+    got = read_in_child("forkserver", [source], epochs=[0, 1])
+    assert [[(h, n) for _, h, n in epoch] for epoch in got[0]] == [[(digest(s), len(s))] for s in streams]
+
+
+def test_fifo_that_never_appears_is_a_timeout_error_naming_it(tmp_path):
+    write_config(tmp_path, {"train": PIPE})
+    source = resolve("train", sm_input_dir=str(tmp_path), fifo_timeout=0.3)
+    start = time.monotonic()
+    with pytest.raises(SourceError) as info:
+        read_epoch(source, 2)
+    assert 0.3 <= time.monotonic() - start < 3
+    assert str(tmp_path / "data" / "train_2") in str(info.value) and "0.3 s" in str(info.value)
+
+
+def test_sm_input_dir_from_the_environment(tmp_path, monkeypatch):
+    write_config(tmp_path, {"train": PIPE})
+    monkeypatch.setenv("SM_INPUT_DIR", str(tmp_path))
+    assert resolve("train").data_dir == str(tmp_path / "data")
+
+
+@pytest.mark.parametrize("mode", ["File", "FastFile"])
+def test_file_mode_directory_recursive_every_epoch(tmp_path, mode):
+    write_config(tmp_path, {"train": {"TrainingInputMode": mode, "RecordWrapperType": "None",
+                                      "S3DistributionType": "ShardedByS3Key"}})
+    chan = tmp_path / "data" / "train"
+    (chan / "part-b").mkdir(parents=True)
+    files = {rel: write_rec(chan / rel, make_payloads(3, seed=i)) for i, rel in
+             enumerate(["part-b/1.rec", "part-a.rec", "part-b/0.rec"])}
+    (chan / "part-a.idx").write_text("0\t0\n")
+    source = resolve("train", sm_input_dir=str(tmp_path))
+    assert isinstance(source, FileChannelSource)
+    assert (source.default_join, source.kind, source.distribution) == ("mxnet", "sagemaker-file", "ShardedByS3Key")
+    order = ["part-a.rec", "part-b/0.rec", "part-b/1.rec"]
+    for epoch in (0, 1):
+        assert read_epoch(source, epoch) == [(str(chan / rel), files[rel]) for rel in order]
+
+
+def test_file_mode_directory_from_sm_channel_variable(tmp_path, monkeypatch):
+    write_config(tmp_path, {"train": {"TrainingInputMode": "File"}})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    write_rec(elsewhere / "x.rec", [b"x"])
+    monkeypatch.setenv("SM_CHANNEL_TRAIN", str(elsewhere))
+    assert resolve("train", sm_input_dir=str(tmp_path)).paths == (str(elsewhere / "x.rec"),)
+    monkeypatch.delenv("SM_CHANNEL_TRAIN")
+    with pytest.raises(SourceError, match="File mode but its directory .*data/train does not exist"):
+        resolve("train", sm_input_dir=str(tmp_path))
+
+
+def test_unknown_channel_lists_the_configured_ones(tmp_path):
+    write_config(tmp_path, {"train": PIPE, "validation": PIPE})
+    with pytest.raises(SourceError) as info:
+        resolve("test", sm_input_dir=str(tmp_path))
+    message = str(info.value)
+    assert "no channel 'test'" in message and "'train', 'validation'" in message
+    assert "not an existing path" in message and "inputdataconfig.json" in message
+
+
+def test_pipe_without_wrapper_and_raw_content_type_is_refused(tmp_path):
+    write_config(tmp_path, {"train": {"TrainingInputMode": "Pipe", "RecordWrapperType": "None",
+                                      "ContentType": "application/x-image"}})
+    with pytest.raises(SourceError) as info:
+        resolve("train", sm_input_dir=str(tmp_path))
+    message = str(info.value)
+    assert "RecordWrapperType None" in message and "cannot be delimited" in message
+    assert "record_wrapping='RecordIO'" in message
+
+
+def test_pipe_without_wrapper_checks_the_stream_start(tmp_path, feeder):
+    """RecordWrapperType None: fine for .rec objects (mxnet join), a clear error for raw objects."""
+    write_config(tmp_path, {"train": {"TrainingInputMode": "Pipe"}})  # RecordWrapperType unset: None
+    payloads = make_payloads(20, seed=4)
+    rec = write_rec(tmp_path / "x.rec", payloads)
+    source = resolve("train", sm_input_dir=str(tmp_path), fifo_timeout=20)
+    assert (source.wrapped, source.default_join) == (False, "mxnet")
+    feeder(str(tmp_path / "data"), "train", [rec + rec, b"\xff\xd8\xff\xe0 a JPEG", b""], 0.0, 3)
+    [(_, data)] = read_epoch(source, 0)
+    assert records_of(data) == payloads + payloads
+    with pytest.raises(SourceError) as info:
+        read_epoch(source, 1)
+    assert "does not start with the RecordIO magic (first bytes ffd8ffe0)" in str(info.value)
+    assert "RecordWrapperType" in str(info.value)
+    assert read_epoch(source, 2)[0][1] == b""  # an empty epoch is fine
+
+
+def test_without_config_the_layout_decides(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    write_rec(tmp_path / "data" / "train" / "a.rec", [b"a"])
+    os.mkfifo(tmp_path / "data" / "pipe_0")
+    assert resolve("train", sm_input_dir=str(tmp_path)).kind == "sagemaker-file"
+    pipe = resolve("pipe", sm_input_dir=str(tmp_path))
+    os.unlink(tmp_path / "data" / "pipe_0")
+    assert (pipe.kind, pipe.default_join) == ("sagemaker-pipe", "concat")
+    with pytest.raises(SourceError) as info:
+        resolve("other", sm_input_dir=str(tmp_path))
+    for word in ["no SageMaker input config", "data/other (File mode)", "data/other_0 (Pipe mode)"]:
+        assert word in str(info.value)
+
+
+def test_config_errors(tmp_path):
+    write_config(tmp_path, {"train": {"TrainingInputMode": "Stream"}})
+    with pytest.raises(SourceError, match="unknown TrainingInputMode 'Stream'"):
+        resolve("train", sm_input_dir=str(tmp_path))
+    (tmp_path / "config" / "inputdataconfig.json").write_text("{not json")
+    with pytest.raises(SourceError, match="cannot read the SageMaker input config"):
+        resolve("train", sm_input_dir=str(tmp_path))
+
+
+def test_an_existing_path_wins_over_a_channel_name(tmp_path, monkeypatch):
+    write_config(tmp_path, {"train": PIPE})
+    monkeypatch.chdir(tmp_path)
+    write_rec(tmp_path / "train", [b"local"])
+    assert resolve("train", sm_input_dir=str(tmp_path)).kind == "files"

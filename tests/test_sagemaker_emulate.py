@@ -1,0 +1,270 @@
+"""Local Pipe-mode emulation: SageMaker wrapper framing, augmented manifests, and ``parrecio pipe-serve``."""
+
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+
+import orjson
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from parrecio.cli.main import main
+from parrecio.errors import SourceError
+from parrecio.recordio import RecordReader, RecordWriter
+from parrecio.recordio.framing import MAGIC_BYTES
+from parrecio.sources import (EpochRecords, encode_sagemaker_record, iter_manifest_records, resolve,
+                              serve_pipe_channel, write_sagemaker_recordio)
+from source_helpers import (frame_flags, make_jpeg, make_payloads, read_epoch, records_of, wait_for_path,
+                            write_rec)
+
+N_IMAGES = 12
+
+
+def wrapped(payloads, split_bytes=None) -> bytes:
+    out = io.BytesIO()
+    write_sagemaker_recordio(payloads, out, split_bytes)
+    return out.getvalue()
+
+
+# -- framing ---------------------------------------------------------------------------------------------
+
+def test_wrapper_framing_exact_bytes():
+    head = lambda cflag, n: MAGIC_BYTES + ((cflag << 29) | n).to_bytes(4, "little")  # noqa: E731
+    assert wrapped([b"abcde"], split_bytes=2) == (
+        head(1, 2) + b"ab\0\0" + head(2, 2) + b"cd\0\0" + head(3, 1) + b"e\0\0\0")
+    assert wrapped([b"", b"abcd"], split_bytes=4) == head(0, 0) + head(0, 4) + b"abcd"
+    payloads = make_payloads(20, seed=1)  # no magic inside: the same bytes as MXNet's writer
+    out = io.BytesIO()
+    with RecordWriter(out) as writer:
+        for p in payloads:
+            writer.write(p)
+    assert wrapped(payloads) == out.getvalue()
+    with pytest.raises(ValueError, match="split_bytes"):
+        list(encode_sagemaker_record(b"x", 0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=70), max_size=8), st.integers(1, 30), st.integers(0, 3))
+def test_wrapper_framing_round_trips_with_concat_join(payloads, split, magic_at):
+    payloads = [p[:magic_at * 4] + MAGIC_BYTES + p[magic_at * 4:] if i % 2 else p for i, p in enumerate(payloads)]
+    data = wrapped(payloads, split_bytes=split)
+    assert records_of(data, join="concat") == payloads  # no magic dropped, parts concatenated
+    assert all(length <= split for _, length in frame_flags(data))
+
+
+# -- manifests -------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def dataset(tmp_path):
+    """An augmented manifest of real JPEGs (refs relative, absolute and file://) with GT bounding boxes."""
+    (tmp_path / "imgs").mkdir()
+    jpegs, boxes, lines = [], [], []
+    for i in range(N_IMAGES):
+        jpeg = make_jpeg(i, size=(30 + 7 * i, 20 + 3 * i))
+        (tmp_path / "imgs" / f"img{i}.jpg").write_bytes(jpeg)
+        ref = [f"imgs/img{i}.jpg", str(tmp_path / "imgs" / f"img{i}.jpg"),
+               f"file://{tmp_path}/imgs/img{i}.jpg"][i % 3]
+        box = {"image_size": [{"width": 30 + 7 * i, "height": 20 + 3 * i, "depth": 3}],
+               "annotations": [{"class_id": i % 3, "left": i, "top": 2, "width": 10, "height": 5 + i}]}
+        meta = {"class-map": {"0": "cat", "1": "dog", "2": "bird"}, "type": "groundtruth/object-detection"}
+        lines.append(json.dumps({"source-ref": ref, "bounding-box": box, "bounding-box-metadata": meta}))
+        jpegs.append(jpeg)
+        boxes.append(orjson.dumps(box))
+    manifest = tmp_path / "train.manifest"
+    manifest.write_text("\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n")  # a blank line: skipped
+    return manifest, jpegs, boxes
+
+
+def expected(jpegs, boxes, order=None):
+    order = range(len(jpegs)) if order is None else order
+    return [rec for i in order for rec in (jpegs[i], boxes[i])]
+
+
+def test_iter_manifest_records(dataset):
+    manifest, jpegs, boxes = dataset
+    assert list(iter_manifest_records(str(manifest), ["source-ref", "bounding-box"])) == expected(jpegs, boxes)
+    assert jpegs[0].startswith(b"\xff\xd8") and json.loads(boxes[1])["annotations"][0]["class_id"] == 1
+    meta = list(iter_manifest_records(str(manifest), ["bounding-box-metadata"], order=[3]))
+    assert meta == [orjson.dumps({"class-map": {"0": "cat", "1": "dog", "2": "bird"},
+                                  "type": "groundtruth/object-detection"})]
+
+
+@pytest.mark.parametrize("line, names, message", [
+    ('{"source-ref": "s3://bucket/a.jpg"}', ["source-ref"], "only local files are read here"),
+    ('{"source-ref": "missing.jpg"}', ["source-ref"], "line 1: cannot read source-ref 'missing.jpg'"),
+    ('{"source-ref": 3}', ["source-ref"], "should be a path or URL string"),
+    ('{"a": 1}', ["a", "b"], "line 1: no attribute 'b' \\(the line has 'a'\\)"),
+    ('{"a": 1', ["a"], "line 1: not valid JSON"),
+    ('[1, 2]', ["a"], "expected a JSON object"),
+])
+def test_manifest_errors_name_the_line(tmp_path, line, names, message):
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(line + "\n")
+    with pytest.raises(SourceError, match=message):
+        list(iter_manifest_records(str(manifest), names))
+
+
+def test_manifest_needs_attribute_names(dataset):
+    manifest, _, _ = dataset
+    with pytest.raises(SourceError, match="needs attribute names"):
+        EpochRecords([str(manifest)])
+
+
+# -- pipe-serve --------------------------------------------------------------------------------------------
+
+def pipe_serve(root, *args) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "parrecio.cli", "pipe-serve", "--root", str(root), *map(str, args)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def finish(proc: subprocess.Popen) -> str:
+    try:
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return err.decode()
+
+
+def read_served_epochs(root, epochs, channel="train"):
+    """The raw bytes of each served epoch, read through resolve() like a training script would."""
+    wait_for_path(root / "config" / "inputdataconfig.json")
+    source = resolve(channel, sm_input_dir=str(root), fifo_timeout=20)
+    assert source.default_join == "concat"
+    return [read_epoch(source, e)[0][1] for e in range(epochs)]
+
+
+def test_pipe_serve_manifest_two_epochs_multipart(dataset, tmp_path):
+    manifest, jpegs, boxes = dataset
+    root = tmp_path / "sm"
+    proc = pipe_serve(root, "--channel", "train", "--epochs", 2, "--split-bytes", 200,
+                      "--attribute-names", "source-ref,bounding-box", manifest)
+    try:
+        raws = read_served_epochs(root, 2)
+    finally:
+        err = finish(proc)
+    assert proc.returncode == 0, err
+    for raw in raws:
+        assert [bytes(r.payload) for r in RecordReader(io.BytesIO(raw), join="concat")] == expected(jpegs, boxes)
+        flags = frame_flags(raw)
+        assert {1, 2, 3} <= {cflag for cflag, _ in flags} and max(n for _, n in flags) <= 200
+    config = json.loads((root / "config" / "inputdataconfig.json").read_text())
+    assert config["train"]["TrainingInputMode"] == "Pipe" and config["train"]["RecordWrapperType"] == "RecordIO"
+    assert (root / "config" / "resourceconfig.json").exists()
+    assert os.listdir(root / "data") == []  # every FIFO removed
+    assert "epoch 1: wrote" in err
+
+
+def test_pipe_serve_shuffle_is_a_seeded_permutation_per_epoch(dataset, tmp_path):
+    manifest, jpegs, boxes = dataset
+    root = tmp_path / "sm"
+    proc = pipe_serve(root, "--epochs", 2, "--shuffle", "--seed", 7, "--split-bytes", 300, "--quiet",
+                      "--attribute-names", "source-ref,bounding-box", manifest)
+    try:
+        raws = read_served_epochs(root, 2)
+    finally:
+        err = finish(proc)
+    assert proc.returncode == 0, err
+    orders = []
+    for raw in raws:
+        records = records_of(raw, join="concat")
+        order = [jpegs.index(jpeg) for jpeg in records[::2]]
+        assert sorted(order) == list(range(N_IMAGES))
+        assert records == expected(jpegs, boxes, order)  # each image keeps its own boxes
+        orders.append(order)
+    assert orders[0] != orders[1]
+    for epoch, order in enumerate(orders):  # reproducible: epoch e is random.Random(seed + e)
+        perm = list(range(N_IMAGES))
+        random.Random(7 + epoch).shuffle(perm)
+        assert order == perm
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_serve_rec_files_rewrapped(tmp_path, shuffle):
+    a, b = make_payloads(30, seed=1, hi=400), make_payloads(20, seed=2, hi=400)
+    a[3] = b"head" + MAGIC_BYTES + b"tail"  # MXNet's writer splits here; served whole again
+    write_rec(tmp_path / "a.rec", a)
+    write_rec(tmp_path / "b.rec", b)
+    root = tmp_path / "sm"
+    thread = threading.Thread(target=serve_pipe_channel, daemon=True, args=(
+        str(root), "val", [str(tmp_path / "a.rec"), str(tmp_path / "b.rec")]),
+        kwargs=dict(epochs=2, shuffle=shuffle, seed=3, split_bytes=64))
+    thread.start()
+    raws = read_served_epochs(root, 2, channel="val")
+    thread.join(10)
+    epochs = [records_of(raw, join="concat") for raw in raws]
+    if shuffle:
+        assert sorted(epochs[0]) == sorted(a + b) and epochs[0] != epochs[1] and epochs[0] != a + b
+    else:
+        assert epochs == [a + b, a + b]
+
+
+def test_reader_closing_early_ends_only_that_epoch(tmp_path):
+    big = [bytes([65 + i]) * 200_000 for i in range(5)]  # more than a pipe buffer
+    write_rec(tmp_path / "big.rec", big)
+    root = tmp_path / "sm"
+    log = []
+    thread = threading.Thread(target=serve_pipe_channel, daemon=True,
+                              args=(str(root), "train", [str(tmp_path / "big.rec")]),
+                              kwargs=dict(epochs=2, log=log.append))
+    thread.start()
+    wait_for_path(root / "config" / "inputdataconfig.json")
+    source = resolve("train", sm_input_dir=str(root), fifo_timeout=20)
+    [stream] = source.streams(0)
+    with stream.file as f:
+        assert f.read(100)[8:100] == b"A" * 92
+    assert records_of(read_epoch(source, 1)[0][1], join="concat") == big
+    thread.join(10)
+    assert not thread.is_alive() and "epoch 0: the reader closed early" in log
+
+
+def test_pipe_serve_sigterm_while_waiting_removes_the_fifo(tmp_path):
+    write_rec(tmp_path / "x.rec", [b"x"])
+    root = tmp_path / "sm"
+    proc = pipe_serve(root, "--epochs", 3, tmp_path / "x.rec")
+    try:
+        wait_for_path(root / "data" / "train_0")
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        err = finish(proc)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert os.listdir(root / "data") == []
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["pipe-serve", "--root", str(tmp_path), str(tmp_path / "nothing.rec")]) == 1
+    assert "parrecio pipe-serve: error: no such file or directory" in capsys.readouterr().err
+    assert main(["pipe-serve", "--root", str(tmp_path), "--channel", "bad/name", str(tmp_path)]) == 1
+    assert main([]) == 2
+    with pytest.raises(SystemExit):
+        main(["--version"])
+
+
+def test_parallel_reader_end_to_end_on_a_served_channel(dataset, tmp_path):
+    """pipe-serve -> ParallelReader("train"): two epochs of (JPEG bytes, boxes), in order, multipart joined."""
+    parrecio = pytest.importorskip("parrecio")
+    if not hasattr(parrecio, "ParallelReader"):
+        pytest.skip("parrecio.ParallelReader is not there yet")
+    from parrecio.decoders.basic import Json, Raw
+
+    manifest, jpegs, boxes = dataset
+    root = tmp_path / "sm"
+    proc = pipe_serve(root, "--epochs", 2, "--split-bytes", 256, "--quiet",
+                      "--attribute-names", "source-ref,bounding-box", manifest)
+    try:
+        wait_for_path(root / "config" / "inputdataconfig.json")
+        with parrecio.ParallelReader("train", fields=[Raw(), Json()], workers=1, sm_input_dir=str(root),
+                                     fifo_timeout=20, poll_interval=0.2) as reader:
+            epochs = [list(reader), list(reader)]
+    finally:
+        err = finish(proc)
+    assert proc.returncode == 0, err
+    for samples in epochs:
+        assert [jpeg for jpeg, _ in samples] == jpegs
+        assert [orjson.dumps(box) for _, box in samples] == boxes
