@@ -156,20 +156,16 @@ class Run:
                 self._dispatch()
 
     def _receive(self) -> None:
+        eof = False
         try:
             while self.end is None and self.data.poll():
                 self._on_message(self.data.recv())
         except (EOFError, OSError):
-            pass
-        if self.end is None and not self.reader.is_alive() and not self._poll_data():
+            eof = True  # the reader's end of the pipe is closed: it will send nothing more
+        if self.end is None and (eof or not self.reader.is_alive()):
+            self.reader.join(1.0)
             raise PipelineError(f"the reader process died ({describe_exit(self.reader.exitcode)}) "
                                 f"before the end of the stream {self.sh.source.name!r}")
-
-    def _poll_data(self) -> bool:
-        try:
-            return self.data.poll()
-        except (EOFError, OSError):
-            return False
 
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, Chunk):
