@@ -136,15 +136,24 @@ def write_rec(path, records) -> List[int]:
 
 
 def our_children() -> List[int]:
-    """Live child processes of this process (zombies excluded)."""
+    """Live descendants of this process, zombies excluded.  The forkserver and the resource tracker
+    (multiprocessing's own long-lived helpers) do not count, but the workers forked by the
+    forkserver do."""
     import psutil
+
+    def alive(p):
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
     out = []
-    for c in psutil.Process().children(recursive=True):
+    for c in psutil.Process().children():
         try:
             cmd = " ".join(c.cmdline())
-            if c.status() != psutil.STATUS_ZOMBIE and "forkserver" not in cmd \
-                    and "resource_tracker" not in cmd:
-                out.append(c.pid)
+            below = c.children(recursive=True)
         except psutil.NoSuchProcess:
-            pass
+            continue
+        helper = "forkserver" in cmd or "resource_tracker" in cmd
+        out += [p.pid for p in ([] if helper else [c]) + below if alive(p)]
     return out

@@ -21,15 +21,17 @@ from pipeline_helpers import (Fixed, FixedNoInto, FailOn, Pair, Ragged, Sleepy, 
 
 @pytest.fixture
 def no_leaks():
-    """After the test: no process of ours and no /dev/shm segment of ours is left."""
-    before = set(leftover())
+    """After the test: no process of ours and no /dev/shm segment of ours is left (segments are named
+    after the consumer's pid, so other programs' readers do not count)."""
+    mine = f"parrecio-{os.getpid()}-"
+    before = set(leftover(mine))
     yield
     gc.collect()
     deadline = time.monotonic() + 5
-    while (our_children() or set(leftover()) - before) and time.monotonic() < deadline:
+    while (our_children() or set(leftover(mine)) - before) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert our_children() == []
-    assert set(leftover()) - before == set()
+    assert set(leftover(mine)) - before == set()
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from ..errors import ParrecioError
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 COMMANDS = (
+    "parrecio.cli.demo",
     "parrecio.cli.pipe_serve",
 )
 """The subcommand modules, in ``--help`` order."""
