@@ -333,3 +333,21 @@ def test_stats_and_arguments(stream, no_leaks):
         ParallelReader(path, batch_size=0)
     with pytest.raises(TypeError):
         ParallelReader(path, fields=[Raw(), 3])
+
+
+def test_a_new_iteration_ends_the_unfinished_one(stream, no_leaks):
+    from parrecio import PipelineError
+    path, recs, _ = stream
+    with ParallelReader(path, workers=1) as reader:
+        first = iter(reader)
+        assert next(first) == recs[0]
+        second = iter(reader)
+        assert list(second) == recs
+        with pytest.raises(PipelineError, match="ended by close"):
+            next(first)
+        third = iter(reader)
+        assert next(third) == recs[0]
+    with pytest.raises(PipelineError, match="ended by close"):
+        next(third)
+    with pytest.raises(PipelineError, match="closed"):
+        iter(reader)

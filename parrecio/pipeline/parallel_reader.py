@@ -129,8 +129,8 @@ class ParallelReader:
         on_error: ``"raise"``: a bad sample (undecodable payload, broken framing) raises
             :class:`~parrecio.DecodeError` / :class:`~parrecio.CorruptRecordError` at its position, after
             every sample before it was yielded; ``"skip"``: drop it, keep going, count it in ``stats``.
-        join: multipart convention, ``"mxnet"`` or ``"concat"``; default: the source's (``"mxnet"`` for
-            files, ``"concat"`` for SageMaker channels).
+        join: multipart convention, ``"mxnet"`` or ``"concat"``; default: the source's (``"concat"`` for
+            SageMaker Pipe-mode channels with the RecordIO wrapper, ``"mxnet"`` for everything else).
         num_shards, shard_index: read only every ``num_shards``-th group, starting at ``shard_index``
             (the others are skipped by the reader process, never decoded).
         ring_bytes: size of the input ring in bytes (shared memory); bounds payload bytes in flight.

@@ -76,6 +76,10 @@ class _ChunkState:
         return self.missing == 0
 
 
+def _ended() -> PipelineError:
+    return PipelineError("this pass was ended by close() or by a new iteration of the same ParallelReader")
+
+
 class Run:
     """One pass over the stream.  Created and driven by :class:`parrecio.ParallelReader`."""
 
@@ -127,6 +131,8 @@ class Run:
                 if self.end is not None and not self.chunks:
                     self._finish()
                     return
+                if self.closed:
+                    raise _ended()
                 t0 = time.perf_counter()
                 self._step(self.cfg.poll_interval)
                 st.wait_workers_time += time.perf_counter() - t0
@@ -284,6 +290,8 @@ class Run:
         st = self.stats
         try:
             for j in range(c.n):
+                if self.closed:  # resumed after close() or a new pass: the ring is no longer ours
+                    raise _ended()
                 seq = c.first_seq + j
                 r = cs.results[j]
                 lease, index = None, 0
