@@ -92,6 +92,9 @@ class RecordReader:
         self._end = 0  # valid bytes in _buf
         self._resume = 0  # stream offset of the next record, saved when an iteration stops
         self._eof = False
+        # Stream offset of the record being read: the buffer keeps it until the record is complete or
+        # has been skipped, so that a resync can restart just after its head (see _skip).
+        self._pin: Optional[int] = None
         self._iterating = False
         self._error: Optional[Exception] = None  # raised again by every later iteration
         #: Number of corrupt regions dropped under ``on_corrupt="skip"`` (one per broken record).
@@ -163,11 +166,13 @@ class RecordReader:
     def _next_slow(self, offset: int) -> Optional[Tuple[int, memoryview, int]]:
         """The record at stream ``offset`` through the shared framing code; skip corruption if asked."""
         while True:
+            self._pin = offset
             try:
                 got = read_record(self, offset, join=self.join, max_record_bytes=self.max_record_bytes,
                                   source=self.source_name)
             except CorruptRecordError as err:
                 if self.on_corrupt == "raise":
+                    self._pin = None
                     self._error = err
                     raise
                 nxt = self._skip(offset)
@@ -175,6 +180,8 @@ class RecordReader:
                     return None
                 offset = nxt
                 continue
+            finally:
+                self._pin = None
             if got is None:
                 return None
             view, nxt = got
@@ -185,9 +192,12 @@ class RecordReader:
     def _skip(self, record_start: int) -> Optional[int]:
         """Drop the broken record at ``record_start``; return the next head's offset (None: end of stream).
 
-        The scan starts 4 bytes past the record start, or at the oldest byte still buffered when the
-        buffer was compacted while the record was read (the bytes compacted away were frames that parsed).
+        The scan starts 4 bytes past the record start: the frames of a broken record parsed, but they
+        may be garbage (a flipped length word, a stray cflag-1 head) covering intact records, so nothing
+        after its head is trusted.  The record start is still buffered (pinned while it was read); the
+        pin is dropped now so that the scan itself never holds more than a chunk.
         """
+        self._pin = None
         nxt = self._resync(max(record_start + 4, self._base))
         stop = nxt if nxt is not None else self._base + self._end
         nbytes = stop - record_start
@@ -224,20 +234,25 @@ class RecordReader:
         return self._mv[rel:min(rel + nbytes, self._end)]
 
     def _fill(self, rel: int, nbytes: int) -> int:
-        """Make the buffer hold ``[rel, rel + nbytes)`` or up to end of stream; return ``rel``'s new index."""
+        """Make the buffer hold ``[rel, rel + nbytes)`` or up to end of stream; return ``rel``'s new index.
+
+        Bytes from the pinned record start on are kept too (bounded: the record's parts were checked
+        against ``max_record_bytes`` before they were asked for)."""
         cap = len(self._buf)
+        lo = rel if self._pin is None else max(0, min(rel, self._pin - self._base))
         if rel + nbytes > cap:
-            kept = self._end - rel
-            if nbytes > cap:
-                new = bytearray(max(nbytes, self.chunk_size, cap + cap // 4))
+            kept = self._end - lo
+            need = rel - lo + nbytes
+            if need > cap:
+                new = bytearray(max(need, self.chunk_size, cap + cap // 4))
                 newmv = memoryview(new)
-                newmv[:kept] = self._mv[rel:self._end]
+                newmv[:kept] = self._mv[lo:self._end]
                 self._buf, self._mv = new, newmv
-            elif rel:
-                self._mv[:kept] = self._mv[rel:self._end]
-            self._base += rel
+            elif lo:
+                self._mv[:kept] = self._mv[lo:self._end]
+            self._base += lo
             self._end = kept
-            rel = 0
+            rel -= lo
         mv, need = self._mv, rel + nbytes
         end = self._end
         try:
