@@ -351,3 +351,21 @@ def test_a_new_iteration_ends_the_unfinished_one(stream, no_leaks):
         next(third)
     with pytest.raises(PipelineError, match="closed"):
         iter(reader)
+
+
+def test_bottleneck_verdict_and_telemetry(stream, no_leaks):
+    path, recs, _ = stream
+    with ParallelReader(path, fields=Sleepy(20.0), workers=1, batch_size=8) as reader:
+        for i, _ in enumerate(reader):
+            if i == 5:
+                snap = reader.telemetry()
+        assert reader.stats.bottleneck == "decode"
+    assert set(snap["processes"]) >= {"worker 0"}
+    assert snap["processes"]["worker 0"]["rss_bytes"] > 0
+    assert snap["queues"]["ring_bytes"] == 64 << 20 and snap["queues"]["slots"] >= 1
+    with ParallelReader(path, fields=Fixed(), workers=2, batch_size=8) as reader:
+        for _ in reader:
+            time.sleep(0.02)  # a slow training step
+        assert reader.stats.bottleneck == "consumer"
+        assert reader.stats.user_time >= 0.02 * 50
+        assert reader.stats.as_dict()["bottleneck"] == "consumer"

@@ -179,13 +179,14 @@ class ParallelReader:
                          chunk_bytes=max(1 << 20, self._ring_bytes // 8), prefetch=int(prefetch),
                          num_shards=int(num_shards), shard_index=int(shard_index),
                          poll_interval=float(poll_interval), drain_timeout=2.0)
-        sh.stats = Stats()
+        sh.stats = Stats(workers=workers)
         sh.field_names = list(self._names)
         sh.passthrough = [bool(getattr(d, "passthrough", False)) for d in decoders]
         specs = [None if p else spec_of(d) for d, p in zip(decoders, sh.passthrough)]
         sh.layout = SlotLayout(specs, self._slot_size)
         self._state = State.NEW
         self._epoch = 0
+        self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
         self._finalizer = weakref.finalize(self, sh.close)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -257,12 +258,17 @@ class ParallelReader:
         else:
             items = batches(run.samples(), self.batch_size, self.drop_last, sh.layout,
                             len(sh.cfg.decoders), self._kind, self._names)
+        last = time.perf_counter()
         try:
             for item in items:
                 t0 = time.perf_counter()
+                st.wall_time += t0 - last  # kept current, so that telemetry() mid-pass has a verdict
                 yield item
-                st.user_time += time.perf_counter() - t0
+                last = time.perf_counter()
+                st.user_time += last - t0
+                st.wall_time += last - t0
         finally:
+            st.wall_time += time.perf_counter() - last
             items.close()
             run.shutdown()
             if sh.run is run:
@@ -280,6 +286,38 @@ class ParallelReader:
     def stats(self) -> Stats:
         """Counters and per-stage times, totals over every pass so far (see :class:`Stats`)."""
         return self._sh.stats
+
+    def telemetry(self) -> dict:
+        """A snapshot of the running pipeline: per-process CPU (percent of one core since the previous
+        call) and resident memory, fill levels of the input ring, tasks and output slots, and the
+        bottleneck verdict of :attr:`stats`."""
+        import psutil
+        sh = self._sh
+        procs = {}
+        if sh.pool is not None:
+            procs.update({f"worker {w.index}": w.proc.pid for w in sh.pool.workers})
+        if sh.run is not None:
+            procs["reader"] = sh.run.reader.pid
+        usage = {}
+        for name, pid in procs.items():
+            proc = self._procs.get(pid)
+            try:
+                if proc is None:
+                    proc = self._procs[pid] = psutil.Process(pid)
+                usage[name] = {"pid": pid, "cpu_percent": proc.cpu_percent(None),
+                               "rss_bytes": proc.memory_info().rss}
+            except psutil.Error:
+                usage[name] = {"pid": pid, "cpu_percent": None, "rss_bytes": None}
+        run = sh.run
+        queues = {
+            "ring_bytes": self._ring_bytes,
+            "ring_used_bytes": run.ring_in_use() if run is not None else 0,
+            "tasks_in_flight": sh.pool.load() if sh.pool is not None else 0,
+            "chunks_waiting": len(run.chunks) if run is not None else 0,
+            "slots": len(sh.slots.segments) if sh.slots is not None else 0,
+            "slots_free": len(sh.slots.free) if sh.slots is not None else 0,
+        }
+        return {"processes": usage, "queues": queues, "bottleneck": sh.stats.bottleneck}
 
     @property
     def state(self) -> State:

@@ -69,6 +69,7 @@ class _Stats:
     skipped_records: int = 0
     skipped_bytes: int = 0
     read_time: float = 0.0
+    wait_source_time: float = 0.0
     wait_consumer_time: float = 0.0
 
 
@@ -262,8 +263,10 @@ class _Watched:
         r = self._reader
         if not select.select([self._fd], [], [], 0)[0]:
             r.flush()  # the next read would block: let the decoders have what we hold
+            t0 = time.perf_counter()
             while not r._watch([self._fd], r.cfg.poll_interval):
                 pass
+            r.stats.wait_source_time += time.perf_counter() - t0
 
     def readinto(self, buf) -> int:
         self._await_data()

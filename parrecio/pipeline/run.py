@@ -97,6 +97,8 @@ class Run:
         self.in_pipeline = 0        # chunks dispatched and not yet delivered
         self.streams: Dict[int, str] = {}
         self.end: Optional[ReaderEnd] = None
+        self.received_pos = 0       # ring position after the newest chunk received
+        self.released_pos = 0       # ring position released to the reader
         self.closed = False
         self.stats = shared.stats
         self._start_reader()
@@ -175,6 +177,7 @@ class Run:
 
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, Chunk):
+            self.received_pos = msg.ring_end
             cs = _ChunkState(msg, [None] * msg.n, msg.n)
             self.stats.chunks += 1
             if all(self.sh.passthrough):
@@ -335,9 +338,14 @@ class Run:
             Segment(c.segment, 0, None, False).unlink()
         else:
             try:
+                self.released_pos = c.ring_end
                 self.ctrl.send(Release(c.ring_end))
             except (BrokenPipeError, OSError):
                 pass  # the reader has finished
+
+    def ring_in_use(self) -> int:
+        """Bytes of the input ring holding groups received and not yet delivered."""
+        return max(0, self.received_pos - self.released_pos)
 
     def _slot_done(self, k: int) -> None:
         slot = self.slots.pop(k)

@@ -12,11 +12,15 @@ __all__ = ["Stats"]
 class Stats:
     """Totals over the reader's life (all epochs).  Times are seconds.
 
-    - ``read_time``: the reader process reading the source (source-bound when it dominates);
+    - ``read_time``: the reader process reading the source;
+    - ``wait_source_time``: the reader process waiting for data from a slow stream (a FIFO, stdin);
     - ``wait_consumer_time``: the reader process waiting for ring space, i.e. for the consumer;
     - ``wait_workers_time``: the consumer waiting inside ``next()`` for decoded samples (decode-bound);
     - ``user_time``: the consumer's time outside ``next()`` (your training step);
-    - ``decode_cpu``: CPU seconds per worker pid spent decoding.
+    - ``decode_cpu``: CPU seconds per worker pid spent decoding;
+    - ``wall_time``: time from the first ``next()`` of each pass to its end, summed over passes.
+
+    :attr:`bottleneck` names the stage that limits throughput.
     """
     epochs: int = 0
     samples: int = 0
@@ -30,9 +34,12 @@ class Stats:
     reruns: int = 0             # tasks re-run after a worker died
     workers_replaced: int = 0
     read_time: float = 0.0
+    wait_source_time: float = 0.0
     wait_consumer_time: float = 0.0
     wait_workers_time: float = 0.0
     user_time: float = 0.0
+    wall_time: float = 0.0
+    workers: int = 0
     decode_cpu: Dict[int, float] = field(default_factory=dict)
     decoded: Dict[int, int] = field(default_factory=dict)
 
@@ -44,14 +51,32 @@ class Stats:
         self.skipped_bytes += rs.get("skipped_bytes", 0)
         self.sharded_out += rs.get("sharded_out", 0)
         self.read_time += rs.get("read_time", 0.0)
+        self.wait_source_time += rs.get("wait_source_time", 0.0)
         self.wait_consumer_time += rs.get("wait_consumer_time", 0.0)
 
     def add_worker(self, pid: int, cpu: float, n: int) -> None:
         self.decode_cpu[pid] = self.decode_cpu.get(pid, 0.0) + cpu
         self.decoded[pid] = self.decoded.get(pid, 0) + n
 
+    @property
+    def bottleneck(self) -> str:
+        """``"consumer"`` (samples are ready before you ask: your loop is the limit), ``"decode"`` (the
+        decoder processes are busy), ``"source"`` (the reader process waits on the stream), or
+        ``"unknown"`` (too little data, or no stage stands out)."""
+        wall = self.wall_time
+        if wall <= 0 or self.samples == 0:
+            return "unknown"
+        if self.wait_workers_time < 0.15 * wall:
+            return "consumer"
+        if self.workers and sum(self.decode_cpu.values()) >= 0.6 * wall * self.workers:
+            return "decode"
+        if self.read_time + self.wait_source_time >= 0.5 * wall:
+            return "source"
+        return "decode" if self.workers and self.decode_cpu else "unknown"
+
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["decode_cpu"] = dict(self.decode_cpu)
         d["decoded"] = dict(self.decoded)
+        d["bottleneck"] = self.bottleneck
         return d
