@@ -66,6 +66,10 @@ class _Config:
     shard_index: int
     poll_interval: float
     drain_timeout: float
+    shuffle: Optional[str]
+    shuffle_buffer: int
+    seed: int
+    index_paths: tuple
 
 
 class _Shared:
@@ -139,7 +143,12 @@ class ParallelReader:
         slot_samples: samples per output slot when ``batch_size`` is None.
         max_record_bytes: larger records are refused as corrupt (a hostile length word).
         start_method: ``"forkserver"`` (default where available), ``"spawn"`` or ``"fork"``.
-        seed: base seed; worker ``i`` seeds ``random`` and ``numpy.random`` with ``seed + i``.
+        seed: base seed; worker ``i`` seeds ``random`` and ``numpy.random`` with ``seed + i``, and the
+            shuffle of epoch ``e`` is drawn from ``(seed, e)``: reproducible for a given seed and epoch.
+        shuffle: shuffle the groups every epoch.  When every file has an ``.idx`` beside it, a global
+            permutation of all groups, read by their offsets; otherwise (streams, FIFOs, stdin) a shuffle
+            buffer of ``shuffle_buffer`` groups in the reader process (memory: that many groups of
+            payloads).
         poll_interval: seconds between liveness checks of the other processes while waiting.
         **source_options: passed to :func:`parrecio.sources.resolve` (``sm_input_dir``, ``pipe_dir``,
             ``config_dir``, ``fifo_timeout``, ...).
@@ -151,7 +160,7 @@ class ParallelReader:
                  ring_bytes: int = 64 << 20, chunk_groups: int = 32, prefetch: int = 2,
                  slot_samples: int = 64, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  start_method: Optional[str] = None, seed: int = 0, poll_interval: float = 1.0,
-                 **source_options: Any) -> None:
+                 shuffle: bool = False, shuffle_buffer: int = 1024, **source_options: Any) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if join not in (None, "mxnet", "concat"):
@@ -174,11 +183,16 @@ class ParallelReader:
                                               multiprocessing.get_all_start_methods() else "spawn")
         self._sh = sh = _Shared()
         sh.source = resolve(channel, **source_options)
+        index_paths = _index_paths(sh.source)
+        shuffle_mode = None if not shuffle else "index" if index_paths else "buffer"
+        if shuffle_mode == "buffer" and int(shuffle_buffer) < 1:
+            raise ValueError(f"shuffle_buffer must be >= 1, not {shuffle_buffer!r}")
         sh.cfg = _Config(decoders=decoders, join=join or sh.source.default_join, on_error=on_error,
                          max_record_bytes=int(max_record_bytes), chunk_groups=int(chunk_groups),
                          chunk_bytes=max(1 << 20, self._ring_bytes // 8), prefetch=int(prefetch),
                          num_shards=int(num_shards), shard_index=int(shard_index),
-                         poll_interval=float(poll_interval), drain_timeout=2.0)
+                         poll_interval=float(poll_interval), drain_timeout=2.0, shuffle=shuffle_mode,
+                         shuffle_buffer=int(shuffle_buffer), seed=int(seed), index_paths=index_paths)
         sh.stats = Stats(workers=workers)
         sh.field_names = list(self._names)
         sh.passthrough = [bool(getattr(d, "passthrough", False)) for d in decoders]
@@ -187,6 +201,7 @@ class ParallelReader:
         self._state = State.NEW
         self._epoch = 0
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
+        self._pass_samples: Optional[int] = None  # samples of the last complete pass
         self._finalizer = weakref.finalize(self, sh.close)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -270,11 +285,30 @@ class ParallelReader:
         finally:
             st.wall_time += time.perf_counter() - last
             items.close()
+            if run.completed:
+                self._pass_samples = run.delivered
             run.shutdown()
             if sh.run is run:
                 sh.run = None
                 if self._state is State.RUNNING:
                     self._state = State.IDLE
+
+    def __len__(self) -> int:
+        """Samples (or batches, with ``batch_size``) per pass.  Known from the ``.idx`` files when every
+        file has one, else from the previous complete pass; ``TypeError`` when not known yet (a stream
+        read for the first time, stdin, a Pipe-mode channel before its first epoch ends)."""
+        n = self._pass_samples
+        if n is None and self._sh.cfg.index_paths:
+            from ..recordio import read_index
+            cfg = self._sh.cfg
+            groups = sum(len(read_index(idx)) // len(cfg.decoders) for _, idx in cfg.index_paths)
+            n = max(0, -(-(groups - cfg.shard_index) // cfg.num_shards))
+        if n is None:
+            raise TypeError("the number of samples is not known before a first complete pass "
+                            "(no .idx file next to every .rec file)")
+        if self.batch_size is None:
+            return n
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     # -- introspection -------------------------------------------------------------------------------
     @property
@@ -330,6 +364,24 @@ class ParallelReader:
     def __repr__(self) -> str:
         return (f"ParallelReader({self._sh.source.name!r}, fields={self._sh.cfg.decoders!r}, "
                 f"workers={self.workers}, batch_size={self.batch_size}, state={self._state.value})")
+
+
+def _index_paths(source: Any) -> tuple:
+    """``((rec, idx), ...)`` when the source is regular files that all have an ``.idx`` beside them."""
+    import stat
+    paths = getattr(source, "paths", None)
+    if not paths:
+        return ()
+    out = []
+    for p in paths:
+        idx = os.path.splitext(p)[0] + ".idx"
+        try:
+            if not (stat.S_ISREG(os.stat(p).st_mode) and os.path.isfile(idx)):
+                return ()
+        except OSError:
+            return ()
+        out.append((p, idx))
+    return tuple(out)
 
 
 def _normalize_fields(fields: Fields):

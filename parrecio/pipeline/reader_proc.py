@@ -53,6 +53,10 @@ class ReaderConfig:
     num_shards: int = 1
     shard_index: int = 0
     poll_interval: float = 1.0  # seconds between liveness checks while waiting
+    shuffle: Optional[str] = None   # None | "buffer" (a shuffle buffer of groups) | "index" (.idx files)
+    shuffle_buffer: int = 1024      # groups held by the shuffle buffer
+    seed: int = 0                   # the permutation of epoch e comes from (seed, e)
+    index_paths: tuple = ()         # ((rec_path, idx_path), ...) for shuffle == "index"
 
 
 class _Stopped(Exception):
@@ -137,12 +141,24 @@ class _Reader:
         self._handle_ctrl()
 
     def _emit_group(self, stream_id: int, parts: list, first_offset: int) -> None:
-        """A complete group: ``parts`` are ``(ring_off | None, length, bytes | None)`` per record."""
+        """A complete group: ``parts`` are ``(ring_off, length, None)`` for records already in the ring,
+        ``(None, length, bytes)`` for records held in this process (too big for the ring, or shuffled)."""
         cfg = self.cfg
-        if any(off is None for off, _, _ in parts):
+        if any(off is None and not self.ring.fits(n) for off, n, _ in parts):
             self._emit_oneoff(stream_id, parts, first_offset)
             return
+        if any(off is None for off, _, _ in parts):
+            placed = []
+            for off, n, data in parts:
+                if off is None:
+                    off = self.ring.place(n)
+                    self.mem[off:off + n] = data
+                placed.append((off, n, None))
+            parts = placed
         p = self.pending
+        if p.n and p.stream_id != stream_id:  # a chunk names one stream (shuffling mixes them)
+            self.flush()
+            p = self.pending
         if p.n == 0:
             p.stream_id, p.first_seq = stream_id, self.seq
         for off, n, _ in parts:
@@ -175,6 +191,14 @@ class _Reader:
     # -- the stream ------------------------------------------------------------------------------
     def run(self) -> None:
         cfg = self.cfg
+        if cfg.shuffle is not None:
+            import numpy as np
+            self.rng = np.random.default_rng([cfg.seed, cfg.epoch])
+            self.shuffle_buf: list = []
+        if cfg.shuffle == "index":
+            self._run_indexed()
+            self.flush()
+            return
         for stream_id, stream in enumerate(cfg.source.streams(cfg.epoch)):
             self.flush()
             self.data.send(StreamStart(stream_id, stream.name))
@@ -185,7 +209,66 @@ class _Reader:
                     stream.file.close()
                 except OSError:
                     pass
+        if cfg.shuffle == "buffer":  # what is left in the buffer, in random order
+            buf = self.shuffle_buf
+            for i in self.rng.permutation(len(buf)):
+                self._emit_group(*buf[i])
+            buf.clear()
         self.flush()
+
+    def _shuffled(self, stream_id: int, parts: list, first_offset: int) -> None:
+        """Through the shuffle buffer: once it is full, each new group swaps with a random one there,
+        which is emitted (tf.data's shuffle, DALI's ``initial_fill``)."""
+        item = (stream_id, parts, first_offset)
+        buf = self.shuffle_buf
+        if len(buf) < self.cfg.shuffle_buffer:
+            buf.append(item)
+            return
+        i = int(self.rng.integers(len(buf)))
+        buf[i], item = item, buf[i]
+        self._emit_group(*item)
+
+    def _run_indexed(self) -> None:
+        """A global permutation of the groups of every file, read by their ``.idx`` offsets."""
+        from ..recordio import IndexedRecordReader
+        cfg, st, nf = self.cfg, self.stats, self.cfg.nfields
+        readers, groups = [], []
+        try:
+            for stream_id, (rec, idx) in enumerate(cfg.index_paths):
+                r = IndexedRecordReader(rec, idx, join=cfg.join, max_record_bytes=cfg.max_record_bytes)
+                readers.append(r)
+                self.data.send(StreamStart(stream_id, rec))
+                offsets = sorted(r.offsets)
+                whole = len(offsets) // nf * nf
+                if whole < len(offsets):
+                    msg = (f"the index lists {len(offsets)} records, not a multiple of the group size "
+                           f"{nf}: the last group is incomplete")
+                    if cfg.on_error == "raise":
+                        raise CorruptRecordError(msg, offsets[whole], source=rec)
+                    st.skipped_groups += 1
+                for g in range(0, whole, nf):
+                    if self.group_index % cfg.num_shards == cfg.shard_index:
+                        groups.append((stream_id, offsets[g:g + nf]))
+                    else:
+                        st.sharded_out += 1
+                    self.group_index += 1
+            for i in self.rng.permutation(len(groups)):
+                stream_id, offs = groups[i]
+                try:
+                    payloads = [readers[stream_id].read_at(o) for o in offs]
+                except CorruptRecordError:
+                    if cfg.on_error == "raise":
+                        raise
+                    st.skipped_groups += 1
+                    st.skipped_records += 1
+                    continue
+                st.records += nf
+                st.bytes += sum(map(len, payloads))
+                self._emit_group(stream_id, [(None, len(b), b) for b in payloads], offs[0])
+                self._handle_ctrl()
+        finally:
+            for r in readers:
+                r.close()
 
     def _read_stream(self, stream_id: int, stream) -> None:
         cfg, st = self.cfg, self.stats
@@ -195,6 +278,7 @@ class _Reader:
         first_offset = 0
         skipped_seen = 0
         keep = True
+        shuffling = cfg.shuffle == "buffer"
         for offset, view in reader.iter_views():
             if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: the group is broken
                 skipped_seen = reader.skipped_records
@@ -207,21 +291,22 @@ class _Reader:
             if not parts:
                 first_offset = offset
                 keep = self.group_index % cfg.num_shards == cfg.shard_index
-            if keep:
-                if self.ring.fits(n):
-                    off = self.ring.place(n)
-                    self.mem[off:off + n] = view
-                    parts.append((off, n, None))
-                else:
-                    parts.append((None, n, bytes(view)))
-            else:
+            if not keep:
                 parts.append((None, 0, None))
+            elif shuffling or not self.ring.fits(n):
+                parts.append((None, n, bytes(view)))
+            else:
+                off = self.ring.place(n)
+                self.mem[off:off + n] = view
+                parts.append((off, n, None))
             if len(parts) == cfg.nfields:
                 self.group_index += 1
-                if keep:
-                    self._emit_group(stream_id, parts, first_offset)
-                else:
+                if not keep:
                     st.sharded_out += 1
+                elif shuffling:
+                    self._shuffled(stream_id, parts, first_offset)
+                else:
+                    self._emit_group(stream_id, parts, first_offset)
                 parts = []
         st.skipped_records += reader.skipped_records
         st.skipped_bytes += reader.skipped_bytes

@@ -100,6 +100,8 @@ class Run:
         self.received_pos = 0       # ring position after the newest chunk received
         self.released_pos = 0       # ring position released to the reader
         self.closed = False
+        self.completed = False      # the whole stream was delivered without an error
+        self.delivered = 0          # samples yielded in this pass
         self.stats = shared.stats
         self._start_reader()
 
@@ -113,7 +115,8 @@ class Run:
             source=sh.source, epoch=self.epoch, nfields=self.nf, join=cfg.join, on_error=cfg.on_error,
             max_record_bytes=cfg.max_record_bytes, ring_name=sh.ring.name, prefix=sh.prefix,
             chunk_groups=cfg.chunk_groups, chunk_bytes=cfg.chunk_bytes, num_shards=cfg.num_shards,
-            shard_index=cfg.shard_index, poll_interval=cfg.poll_interval)
+            shard_index=cfg.shard_index, poll_interval=cfg.poll_interval, shuffle=cfg.shuffle,
+            shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed, index_paths=cfg.index_paths)
         self.reader = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
                                   args=(sh.fork_close, reader_main, rcfg, data_w, ctrl_r, sh.lifeline_r))
         self.reader.start()
@@ -326,6 +329,7 @@ class Run:
                 if lease is not None:
                     values = list(sh.layout.merge(tuple(values), lease.arrays, index))
                 st.samples += 1
+                self.delivered += 1
                 yield Sample(seq, tuple(values), lease, index)
         finally:
             if mem is not sh.ring_mem:
@@ -368,6 +372,7 @@ class Run:
             if isinstance(err, CorruptRecordError):
                 err = err.located(end.n_groups)
             raise err
+        self.completed = True
 
     # -- shutdown ----------------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -1,0 +1,85 @@
+"""Shuffling: a global per-epoch permutation when an index exists, a shuffle buffer for streams; both
+reproducible for a given seed and epoch, both a permutation of the stream's groups; len()."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from parrecio import ParallelReader, RecordWriter
+from parrecio.decoders import Raw
+from test_pipeline import no_leaks  # noqa: F401  (fixture)
+
+
+def _write(path, n_groups, index):
+    with RecordWriter(str(path), index=str(path.with_suffix(".idx")) if index else None) as w:
+        for i in range(n_groups):
+            w.write(b"img-%d" % i)
+            w.write(b"lbl-%d" % i)
+
+
+def _epochs(path, n, **kw):
+    with ParallelReader(str(path), fields=[Raw(), Raw()], workers=1, shuffle=True, **kw) as reader:
+        return [[a for a, _ in reader] for _ in range(n)], reader
+
+
+@pytest.mark.parametrize("index", [True, False], ids=["index", "buffer"])
+def test_shuffled_epochs_are_reproducible_permutations(tmp_path, index, no_leaks):
+    path = tmp_path / "s.rec"
+    _write(path, 300, index)
+    stream_order = [b"img-%d" % i for i in range(300)]
+    (e0, e1), reader = _epochs(path, 2, seed=7, shuffle_buffer=64)
+    assert reader._sh.cfg.shuffle == ("index" if index else "buffer")
+    for epoch in (e0, e1):
+        assert sorted(epoch) == sorted(stream_order) and epoch != stream_order
+    assert e0 != e1
+    (again0, again1), _ = _epochs(path, 2, seed=7, shuffle_buffer=64)
+    assert (again0, again1) == (e0, e1)
+    (other, ), _ = _epochs(path, 1, seed=8, shuffle_buffer=64)
+    assert other != e0
+
+
+def test_groups_stay_together_and_sharding_still_partitions(tmp_path, no_leaks):
+    path = tmp_path / "s.rec"
+    _write(path, 120, index=True)
+    parts = []
+    for k in range(2):
+        with ParallelReader(str(path), fields=[Raw(), Raw()], workers=1, shuffle=True, seed=3,
+                            num_shards=2, shard_index=k) as reader:
+            samples = list(reader)
+        assert all(a[4:] == b[4:] for a, b in samples)  # image i with label i
+        parts.append({a for a, _ in samples})
+    assert parts[0].isdisjoint(parts[1]) and len(parts[0] | parts[1]) == 120
+
+
+def test_shuffle_buffer_of_one_keeps_stream_order(tmp_path, no_leaks):
+    path = tmp_path / "s.rec"
+    _write(path, 50, index=False)
+    (e0,), _ = _epochs(path, 1, shuffle_buffer=1)
+    assert e0 == [b"img-%d" % i for i in range(50)]
+
+
+def test_shuffle_buffer_on_a_one_pass_stream(tmp_path, no_leaks):
+    path = tmp_path / "s.rec"
+    _write(path, 80, index=False)
+    data = path.read_bytes()
+    with ParallelReader(io.BytesIO(data), fields=[Raw(), Raw()], workers=1, shuffle=True,
+                        shuffle_buffer=16) as reader:
+        got = [a for a, _ in reader]
+    assert sorted(got) == sorted(b"img-%d" % i for i in range(80)) and got != sorted(got)
+
+
+def test_len(tmp_path, no_leaks):
+    indexed, plain = tmp_path / "i.rec", tmp_path / "p.rec"
+    _write(indexed, 101, index=True)
+    _write(plain, 101, index=False)
+    assert len(ParallelReader(str(indexed), fields=[Raw(), Raw()], workers=1)) == 101
+    assert len(ParallelReader(str(indexed), fields=[Raw(), Raw()], batch_size=10)) == 11
+    assert len(ParallelReader(str(indexed), fields=[Raw(), Raw()], batch_size=10, drop_last=True)) == 10
+    assert len(ParallelReader(str(indexed), fields=[Raw(), Raw()], num_shards=3, shard_index=2)) == 33
+    with ParallelReader(str(plain), fields=[Raw(), Raw()], workers=1, batch_size=25) as reader:
+        with pytest.raises(TypeError, match="not known"):
+            len(reader)
+        n = sum(1 for _ in reader)
+        assert len(reader) == n == 5
