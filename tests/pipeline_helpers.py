@@ -157,3 +157,16 @@ def our_children() -> List[int]:
         helper = "forkserver" in cmd or "resource_tracker" in cmd
         out += [p.pid for p in ([] if helper else [c]) + below if alive(p)]
     return out
+
+
+class HangOn(Fixed):
+    """Sleeps for an hour on payloads starting with ``marker`` (a decoder that hangs)."""
+
+    def __init__(self, marker: bytes):
+        super().__init__()
+        self.marker = marker
+
+    def decode_into(self, payload, out):
+        if bytes(payload[: len(self.marker)]) == self.marker:
+            time.sleep(3600)
+        super().decode_into(payload, out)

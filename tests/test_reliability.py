@@ -187,3 +187,21 @@ def test_reader_process_death_is_reported(tmp_path, no_leaks):
         with pytest.raises(PipelineError, match="reader process died.*SIGKILL"):
             for _ in it:
                 pass
+
+
+def test_hanging_decoder_is_killed_and_its_sample_reported(stream, tmp_path, no_leaks):
+    from pipeline_helpers import HangOn
+    path, recs, _ = stream
+    marked = list(recs[:60])
+    marked[42] = b"HANG" + marked[42]
+    p2 = tmp_path / "h.rec"
+    offsets = write_rec(p2, marked)
+    t0 = time.monotonic()
+    got = []
+    with ParallelReader(p2, fields=HangOn(b"HANG"), workers=2, task_timeout=0.5, poll_interval=0.2) as reader:
+        with pytest.raises(DecodeError) as ei:
+            for s in reader:
+                got.append(s)
+    assert (ei.value.index, ei.value.offset) == (42, offsets[42])
+    assert len(got) == 42 and all(np.array_equal(a, digest_array(r)) for a, r in zip(got, marked))
+    assert time.monotonic() - t0 < 15

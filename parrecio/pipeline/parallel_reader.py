@@ -66,6 +66,7 @@ class _Config:
     shard_index: int
     poll_interval: float
     drain_timeout: float
+    task_timeout: Optional[float]
     shuffle: Optional[str]
     shuffle_buffer: int
     seed: int
@@ -150,6 +151,8 @@ class ParallelReader:
             buffer of ``shuffle_buffer`` groups in the reader process (memory: that many groups of
             payloads).
         poll_interval: seconds between liveness checks of the other processes while waiting.
+        task_timeout: a decoder process that holds work but returns no result for this many seconds is
+            killed and its groups re-run (a sample that hangs twice is a poison record); ``None``: never.
         **source_options: passed to :func:`parrecio.sources.resolve` (``sm_input_dir``, ``pipe_dir``,
             ``config_dir``, ``fifo_timeout``, ...).
     """
@@ -160,7 +163,8 @@ class ParallelReader:
                  ring_bytes: int = 64 << 20, chunk_groups: int = 32, prefetch: int = 2,
                  slot_samples: int = 64, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  start_method: Optional[str] = None, seed: int = 0, poll_interval: float = 1.0,
-                 shuffle: bool = False, shuffle_buffer: int = 1024, **source_options: Any) -> None:
+                 shuffle: bool = False, shuffle_buffer: int = 1024, task_timeout: Optional[float] = 600.0,
+                 **source_options: Any) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if join not in (None, "mxnet", "concat"):
@@ -191,7 +195,9 @@ class ParallelReader:
                          max_record_bytes=int(max_record_bytes), chunk_groups=int(chunk_groups),
                          chunk_bytes=max(1 << 20, self._ring_bytes // 8), prefetch=int(prefetch),
                          num_shards=int(num_shards), shard_index=int(shard_index),
-                         poll_interval=float(poll_interval), drain_timeout=2.0, shuffle=shuffle_mode,
+                         poll_interval=float(poll_interval), drain_timeout=2.0,
+                         task_timeout=None if task_timeout is None else float(task_timeout),
+                         shuffle=shuffle_mode,
                          shuffle_buffer=int(shuffle_buffer), seed=int(seed), index_paths=index_paths)
         sh.stats = Stats(workers=workers)
         sh.field_names = list(self._names)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -52,6 +53,7 @@ class _Worker:
     task_conn: Any
     result_conn: Any
     inflight: Dict[int, Task] = field(default_factory=dict)
+    progress: float = 0.0  # monotonic time of its last result, or of getting work when it had none
 
 
 class WorkerPool:
@@ -101,6 +103,8 @@ class WorkerPool:
         return best if best is not None and len(best.inflight) < max_inflight else None
 
     def submit(self, worker: _Worker, task: Task) -> None:
+        if not worker.inflight:
+            worker.progress = time.monotonic()
         worker.inflight[task.task_id] = task
         try:
             worker.task_conn.send(task)
@@ -144,6 +148,7 @@ class WorkerPool:
             while w.result_conn.poll():
                 msg: TaskDone = w.result_conn.recv()
                 self.deaths_without_progress = 0
+                w.progress = time.monotonic()
                 task = w.inflight.pop(msg.task_id, None)
                 if task is not None:
                     done.append((task, msg))
@@ -159,10 +164,19 @@ class WorkerPool:
                 pass
         w.proc.join(0.1)
 
+    def kill_stuck(self, timeout: float) -> None:
+        """Kill the workers that hold tasks but sent no result for ``timeout`` seconds (a decoder that
+        hangs): their death is then handled like any other, and a sample that hangs again is poison."""
+        now = time.monotonic()
+        for w in self.workers:
+            if w.inflight and now - w.progress > timeout and w.proc.is_alive():
+                log.warning("parrecio: decoder process %d (pid %d) made no progress for %.0f s; killing it",
+                            w.index, w.proc.pid, now - w.progress)
+                w.proc.kill()
+
     def drain_all(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for every task in flight to finish (results discarded);
         workers still busy then are killed and replaced, so nothing writes into slots afterwards."""
-        import time
         from multiprocessing.connection import wait
         deadline = time.monotonic() + timeout
         while self.load() and time.monotonic() < deadline:
@@ -182,7 +196,6 @@ class WorkerPool:
 
     def stop(self, timeout: float = 1.0) -> None:
         """Ask every worker to stop; kill those that do not within ``timeout`` seconds.  Idempotent."""
-        import time
         for w in self.workers:
             try:
                 w.task_conn.send(Stop())

@@ -152,10 +152,10 @@ class Run:
         if self.end is None:
             objs += [self.data, self.reader.sentinel]
         ready = wait(objs, timeout) if objs else []
-        if not ready:
-            return
         if self.data in ready or self.reader.sentinel in ready:
             self._receive()
+        if pool is not None and self.cfg.task_timeout is not None:
+            pool.kill_stuck(self.cfg.task_timeout)
         if pool is not None:
             done, orphans = pool.collect(ready)
             for task, msg in done:
