@@ -1,0 +1,110 @@
+"""Keras adapter: an endless ``(x, y)`` generator for ``model.fit``, and ``steps_per_epoch``.
+
+::
+
+    from parrecio import ParallelReader
+    from parrecio.decoders import Image, ClassLabel
+    from parrecio.integrations.keras import generator, steps_per_epoch
+
+    reader = ParallelReader("train.rec", fields={"image": Image(size=(224, 224)), "label": ClassLabel()},
+                            workers=8, batch_size=64)
+    model.fit(generator(reader, inputs="image", targets="label"),
+              steps_per_epoch=steps_per_epoch(reader) or 1000, epochs=10)
+    reader.close()
+
+The generator runs pass after pass of the reader (a Keras generator must not run dry between epochs) and
+yields plain numpy arrays (views of shared memory, no copy; Keras converts them). ``steps_per_epoch`` is
+``len(reader)`` when the reader knows its length, else ``None``: then give Keras the number of batches of
+one pass yourself, or Keras's epochs and the reader's passes drift apart (harmless, but epochs no longer
+mean passes). Nothing here imports Keras or TensorFlow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+
+__all__ = ["generator", "steps_per_epoch", "select"]
+
+Key = Union[int, str]
+Selection = Union[None, Key, Sequence[Key], Mapping[str, Key]]
+
+
+def select(item: Any, selection: Selection) -> Any:
+    """Pick columns of one item: a key (an index into a tuple item, a name of a dict item) gives that
+    column; a list/tuple of keys gives a tuple of columns; a dict ``{keras_input_name: key}`` gives a
+    dict of columns; ``None`` gives the whole item (a reader with a single field)."""
+    if selection is None:
+        return item
+    if isinstance(selection, Mapping):
+        return {name: _column(item, key) for name, key in selection.items()}
+    if isinstance(selection, (list, tuple)):
+        return tuple(_column(item, key) for key in selection)
+    return _column(item, selection)
+
+
+def _column(item: Any, key: Key) -> Any:
+    if isinstance(item, Mapping):
+        try:
+            return item[key]
+        except KeyError:
+            raise KeyError(f"no column {key!r}; the reader's columns are {list(item)}") from None
+    if isinstance(item, tuple):
+        if isinstance(key, str):
+            fields = getattr(item, "_fields", None)
+            if fields and key in fields:
+                return getattr(item, key)
+            raise KeyError(f"column {key!r}: this reader yields tuples, select columns by index "
+                           f"(0..{len(item) - 1})" + (f" or name {list(fields)}" if fields else ""))
+        try:
+            return item[key]
+        except IndexError:
+            raise IndexError(f"column {key}: the reader's items have {len(item)} columns") from None
+    raise TypeError(f"cannot select column {key!r} of a {type(item).__name__}: the reader has a single "
+                    f"field; use inputs=None (the whole item)")
+
+
+def steps_per_epoch(reader: Any) -> Optional[int]:
+    """``len(reader)`` (batches per pass) when the reader knows it, else ``None``."""
+    try:
+        return len(reader)
+    except TypeError:
+        return None
+
+
+def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,
+              sample_weights: Selection = None, epochs: Optional[int] = None) -> Iterator[Any]:
+    """Yield ``(x, y)`` (or ``(x, y, sample_weight)``, or ``x`` alone when ``targets`` is None) from
+    pass after pass of ``reader``: endless by default, ``epochs`` passes if given.
+
+    ``inputs``/``targets``/``sample_weights`` select columns (see :func:`select`): default ``0`` and
+    ``1``, the ``(image, label)`` of ``fields=[Image(...), ClassLabel()]``; names for dict fields, e.g.
+    ``inputs="image", targets="label"``; ``inputs={"pixels": "image", "meta": "extra"}`` for a model
+    with named inputs. The reader is not closed when the generator ends: close it yourself.
+    """
+    if epochs is not None and epochs < 0:
+        raise ValueError(f"epochs must be >= 0 or None, not {epochs}")
+    return _generate(reader, inputs, targets, sample_weights, epochs)
+
+
+def _generate(reader, inputs, targets, sample_weights, epochs):
+    done = 0
+    while epochs is None or done < epochs:
+        it = iter(reader)
+        produced = False
+        try:
+            for item in it:
+                produced = True
+                x = select(item, inputs)
+                if targets is None:
+                    yield x
+                elif sample_weights is None:
+                    yield x, select(item, targets)
+                else:
+                    yield x, select(item, targets), select(item, sample_weights)
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+        done += 1
+        if not produced:
+            raise ValueError("the reader's stream is empty: an endless generator would never yield")

@@ -1,0 +1,262 @@
+"""TensorFlow adapter: a ``tf.data.Dataset`` over a :class:`~parrecio.ParallelReader`.
+
+::
+
+    import tensorflow as tf
+    from parrecio import ParallelReader
+    from parrecio.decoders import Image, ClassLabel
+    from parrecio.integrations.tf import dataset
+
+    reader = ParallelReader("train.rec", fields=[Image(size=(224, 224)), ClassLabel()], workers=8,
+                            batch_size=64)
+    ds = dataset(reader).prefetch(tf.data.AUTOTUNE)   # signature inferred from the first batch
+    model.fit(ds, epochs=3)                           # each pass over ds is one pass of the reader
+    reader.close()
+
+How it works: ``tf.data.Dataset.from_generator(gen, output_signature=...)``; every iteration of the
+dataset calls ``gen``, which runs one pass of the reader. Without ``output_signature`` the first batch is
+read to infer it, so **the reader's first pass (its processes too) starts when** :func:`dataset` **is
+called**; that batch is handed out first when the dataset is first iterated, followed by the rest of
+that pass. Iterate the dataset by one iterator at a time (a new pass ends an unfinished one).
+
+Inferred signature (:func:`infer_signature`, a pure function over the numpy/Python values, then
+:func:`to_tensor_specs`):
+
+- a numeric numpy array ``(B, *shape)`` -> ``tf.TensorSpec((None, *shape), dtype)`` (unbatched readers:
+  ``TensorSpec(shape, dtype)``); numpy scalars and Python numbers -> ``()`` (Python float -> float32);
+- a list of ``bytes``/``str`` -> ``tf.TensorSpec((None,), tf.string)``;
+- a list of numeric arrays of one rank and dtype whose first dimension varies (ragged boxes ``(k, 5)``)
+  -> ``tf.RaggedTensorSpec((None, None, 5), dtype, ragged_rank=1)``;
+- tuples and dicts of those -> tuples and dicts of specs (so ``(images, labels)`` is ``(x, y)`` for Keras).
+
+Anything else (JSON dicts, lists of mixed values) cannot be inferred: pass ``output_signature`` or use a
+decoder with array output. Inference sees one batch only: a column of varying shape (``BoundingBoxes()``
+without ``max_boxes``) whose first batch happens to be uniform is stacked and described as dense, and a
+later ragged batch then raises; prefer fixed outputs (``max_boxes=``) or pass ``output_signature``. The
+same holds for unbatched readers (``batch_size=None``), where a sample's shape is taken as fixed. ``tf.data`` copies every value into a TF tensor (``from_generator`` cannot
+share memory), so the shared-memory slots are released as soon as a batch is converted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Tuple
+
+import numpy as np
+
+from .dlpack import NUMERIC_KINDS
+
+__all__ = ["FieldSpec", "infer_signature", "to_tensor_specs", "prepare", "flatten_ragged", "batches",
+           "dataset"]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """A framework-neutral description of one column (leaf) of a sample or batch.
+
+    ``kind``: ``"tensor"`` (a dense array), ``"string"`` (bytes/str values) or ``"ragged"`` (a list of
+    arrays whose first dimension varies, ``ragged_rank=1``). ``shape``: with ``None`` for unknown
+    dimensions. ``dtype``: a numpy dtype name (``"uint8"``, ``"float32"``...) or ``"string"``.
+    """
+
+    kind: str
+    shape: Tuple[Optional[int], ...]
+    dtype: str
+
+
+def _path(path: str) -> str:
+    return path or "the value"
+
+
+def infer_signature(value: Any, batched: bool = True, _path_: str = "") -> Any:
+    """Describe one sample (``batched=False``) or batch (``batched=True``) as nested :class:`FieldSpec`.
+
+    Tuples give tuples (namedtuples: plain tuples), dicts give dicts; leaves as in the module docstring.
+    In a batch the leading (batch) dimension is ``None``, since the last batch may be shorter.
+    Raises ``TypeError`` naming the column that cannot be described.
+    """
+    p = _path_
+    if isinstance(value, dict):
+        return {k: infer_signature(v, batched, f"{p}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(infer_signature(v, batched, f"{p}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype.kind not in NUMERIC_KINDS:
+            if value.dtype.kind in "SUO" and _all_strings(value.ravel().tolist()):
+                shape = tuple(value.shape)
+                return FieldSpec("string", ((None,) + shape[1:]) if batched and shape else shape, "string")
+            raise TypeError(f"{_path(p)}: numpy dtype {value.dtype} has no tensor equivalent")
+        shape = tuple(int(d) for d in np.shape(value))
+        if batched:
+            if not shape:
+                raise TypeError(f"{_path(p)}: a batch column must have a batch dimension, got a scalar")
+            shape = (None,) + shape[1:]
+        return FieldSpec("tensor", shape, value.dtype.name)
+    if isinstance(value, (bytes, bytearray, memoryview, str)):
+        if batched:
+            raise TypeError(f"{_path(p)}: a batch column must be a list or array, got {type(value).__name__}")
+        return FieldSpec("string", (), "string")
+    if isinstance(value, (bool, int, float)):
+        if batched:
+            raise TypeError(f"{_path(p)}: a batch column must be a list or array, got {type(value).__name__}")
+        return FieldSpec("tensor", (), _python_dtype(value))
+    if isinstance(value, list):
+        if not batched:
+            raise TypeError(f"{_path(p)}: cannot describe a list inside a sample; pass output_signature")
+        return _infer_list(value, p)
+    raise TypeError(f"{_path(p)}: cannot describe a {type(value).__name__}; pass output_signature")
+
+
+def _python_dtype(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int64"
+    return "float32"
+
+
+def _all_strings(values: list) -> bool:
+    return all(isinstance(v, (bytes, bytearray, memoryview, str)) for v in values)
+
+
+def _infer_list(values: list, p: str) -> FieldSpec:
+    if not values:
+        raise TypeError(f"{_path(p)}: cannot describe an empty column; pass output_signature")
+    if _all_strings(values):
+        return FieldSpec("string", (None,), "string")
+    if all(isinstance(v, (np.ndarray, np.generic)) for v in values):
+        first = values[0]
+        if first.dtype.kind in NUMERIC_KINDS and np.ndim(first) >= 1 and all(
+                v.dtype == first.dtype and np.ndim(v) == np.ndim(first) for v in values):
+            inner = np.shape(first)[1:]
+            if all(np.shape(v)[1:] == inner for v in values):
+                return FieldSpec("ragged", (None, None) + tuple(int(d) for d in inner), first.dtype.name)
+            raise TypeError(f"{_path(p)}: arrays that vary in more than their first dimension "
+                            f"(e.g. {np.shape(first)} and others); pass output_signature")
+        raise TypeError(f"{_path(p)}: a list of arrays of different dtypes or ranks; pass output_signature")
+    if all(isinstance(v, (bool, int, float)) for v in values):  # a collate() never gives this, but cheap
+        kinds = {_python_dtype(v) for v in values}
+        dtype = "float32" if "float32" in kinds else kinds.pop() if len(kinds) == 1 else "int64"
+        return FieldSpec("tensor", (None,), dtype)
+    kinds = sorted({type(v).__name__ for v in values})
+    raise TypeError(f"{_path(p)}: cannot describe a list of {', '.join(kinds)}; pass output_signature "
+                    f"or use a decoder with array output")
+
+
+def flatten_ragged(arrays: list) -> Tuple[np.ndarray, np.ndarray]:
+    """``[a_0, a_1, ...]`` (arrays that differ in their first dimension) -> ``(values, row_lengths)``,
+    the parts of ``tf.RaggedTensor.from_row_lengths``: ``values`` is their concatenation."""
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    values = np.concatenate(arrays) if arrays else np.zeros((0,), np.float32)
+    return values, lengths
+
+
+def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, np.ndarray], Any]] = None) -> Any:
+    """Shape one item for ``from_generator``: walk ``value`` alongside ``signature``; ``ragged`` leaves
+    become ``ragged(values, row_lengths)`` (default: the ``(values, row_lengths)`` pair), tuples stay
+    tuples (namedtuples become plain tuples), everything else is passed on (tf converts it)."""
+    if isinstance(signature, FieldSpec):
+        if signature.kind == "ragged":
+            values, lengths = flatten_ragged(list(value))
+            return (values, lengths) if ragged is None else ragged(values, lengths)
+        if signature.kind == "tensor" and isinstance(value, list):
+            raise TypeError(f"a column described as a dense {signature.shape} {signature.dtype} tensor came "
+                            f"as a list (values of different shapes): the first batch happened to be "
+                            f"uniform; give the decoder a fixed output (e.g. BoundingBoxes(max_boxes=...)) "
+                            f"or pass output_signature")
+        return _plain(value)
+    if isinstance(signature, dict):
+        return {k: prepare(value[k], s, ragged) for k, s in signature.items()}
+    if isinstance(signature, tuple):
+        return tuple(prepare(v, s, ragged) for v, s in zip(value, signature))
+    return _plain(value)  # a user-given signature leaf (a tf.TypeSpec): leave it to tf
+
+
+def batches(reader: Any, first: Any = None, first_iter: Optional[Iterator[Any]] = None
+            ) -> Callable[[], Iterator[Any]]:
+    """A generator function for ``from_generator``: each call is one pass of ``reader``; the first call
+    yields ``first`` and then the rest of ``first_iter`` (a pass already begun) when given."""
+    pending = [(first, first_iter)] if first_iter is not None else []
+
+    def gen() -> Iterator[Any]:
+        if pending:
+            head, it = pending.pop()
+            try:
+                yield head
+                yield from it
+            finally:
+                _close(it)
+            return
+        it = iter(reader)
+        try:
+            yield from it
+        finally:
+            _close(it)
+
+    return gen
+
+
+def _close(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
+def to_tensor_specs(signature: Any) -> Any:
+    """Nested :class:`FieldSpec` -> nested ``tf.TensorSpec`` / ``tf.RaggedTensorSpec`` (imports tf)."""
+    import tensorflow as tf
+
+    def conv(s):
+        if isinstance(s, dict):
+            return {k: conv(v) for k, v in s.items()}
+        if isinstance(s, tuple):
+            return tuple(conv(v) for v in s)
+        if not isinstance(s, FieldSpec):
+            return s  # already a tf.TypeSpec
+        dtype = tf.string if s.dtype == "string" else tf.as_dtype(np.dtype(s.dtype))
+        if s.kind == "ragged":
+            return tf.RaggedTensorSpec(shape=s.shape, dtype=dtype, ragged_rank=1,
+                                       row_splits_dtype=tf.int64)
+        return tf.TensorSpec(shape=s.shape, dtype=dtype)
+
+    return conv(signature)
+
+
+def dataset(reader: Any, output_signature: Any = None):
+    """``tf.data.Dataset`` of the reader's items; each pass over the dataset is one pass of the reader.
+
+    ``output_signature``: nested ``tf.TypeSpec`` (as for ``from_generator``) or nested
+    :class:`FieldSpec`; ``None`` infers it from the first item, which starts the reader's first pass
+    now (that item is yielded first when the dataset is first iterated). Ragged columns are fed as
+    ``tf.RaggedTensor`` when the signature says so.
+    """
+    import tensorflow as tf
+
+    batched = getattr(reader, "batch_size", None) is not None
+    first = it = None
+    if output_signature is None:
+        it = iter(reader)
+        try:
+            first = next(it)
+        except StopIteration:
+            raise ValueError("cannot infer output_signature: the reader's stream is empty") from None
+        output_signature = infer_signature(first, batched=batched)
+    neutral = output_signature
+    specs = to_tensor_specs(output_signature)
+    gen = batches(reader, first, it)
+
+    def ragged(values, lengths):
+        return tf.RaggedTensor.from_row_lengths(values, row_lengths=lengths)
+
+    def generator():
+        for item in gen():
+            yield prepare(item, neutral, ragged)
+
+    return tf.data.Dataset.from_generator(generator, output_signature=specs)
+
+
+def _plain(item: Any) -> Any:
+    """Namedtuples -> tuples (tf.nest treats them as different structures from a plain tuple signature)."""
+    if isinstance(item, tuple) and hasattr(item, "_fields"):
+        return tuple(item)
+    return item

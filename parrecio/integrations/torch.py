@@ -1,0 +1,214 @@
+"""PyTorch adapter: :class:`ParallelIterableDataset` and :func:`to_torch`.
+
+parrecio does its own batching and its own multiprocessing, so the ``DataLoader`` around it must do
+neither::
+
+    from torch.utils.data import DataLoader
+    from parrecio.decoders import Image, ClassLabel
+    from parrecio.integrations.torch import ParallelIterableDataset
+
+    ds = ParallelIterableDataset("train.rec", fields=[Image(size=(224, 224), layout="CHW"), ClassLabel()],
+                                 workers=8, batch_size=64)
+    loader = DataLoader(ds, batch_size=None, num_workers=0)      # batch_size=None: batches come ready
+    for epoch in range(3):
+        for images, labels in loader:    # uint8 (64, 3, 224, 224), int64 (64,) tensors, zero-copy
+            ...
+    ds.close()                           # or: with ParallelIterableDataset(...) as ds:
+
+Numeric numpy arrays become tensors with :func:`torch.from_numpy`, which shares the memory (the tensor
+keeps the shared-memory slot alive as the array did); ``bytes``, ``str``, JSON values and lists of them
+stay as they are; tuples, dicts and lists of arrays (ragged columns such as boxes) are walked.
+
+``import parrecio.integrations.torch`` does not import torch; ``to_torch`` and
+``ParallelIterableDataset`` (created on first access, a real ``torch.utils.data.IterableDataset``
+subclass) do.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any, Callable, Optional
+
+from .dlpack import map_arrays
+
+__all__ = ["ParallelIterableDataset", "to_torch", "DataLoaderWorkerError"]
+
+
+class DataLoaderWorkerError(RuntimeError):
+    """A :class:`ParallelIterableDataset` was iterated inside a ``DataLoader`` worker process."""
+
+
+_WORKER_MESSAGE = (
+    "ParallelIterableDataset was iterated inside a DataLoader worker process. parrecio runs its own "
+    "decoder processes and does its own batching: use DataLoader(dataset, batch_size=None, "
+    "num_workers=0) and set workers=/batch_size= on the dataset (ParallelReader) instead.")
+
+
+def to_torch(batch: Any, *, pin_memory: bool = False) -> Any:
+    """Convert what a :class:`~parrecio.ParallelReader` yields to tensors, without copying.
+
+    Numeric numpy arrays -> ``torch.from_numpy(array)`` (shares memory; ``tensor.data_ptr() ==
+    array.ctypes.data``); numpy scalars -> 0-d tensors; tuples, namedtuples, dicts and lists of arrays
+    are walked; everything else (``bytes``, ``str``, lists of those, JSON values) is returned as it is.
+    Read-only or byte-swapped arrays (never produced by parrecio's own decoders) are copied first;
+    arrays of a dtype torch lacks stay numpy arrays.
+
+    ``pin_memory=True`` copies each tensor into page-locked memory (for fast ``.cuda(non_blocking=True)``)
+    when CUDA is available; without CUDA it is ignored.
+    """
+    import torch
+
+    pin = bool(pin_memory) and torch.cuda.is_available()
+
+    def convert(array):
+        try:
+            tensor = torch.from_numpy(array)
+        except TypeError:  # a dtype torch does not support (e.g. uint16 on old versions)
+            return array
+        return tensor.pin_memory() if pin else tensor
+
+    return map_arrays(batch, convert)
+
+
+def _check_not_in_worker() -> None:
+    import torch.utils.data
+
+    if torch.utils.data.get_worker_info() is not None:
+        raise DataLoaderWorkerError(_WORKER_MESSAGE)
+
+
+_lock = threading.Lock()
+_cls: Optional[type] = None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ParallelIterableDataset":
+        return _dataset_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _dataset_class() -> type:
+    global _cls
+    with _lock:
+        if _cls is None:
+            _cls = _make_dataset_class()
+        return _cls
+
+
+def _make_dataset_class() -> type:
+    import torch.utils.data
+
+    from ..pipeline.parallel_reader import ParallelReader
+
+    class ParallelIterableDataset(torch.utils.data.IterableDataset):
+        """A ``torch.utils.data.IterableDataset`` over a :class:`~parrecio.ParallelReader`.
+
+        ``ParallelIterableDataset(reader)`` wraps an existing reader;
+        ``ParallelIterableDataset(factory)`` calls ``factory()`` (no arguments) for the reader when it is
+        first needed; ``ParallelIterableDataset(channel, fields=..., workers=..., batch_size=..., ...)``
+        creates ``ParallelReader(channel, ...)`` when first needed. The reader's processes start at the
+        first iteration and live until :meth:`close` (also the context-manager exit), across epochs.
+
+        Each ``iter()`` is one epoch (one pass of the reader); items are converted with
+        :func:`to_torch` (zero-copy). Use it with ``DataLoader(ds, batch_size=None, num_workers=0)``:
+        iterating it inside a DataLoader worker process raises :class:`DataLoaderWorkerError`, since
+        parrecio already decodes in parallel and batches.
+
+        Args:
+            pin_memory: copy tensors into page-locked memory when CUDA is available (ignored, with a
+                warning, otherwise). ``DataLoader(..., pin_memory=True)`` does the same in a thread.
+            convert: ``False`` yields the reader's numpy items unchanged (``default_convert`` of the
+                DataLoader still turns arrays into tensors, also without a copy).
+
+        ``len(ds)`` is ``len(reader)`` (batches, or samples without ``batch_size``) when the reader
+        knows its length; otherwise it raises ``TypeError`` (which ``list()`` and friends accept).
+
+        Note: with ``batch_size=None`` the DataLoader passes every item through ``default_convert``,
+        which turns tuples into lists (``for x, y in loader`` still works) and leaves tensors alone.
+        """
+
+        def __init__(self, reader: Any = None, *args: Any, pin_memory: bool = False, convert: bool = True,
+                     **reader_kwargs: Any) -> None:
+            super().__init__()
+            self._reader: Optional[ParallelReader] = None
+            self._factory: Optional[Callable[[], Any]] = None
+            if isinstance(reader, ParallelReader):
+                if args or reader_kwargs:
+                    raise TypeError("ParallelIterableDataset(reader) takes no reader arguments")
+                self._reader = reader
+            elif callable(reader) and not args and not reader_kwargs:
+                self._factory = reader
+            elif reader is None:
+                raise TypeError("ParallelIterableDataset needs a ParallelReader, a factory returning "
+                                "one, or ParallelReader arguments (channel, fields=..., ...)")
+            else:
+                channel = reader
+                self._factory = lambda: ParallelReader(channel, *args, **reader_kwargs)
+            self.convert = bool(convert)
+            self.pin_memory = bool(pin_memory)
+            if self.pin_memory and not torch.cuda.is_available():
+                warnings.warn("ParallelIterableDataset(pin_memory=True): CUDA is not available, "
+                              "pin_memory is ignored", RuntimeWarning, stacklevel=2)
+                self.pin_memory = False
+            self._closed = False
+
+        @property
+        def reader(self) -> ParallelReader:
+            """The underlying :class:`~parrecio.ParallelReader` (created on first access)."""
+            if self._reader is None:
+                if self._closed:
+                    raise RuntimeError("this ParallelIterableDataset is closed")
+                reader = self._factory()
+                if not isinstance(reader, ParallelReader):
+                    raise TypeError(f"the reader factory returned {type(reader).__name__}, "
+                                    f"not a ParallelReader")
+                self._reader = reader
+            return self._reader
+
+        def __iter__(self):
+            _check_not_in_worker()
+            items = iter(self.reader)  # starts the pass now (processes on the first one)
+            return self._epoch(items)
+
+        def _epoch(self, items):
+            try:
+                if not self.convert:
+                    yield from items
+                    return
+                pin = self.pin_memory
+                for item in items:
+                    yield to_torch(item, pin_memory=pin)
+            finally:
+                items.close()
+
+        def __len__(self) -> int:
+            try:
+                return len(self.reader)
+            except TypeError as exc:
+                raise TypeError(f"the length of this ParallelIterableDataset is unknown: {exc}") from None
+
+        def close(self) -> None:
+            """Close the reader: stop its processes, remove its shared memory (tensors already handed
+            out stay valid). Idempotent. A reader you passed in is closed too."""
+            self._closed = True
+            if self._reader is not None:
+                self._reader.close()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.close()
+
+        def __getstate__(self):
+            raise TypeError("a ParallelIterableDataset cannot be pickled (e.g. sent to DataLoader worker "
+                            "processes): " + _WORKER_MESSAGE)
+
+        def __repr__(self) -> str:
+            inner = repr(self._reader) if self._reader is not None else "<reader not created yet>"
+            return f"ParallelIterableDataset({inner}, convert={self.convert}, pin_memory={self.pin_memory})"
+
+    ParallelIterableDataset.__module__ = __name__
+    ParallelIterableDataset.__qualname__ = "ParallelIterableDataset"
+    return ParallelIterableDataset
