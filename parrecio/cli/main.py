@@ -26,6 +26,11 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS = (
     "parrecio.cli.demo",
     "parrecio.cli.pipe_serve",
+    "parrecio.cli.inspect",
+    "parrecio.cli.cat",
+    "parrecio.cli.extract",
+    "parrecio.cli.pack",
+    "parrecio.cli.bench",
 )
 """The subcommand modules, in ``--help`` order."""
 

@@ -1,0 +1,318 @@
+"""``parrecio bench``: the throughput of a ParallelReader configuration on your data, and what limits it.
+
+Example::
+
+    parrecio bench train.rec --fields image,json --workers 1 2 4 --batch-size 64 --size 224
+
+Each ``--workers`` value is one run (a fresh reader, ``--epochs`` passes).  While it runs, a progress line
+on stderr (a terminal only, not with ``--json``) shows samples/s and MB/s, redrawn at most 5 times a
+second.  At the end: samples/s, MB/s, the per-stage times of ``reader.stats`` and the bottleneck --
+``reader.stats.bottleneck`` when the library has it, else a verdict computed here from the stage times.
+``samples_per_s`` is measured after the first batch (worker start-up is reported apart as ``startup_s``;
+on a short run the pipeline has filled up meanwhile, so it is optimistic), ``overall_samples_per_s``
+over the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+NAME = "bench"
+HELP = "measure a reader configuration's throughput (samples/s, MB/s) and name the bottleneck"
+
+FIELD_NAMES = ("image", "json", "boxes", "label", "imagerecord", "raw")
+PEEK_RECORDS = 64
+STAGES = ("read_time", "wait_source_time", "wait_workers_time", "wait_consumer_time", "user_time", "wall_time")
+ADVICE = {
+    "decode": "the decoder processes are busy: more --workers (while cores are free), a smaller --size, or "
+              "cheaper decoding (Image(draft=True))",
+    "source": "the reader process waits on the stream: faster storage, or larger reads",
+    "consumer": "samples are ready before they are asked for: the consuming process (batch assembly here; "
+                "your training step in real use) sets the pace",
+    "unknown": "no stage stands out (or the run was too short to tell)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run ParallelReader over CHANNEL (a path, directory, glob, - or a SageMaker channel) once per --workers "
+        "value and report samples/s, MB/s, per-stage times and the bottleneck (source, decode, consumer). "
+        "Field names: " + ", ".join(FIELD_NAMES) + " (image -> Image(size=(S, S)), json -> Json(), boxes -> "
+        "BoundingBoxes(), label -> ClassLabel(), imagerecord -> ImageRecord(Image(size=(S, S))), raw -> Raw()); "
+        "default: guessed from the first records.")
+    parser.add_argument("channel", metavar="CHANNEL", help="what ParallelReader reads")
+    parser.add_argument("--fields", default=None, metavar="SPEC",
+                        help="comma-separated decoders, one per record of a group, e.g. image,json (default: "
+                             "guessed from the first records: jpeg/png -> image, json -> json, else raw)")
+    parser.add_argument("--workers", type=int, nargs="+", default=None, metavar="N",
+                        help="decoder processes; several values run one after the other (default: CPU count)")
+    parser.add_argument("--batch-size", type=int, default=64, metavar="B", help="batch size (default 64)")
+    parser.add_argument("--size", type=int, default=224, metavar="S", help="image side in pixels (default 224)")
+    parser.add_argument("--epochs", type=int, default=1, help="passes per run (default 1)")
+    parser.add_argument("--samples", type=int, default=None, metavar="N",
+                        help="stop each pass after about N samples (default: the whole stream)")
+    parser.add_argument("--join", choices=("mxnet", "concat"), default=None,
+                        help="multipart convention (default: the source's)")
+    parser.add_argument("--skip-errors", action="store_true", help="on_error='skip' instead of failing")
+    parser.add_argument("--json", action="store_true", help="print one JSON document (no progress line)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+# -- fields --------------------------------------------------------------------------------------------
+
+def make_decoder(name: str, size: int):
+    """A decoder for one field spec name (see :data:`FIELD_NAMES`)."""
+    from ..decoders import BoundingBoxes, ClassLabel, Image, ImageRecord, Json, Raw
+    from ..errors import ParrecioError
+
+    side = (size, size)
+    table = {"image": lambda: Image(size=side), "json": Json, "boxes": BoundingBoxes, "label": ClassLabel,
+             "imagerecord": lambda: ImageRecord(Image(size=side)), "raw": Raw}
+    if name not in table:
+        raise ParrecioError(f"unknown field {name!r} in --fields (known: {', '.join(FIELD_NAMES)})")
+    return table[name]()
+
+
+def parse_fields(spec: str) -> List[str]:
+    from ..errors import ParrecioError
+    names = [n.strip().lower() for n in spec.split(",")]
+    if not all(names):
+        raise ParrecioError(f"bad --fields {spec!r}: expected names separated by commas")
+    return names
+
+
+def fields_from_kinds(kinds: Sequence[str]) -> List[str]:
+    """``guess_fields`` kinds -> field names: images -> image, json -> json, image records -> imagerecord,
+    anything else -> raw."""
+    from ..decoders.sniff import IMAGE_KINDS
+    out = []
+    for kind in kinds:
+        if kind in IMAGE_KINDS or kind == "image":
+            out.append("image")
+        elif kind == "json":
+            out.append("json")
+        elif kind.startswith("imagerecord/"):
+            out.append("imagerecord")
+        else:
+            out.append("raw")
+    return out
+
+
+def peek(channel: str, join: Optional[str]) -> Optional[Tuple[List[str], float]]:
+    """``(guessed field names, mean payload bytes per record)`` from the first records of a file channel;
+    None when the channel cannot be read twice (stdin, a FIFO, a Pipe-mode channel) or has no records."""
+    from ..decoders.sniff import PREFIX, guess_fields
+    from ..recordio import RecordReader
+    from ..sources import resolve
+    from ..tools.inspect import payload_kind
+
+    if channel == "-":
+        return None
+    source = resolve(channel)
+    try:
+        paths = getattr(source, "paths", None)
+        if not paths or not os.path.isfile(paths[0]):
+            return None
+        prefixes, kinds, sizes = [], [], []
+        with RecordReader(paths[0], join=join or source.default_join, on_corrupt="skip") as reader:
+            for _, view in reader.iter_views():
+                prefixes.append(bytes(view[:PREFIX + 1]))
+                kinds.append(payload_kind(prefixes[-1]))
+                sizes.append(len(view))
+                if len(sizes) >= PEEK_RECORDS:
+                    break
+    finally:
+        source.release()
+    if not sizes:
+        return None
+    try:
+        per_pos = list(guess_fields(prefixes))
+    except ValueError:
+        per_pos = ["other"]
+    for pos in range(len(per_pos)):  # imagerecord is not a sniff kind: decide it from our own kinds
+        if all(k.startswith("imagerecord/") for k in kinds[pos::len(per_pos)]):
+            per_pos[pos] = "imagerecord/"
+    return fields_from_kinds(per_pos), sum(sizes) / len(sizes)
+
+
+# -- verdict -------------------------------------------------------------------------------------------
+
+def own_verdict(stats: Any, wall: float) -> str:
+    """A bottleneck word from the stage times, for libraries without ``stats.bottleneck``."""
+    if wall <= 0 or not getattr(stats, "samples", 0):
+        return "unknown"
+    if stats.wait_workers_time < 0.15 * wall:
+        return "consumer"
+    if stats.read_time + getattr(stats, "wait_source_time", 0.0) >= 0.5 * wall:
+        return "source"
+    return "decode"
+
+
+# -- running -------------------------------------------------------------------------------------------
+
+class Progress:
+    """A ``\\r``-redrawn status line on stderr, at most every ``interval`` seconds; a no-op when disabled."""
+
+    def __init__(self, enabled: bool, interval: float = 0.2) -> None:
+        self.enabled, self.interval = enabled, interval
+        self.last = 0.0
+        self.width = 0
+
+    def update(self, text: str, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        sys.stderr.write("\r" + text.ljust(self.width))
+        sys.stderr.flush()
+        self.width = len(text)
+
+    def clear(self) -> None:
+        if self.enabled and self.width:
+            sys.stderr.write("\r" + " " * self.width + "\r")
+            sys.stderr.flush()
+            self.width = 0
+
+
+def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespace, progress: Progress,
+              record_bytes: Optional[float], group: int) -> Dict[str, Any]:
+    """One run: a fresh reader with ``workers`` decoder processes, ``args.epochs`` passes."""
+    from ..pipeline.parallel_reader import ParallelReader
+
+    t_start = time.perf_counter()
+    t_first = None
+    first_samples = 0
+    telemetry = None
+    t_tel = 0.0
+    with ParallelReader(channel, fields=decoders, workers=workers, batch_size=args.batch_size, join=args.join,
+                        on_error="skip" if args.skip_errors else "raise") as reader:
+        stats = reader.stats
+        get_telemetry = getattr(reader, "telemetry", None)
+        for epoch in range(args.epochs):
+            base = stats.samples
+            for _ in reader:
+                now = time.perf_counter()
+                if t_first is None:
+                    t_first, first_samples = now, stats.samples
+                    t_tel = now
+                    telemetry = _telemetry(get_telemetry) or telemetry  # primes cpu_percent
+                elif now - t_tel >= 1.0:
+                    t_tel = now
+                    telemetry = _telemetry(get_telemetry) or telemetry
+                if progress.enabled and now > t_first:
+                    dt = now - t_first
+                    rate = (stats.samples - first_samples) / dt if dt > 0 else 0.0
+                    mb = f"  ~{rate * group * record_bytes / 1e6:.1f} MB/s" if record_bytes else ""
+                    progress.update(f"workers {workers}  epoch {epoch + 1}/{args.epochs}  {stats.samples} samples  "
+                                    f"{rate:.1f} samples/s{mb}")
+                if args.samples is not None and stats.samples - base >= args.samples:
+                    break
+        t_end = time.perf_counter()
+        if telemetry is None or t_end - t_tel > 0.5:
+            telemetry = _telemetry(get_telemetry) or telemetry
+        progress.clear()
+        samples, nbytes = stats.samples, stats.bytes
+        wall = t_end - t_start
+        steady = (t_end - t_first) if t_first is not None else 0.0
+        steady_samples = samples - first_samples
+        if steady <= 0 or steady_samples <= 0:  # a single batch: fall back to the whole run
+            steady, steady_samples = wall, samples
+        rate = steady_samples / steady if steady > 0 else 0.0
+        mbps = (nbytes * steady_samples / samples) / steady / 1e6 if samples and steady > 0 else 0.0
+        stages = {name: round(float(getattr(stats, name)), 4) for name in STAGES if hasattr(stats, name)}
+        decode_cpu = sum(getattr(stats, "decode_cpu", {}).values())
+        stages["decode_cpu"] = round(decode_cpu, 4)
+        busy = getattr(stats, "wall_time", 0.0) or wall
+        verdict = getattr(stats, "bottleneck", None)
+        origin = "library"
+        if not isinstance(verdict, str):
+            verdict, origin = own_verdict(stats, busy), "bench"
+        return {
+            "workers": workers, "samples": samples, "records": getattr(stats, "records", 0), "bytes": nbytes,
+            "epochs": args.epochs, "wall_s": round(wall, 4),
+            "startup_s": round((t_first - t_start) if t_first is not None else wall, 4),
+            "samples_per_s": round(rate, 2), "mb_per_s": round(mbps, 3),
+            "overall_samples_per_s": round(samples / wall, 2) if wall > 0 else 0.0,
+            "decode_cpu_per_worker_percent": round(100 * decode_cpu / (workers * busy), 1) if busy > 0 else 0.0,
+            "skipped": getattr(stats, "skipped", 0), "stages": stages,
+            "bottleneck": verdict, "bottleneck_from": origin, "telemetry": telemetry,
+        }
+
+
+def _telemetry(fn) -> Optional[dict]:
+    if not callable(fn):
+        return None
+    try:
+        return fn()
+    except Exception:  # telemetry is a bonus (psutil missing, a process gone): never fail the bench
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    import orjson
+
+    from ..errors import ParrecioError
+    from ..pipeline.parallel_reader import _default_workers
+
+    if args.batch_size < 1 or args.size < 1 or args.epochs < 1:
+        raise ParrecioError("--batch-size, --size and --epochs must be >= 1")
+    workers_list = args.workers or [_default_workers()]
+    if any(w < 1 for w in workers_list):
+        raise ParrecioError("--workers values must be >= 1")
+    if args.channel == "-" and (len(workers_list) > 1 or args.epochs > 1):
+        raise ParrecioError("stdin can be read only once: give one --workers value and --epochs 1")
+    peeked = peek(args.channel, args.join)
+    if args.fields:
+        names = parse_fields(args.fields)
+        guessed = False
+    elif peeked is not None:
+        names, guessed = peeked[0], True
+    else:
+        raise ParrecioError(f"cannot look at {args.channel!r} ahead of the run (stdin, a FIFO or a Pipe-mode "
+                            f"channel is read once): give --fields, e.g. --fields image,json")
+    decoders = [make_decoder(n, args.size) for n in names]
+    record_bytes = peeked[1] if peeked is not None else None
+    show = not args.json and not args.quiet and sys.stderr.isatty()
+    progress = Progress(show)
+    if not args.json:
+        print(f"bench: {args.channel}  fields {','.join(names)}{' (guessed)' if guessed else ''}  "
+              f"batch {args.batch_size}  size {args.size}  epochs {args.epochs}", file=sys.stderr)
+    runs = []
+    try:
+        for w in workers_list:
+            runs.append(bench_one(args.channel, decoders, w, args, progress, record_bytes, len(names)))
+    finally:
+        progress.clear()
+    doc = {"channel": args.channel, "fields": names, "fields_guessed": guessed, "batch_size": args.batch_size,
+           "size": args.size, "epochs": args.epochs, "runs": runs}
+    if args.json:
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
+    else:
+        sys.stdout.write(format_runs(runs))
+    return 0
+
+
+def format_runs(runs: List[Dict[str, Any]]) -> str:
+    """The text table of :func:`run`."""
+    head = (f"{'workers':>7} {'samples':>8} {'samples/s':>10} {'MB/s':>8} {'startup':>8} {'read':>7} "
+            f"{'wait src':>8} {'wait dec':>8} {'wait you':>8} {'dec cpu':>8}  bottleneck")
+    lines = [head]
+    for r in runs:
+        s = r["stages"]
+        lines.append(f"{r['workers']:>7} {r['samples']:>8} {r['samples_per_s']:>10.1f} {r['mb_per_s']:>8.1f} "
+                     f"{r['startup_s']:>7.2f}s {s.get('read_time', 0):>6.2f}s {s.get('wait_source_time', 0):>7.2f}s "
+                     f"{s.get('wait_workers_time', 0):>7.2f}s {s.get('wait_consumer_time', 0):>7.2f}s "
+                     f"{s.get('decode_cpu', 0):>7.2f}s  {r['bottleneck']}")
+    if runs:
+        best = max(runs, key=lambda r: r["samples_per_s"])
+        lines.append(f"best: {best['samples_per_s']:.1f} samples/s with {best['workers']} workers; bottleneck "
+                     f"there: {best['bottleneck']} -- {ADVICE.get(best['bottleneck'], '')}")
+    lines.append("(read: reader process reading; wait src: waiting on the stream; wait dec: the loop waiting "
+                 "for decoded batches; wait you: the reader waiting for ring space; dec cpu: decoding, all workers)")
+    return "\n".join(lines) + "\n"

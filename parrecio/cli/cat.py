@@ -1,0 +1,280 @@
+"""``parrecio cat`` and ``parrecio extract``: get payloads out of a RecordIO stream.
+
+Examples::
+
+    parrecio cat train.rec --start 10 --count 2 --format json-lines    # offsets, kinds, base64 / text
+    parrecio cat - --join concat --separator '\\n' < pipe.rec            # raw payloads, one per line
+    parrecio extract train.rec --index 42 --out 42.bin                 # uses train.idx when present
+    parrecio extract train.rec --all --out images/ --strip-header      # images/000000.jpg, ...
+
+This module also holds the small helpers the other subcommands share (stream options, stdin/stdout,
+a broken pipe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import codecs
+import os
+import sys
+
+NAME = "cat"
+HELP = "write record payloads to stdout (raw, hex or JSON lines)"
+
+# ``parrecio extract`` is implemented here too (add_extract_arguments, run_extract); the dispatcher wants one
+# module per subcommand, so ``parrecio/cli/extract.py`` only names it and points here.
+EXTRACT_NAME = "extract"
+EXTRACT_HELP = "write one record (--index, --key) or every record (--all) to files"
+
+EXTENSIONS = {"jpeg": "jpg", "png": "png", "gif": "gif", "bmp": "bmp", "webp": "webp", "tiff": "tif",
+              "json": "json", "text": "txt", "empty": "bin", "other": "bin"}
+"""File extension per :func:`~parrecio.decoders.sniff.sniff` kind, for ``extract --all``."""
+
+
+# -- shared helpers ------------------------------------------------------------------------------------
+
+def add_stream_options(parser: argparse.ArgumentParser) -> None:
+    """``--join`` and ``--max-record-bytes``, as every reading subcommand takes them."""
+    parser.add_argument("--join", choices=("mxnet", "concat"), default="mxnet",
+                        help="multipart convention: mxnet (.rec files, default) or concat (SageMaker Pipe-mode "
+                             "streams, 'parrecio pack manifest' output)")
+    parser.add_argument("--max-record-bytes", type=int, default=64 << 20, metavar="N",
+                        help="records larger than this are treated as corrupt (default 64 MiB)")
+
+
+def input_source(path: str):
+    """What :class:`~parrecio.recordio.RecordReader` should read: the path, or a raw stdin for ``-``."""
+    if path == "-":
+        return open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
+    return path
+
+
+def binary_stdout():
+    """The binary standard output."""
+    return sys.stdout.buffer
+
+
+def refuse_terminal(what: str, hint: str = "redirect it, or use --out") -> None:
+    """Raise when binary data would go to a terminal."""
+    from ..errors import ParrecioError
+    if sys.stdout.isatty():
+        raise ParrecioError(f"refusing to write {what} to a terminal: {hint}")
+
+
+def silence_broken_pipe() -> int:
+    """After ``BrokenPipeError`` on stdout (``| head``): point stdout at /dev/null so the exit is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except OSError:
+        pass
+    return 0
+
+
+def os_error(exc: OSError, what: str):
+    """An ``OSError`` as a one-line :class:`~parrecio.errors.SourceError`."""
+    from ..errors import SourceError
+    name = exc.filename if exc.filename is not None else what
+    return SourceError(f"{name}: {exc.strerror or exc}")
+
+
+def parse_separator(text: str) -> bytes:
+    """``'\\n'``, ``'\\x00'``, ... (Python escapes) -> bytes."""
+    from ..errors import ParrecioError
+    try:
+        return codecs.escape_decode(text.encode("utf-8"))[0]
+    except ValueError as exc:
+        raise ParrecioError(f"bad --separator {text!r}: {exc}") from None
+
+
+# -- cat -----------------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Write the payloads of a RecordIO stream to stdout, in stream order. raw: the bytes "
+                          "themselves (with --separator between them); hex: 'index<TAB>offset<TAB>hex' lines; "
+                          "json-lines: one JSON object per record with index, offset, size, kind and the "
+                          "payload as 'text' (UTF-8) or 'base64'.")
+    parser.add_argument("file", metavar="FILE", help="RecordIO file, or - for stdin")
+    parser.add_argument("--start", type=int, default=0, metavar="N", help="skip the first N records")
+    parser.add_argument("--count", type=int, default=None, metavar="K", help="write at most K records")
+    parser.add_argument("--format", choices=("raw", "hex", "json-lines"), default="raw",
+                        help="output format (default raw)")
+    parser.add_argument("--separator", default="", metavar="SEP",
+                        help="raw format: bytes written between payloads, Python escapes allowed, e.g. '\\n' "
+                             "(default: none)")
+    parser.add_argument("--skip-corrupt", action="store_true",
+                        help="skip broken framing (resync on the next record) instead of failing")
+    add_stream_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    import orjson
+
+    from ..decoders.sniff import sniff
+    from ..errors import ParrecioError
+    from ..recordio import RecordReader
+
+    if args.start < 0 or (args.count is not None and args.count < 0):
+        raise ParrecioError("--start and --count must be >= 0")
+    sep = parse_separator(args.separator)
+    out = binary_stdout()
+    if args.format == "raw":
+        refuse_terminal("raw payloads", "redirect it, or use --format hex or json-lines")
+    stop = None if args.count is None else args.start + args.count
+    written = 0
+    try:
+        with RecordReader(input_source(args.file), join=args.join, max_record_bytes=args.max_record_bytes,
+                          on_corrupt="skip" if args.skip_corrupt else "raise",
+                          source_name="<stdin>" if args.file == "-" else None) as reader:
+            if stop == args.start:
+                return 0
+            for index, (offset, view) in enumerate(reader.iter_views()):
+                if index < args.start:
+                    continue
+                if args.format == "raw":
+                    if written and sep:
+                        out.write(sep)
+                    out.write(view)
+                elif args.format == "hex":
+                    out.write(f"{index}\t{offset}\t{view.hex()}\n".encode("ascii"))
+                else:
+                    doc = {"index": index, "offset": offset, "size": len(view), "kind": sniff(view)}
+                    try:
+                        doc["text"] = str(view, "utf-8")
+                    except UnicodeDecodeError:
+                        doc["base64"] = base64.b64encode(view).decode("ascii")
+                    out.write(orjson.dumps(doc) + b"\n")
+                written += 1
+                if stop is not None and index + 1 >= stop:
+                    break
+        out.flush()
+    except BrokenPipeError:
+        return silence_broken_pipe()
+    return 0
+
+
+# -- extract -------------------------------------------------------------------------------------------
+
+def add_extract_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Write record I (0-based, in stream order) of a RecordIO file to a file or stdout; "
+                          "with an .idx next to the file it is read directly, else found by scanning. --all "
+                          "writes every record to DIR/000000.<ext>, the extension from the payload's kind "
+                          "(jpg, png, json, txt, bin, ...).")
+    parser.add_argument("file", metavar="FILE", help="RecordIO file, or - for stdin")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--index", type=int, metavar="I", help="the record at position I (0-based)")
+    which.add_argument("--key", metavar="K", help="the record stored under key K in the .idx file")
+    which.add_argument("--all", action="store_true", help="every record, into the folder --out DIR")
+    parser.add_argument("--out", default="-", metavar="PATH",
+                        help="output file (default: stdout); with --all the output folder (created if needed)")
+    parser.add_argument("--strip-header", action="store_true",
+                        help="MXNet image records: drop the IRHeader (and labels), write the image bytes only")
+    parser.add_argument("--no-index", action="store_true", help="scan the stream even if an .idx file exists")
+    parser.add_argument("--skip-corrupt", action="store_true",
+                        help="skip broken framing while scanning (positions then count intact records only)")
+    add_stream_options(parser)
+
+
+def run_extract(args: argparse.Namespace) -> int:
+    from ..errors import ParrecioError
+
+    if args.all:
+        if args.out == "-":
+            raise ParrecioError("--all needs --out DIR")
+        return _extract_all(args)
+    if args.index is not None and args.index < 0:
+        raise ParrecioError(f"--index must be >= 0, not {args.index}")
+    payload = _extract_one(args)
+    if args.strip_header:
+        payload = _strip(payload, args.index if args.index is not None else args.key)
+    try:
+        if args.out == "-":
+            refuse_terminal("a record")
+            out = binary_stdout()
+            out.write(payload)
+            out.flush()
+        else:
+            with open(args.out, "wb") as f:
+                f.write(payload)
+    except BrokenPipeError:
+        return silence_broken_pipe()
+    except OSError as exc:
+        raise os_error(exc, args.out) from exc
+    return 0
+
+
+def _idx_path(path: str):
+    if path == "-":
+        return None
+    idx = os.path.splitext(path)[0] + ".idx"
+    return idx if os.path.isfile(idx) and os.path.isfile(path) else None
+
+
+def _extract_one(args: argparse.Namespace) -> bytes:
+    from ..errors import ParrecioError
+    from ..recordio import IndexedRecordReader, RecordReader
+
+    idx = None if args.no_index else _idx_path(args.file)
+    if args.key is not None:
+        if idx is None:
+            raise ParrecioError(f"--key needs an index file next to {args.file} ({os.path.splitext(args.file)[0]}.idx)")
+        with IndexedRecordReader(args.file, idx, join=args.join, max_record_bytes=args.max_record_bytes) as rec:
+            keys = rec.keys
+            key = args.key
+            if keys and isinstance(keys[0], int):
+                try:
+                    key = int(key)
+                except ValueError:
+                    pass
+            if key not in rec:
+                raise ParrecioError(f"no key {args.key!r} in {idx} ({len(rec)} keys)")
+            return rec[key]
+    if idx is not None:
+        with IndexedRecordReader(args.file, idx, join=args.join, max_record_bytes=args.max_record_bytes) as rec:
+            offsets = sorted(set(rec.offsets))
+            if args.index >= len(offsets):
+                raise ParrecioError(f"no record {args.index}: {idx} lists {len(offsets)} records")
+            return rec.read_at(offsets[args.index])
+    with RecordReader(input_source(args.file), join=args.join, max_record_bytes=args.max_record_bytes,
+                      on_corrupt="skip" if args.skip_corrupt else "raise",
+                      source_name="<stdin>" if args.file == "-" else None) as reader:
+        n = 0
+        for n, (_, view) in enumerate(reader.iter_views(), 1):
+            if n - 1 == args.index:
+                return view.tobytes()
+    raise ParrecioError(f"no record {args.index}: {args.file} has {n} records")
+
+
+def _strip(payload, which) -> bytes:
+    from ..errors import ParrecioError
+    from ..recordio import unpack
+    try:
+        return bytes(unpack(memoryview(payload))[1])
+    except ParrecioError as exc:
+        raise ParrecioError(f"record {which}: --strip-header: {exc}") from None
+
+
+def _extract_all(args: argparse.Namespace) -> int:
+    from ..decoders.sniff import sniff
+    from ..recordio import RecordReader
+
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, args.out) from exc
+    n = 0
+    with RecordReader(input_source(args.file), join=args.join, max_record_bytes=args.max_record_bytes,
+                      on_corrupt="skip" if args.skip_corrupt else "raise",
+                      source_name="<stdin>" if args.file == "-" else None) as reader:
+        for n, (_, view) in enumerate(reader.iter_views(), 1):
+            data = _strip(view, n - 1) if args.strip_header else view
+            path = os.path.join(args.out, f"{n - 1:06d}.{EXTENSIONS.get(sniff(data), 'bin')}")
+            try:
+                with open(path, "wb") as f:
+                    f.write(data)
+            except OSError as exc:
+                raise os_error(exc, path) from exc
+    print(f"extract: {n} records written to {args.out}", file=sys.stderr)
+    return 0

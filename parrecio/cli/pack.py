@@ -1,0 +1,107 @@
+"""``parrecio pack``: write RecordIO files.
+
+Examples::
+
+    parrecio pack images photos/ train.rec --shuffle --seed 1     # train.rec + train.idx + train.lst (im2rec)
+    parrecio pack list train.lst train.rec --root photos/        # from an im2rec list (multi-label too)
+    parrecio pack manifest train.manifest train.rec \\
+        --attribute-names source-ref,bounding-box --split-bytes 65536   # SageMaker Pipe-mode stream
+
+The work is in :mod:`parrecio.tools.pack`; this module parses arguments and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+NAME = "pack"
+HELP = "build a .rec (+ .idx, .lst) from images, an im2rec list, or an augmented manifest"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = HELP
+    sub = parser.add_subparsers(dest="pack_kind", metavar="KIND", required=True)
+
+    images = sub.add_parser(
+        "images", help="a folder of images, one sub-folder per class (like im2rec)",
+        description="Pack DIR's images into OUT.rec + OUT.idx + OUT.lst, as MXNet's im2rec does (image bytes "
+                    "stored unchanged). Classes are DIR's sub-folders in sorted order; label = class index; "
+                    "record = pack(IRHeader(0, label, index, 0), image bytes), index = position in the "
+                    "sorted listing (also the .idx key).")
+    images.add_argument("dir", metavar="DIR", help="folder of class sub-folders of images")
+    images.add_argument("out", metavar="OUT.rec", help="output .rec (the .idx and .lst go next to it)")
+    images.add_argument("--no-lst", action="store_true", help="do not write the .lst file")
+    _add_shuffle(images)
+
+    lst = sub.add_parser(
+        "list", help="an im2rec list file: index<TAB>label[<TAB>label...]<TAB>path",
+        description="Pack the images of an im2rec list file into OUT.rec + OUT.idx. One label: a scalar "
+                    "header label (flag 0); several: a float32 label array (flag = their number).")
+    lst.add_argument("list", metavar="FILE.lst", help="im2rec list file")
+    lst.add_argument("out", metavar="OUT.rec", help="output .rec (the .idx goes next to it)")
+    lst.add_argument("--root", default=None,
+                     help="folder the list's relative paths start from (default: the list file's folder)")
+    _add_shuffle(lst)
+
+    man = sub.add_parser(
+        "manifest", help="an augmented manifest, as a SageMaker Pipe-mode RecordIO stream",
+        description="Write one record per attribute and manifest line (-ref attributes: the referenced "
+                    "file's bytes; others: their JSON text), framed as SageMaker Pipe mode's RecordIO "
+                    "wrapper does; read it back with join='concat'. The same code as 'parrecio pipe-serve'.")
+    man.add_argument("manifest", metavar="MANIFEST", help="augmented manifest (JSON lines)")
+    man.add_argument("out", metavar="OUT.rec", help="output file, or - for stdout")
+    man.add_argument("--attribute-names", required=True,
+                     help="attributes, comma separated, one record each in this order (like AttributeNames)")
+    man.add_argument("--split-bytes", type=int, default=None, metavar="N",
+                     help="split records larger than N bytes into multipart records (cflag 1/2/3)")
+    _add_shuffle(man)
+
+    for p in (images, lst, man):
+        p.add_argument("--quiet", action="store_true", help="no summary on stderr")
+
+
+def _add_shuffle(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shuffle", action="store_true", help="write the items in a random order")
+    parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from ..tools import pack as tools
+    from .cat import os_error
+
+    log = (lambda line: None) if args.quiet else (lambda line: print(f"pack: {line}", file=sys.stderr, flush=True))
+    progress = None if args.quiet else (lambda n: log(f"{n} records"))
+    try:
+        if args.pack_kind == "images":
+            classes, items = tools.list_image_folder(args.dir)
+            lst_path = None if args.no_lst else tools.output_paths(args.out)[1]
+            res = tools.pack_image_list(items, args.dir, args.out, lst_path=lst_path, shuffle=args.shuffle,
+                                        seed=args.seed, progress=progress)
+            shown = ", ".join(f"{i}={c}" for i, c in enumerate(classes[:10]))
+            log(f"{len(classes)} classes ({shown}{', ...' if len(classes) > 10 else ''})")
+        elif args.pack_kind == "list":
+            items = tools.read_image_list(args.list)
+            root = args.root if args.root is not None else (os.path.dirname(args.list) or ".")
+            res = tools.pack_image_list(items, root, args.out, shuffle=args.shuffle, seed=args.seed,
+                                        progress=progress)
+        else:
+            from ..sources.manifest import parse_attribute_names
+            names = parse_attribute_names(args.attribute_names)
+            out = sys.stdout.buffer if args.out == "-" else args.out
+            if args.out == "-":
+                from .cat import refuse_terminal
+                refuse_terminal("a RecordIO stream", "redirect it, or give an output file")
+            res = tools.pack_manifest(args.manifest, out, names, split_bytes=args.split_bytes,
+                                      shuffle=args.shuffle, seed=args.seed, progress=progress)
+    except BrokenPipeError:
+        from .cat import silence_broken_pipe
+        return silence_broken_pipe()
+    except OSError as exc:
+        raise os_error(exc, args.out) from exc
+    written = [p for p in (res.rec_path, res.idx_path, res.lst_path) if p]
+    extra = f" from {res.lines} manifest lines" if args.pack_kind == "manifest" else ""
+    log(f"{res.records} records{extra}, {res.bytes} bytes: {', '.join(written)}")
+    return 0

@@ -1,0 +1,180 @@
+"""Inspect a RecordIO stream in one pass, in bounded memory: counts, sizes, content kinds, corruption.
+
+:func:`inspect_stream` reads the stream with :class:`~parrecio.recordio.RecordReader` (``on_corrupt="skip"``),
+looks only at each payload's first bytes (:func:`~parrecio.decoders.sniff.sniff`) and keeps counters, so a
+file of any size (or a pipe) is inspected with a few MiB of memory.
+
+Multipart records (a first frame with cflag 1) are recognised from the bytes a record spans: a single
+frame spans ``8 + padded(len(payload))`` bytes, a multipart record more (each extra part adds a header).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from typing import Any, BinaryIO, Dict, List, Optional, Union
+
+from ..decoders.sniff import IMAGE_KINDS, PREFIX, describe, guess_fields, sniff
+from ..errors import SourceError
+from ..recordio import DEFAULT_MAX_RECORD_BYTES, RecordReader
+from ..recordio.framing import HEADER_SIZE, padded_size
+
+__all__ = ["inspect_stream", "payload_kind", "GUESS_RECORDS", "CountingReader"]
+
+GUESS_RECORDS = 64
+"""How many leading records :func:`inspect_stream` gives :func:`guess_fields` to guess the group size."""
+
+
+def payload_kind(payload: Any) -> str:
+    """:func:`sniff`'s kind, except that an MXNet image record is ``"imagerecord/<image kind>"``."""
+    kind = sniff(payload)
+    if kind != "other":
+        return kind
+    view = memoryview(payload).cast("B") if not isinstance(payload, bytes) else payload
+    if len(view) >= 24:
+        flag = struct.unpack_from("<I", view, 0)[0]
+        start = 24 + 4 * flag
+        if flag < 1 << 16 and start < len(view):
+            inner = sniff(bytes(view[start:start + 16]))
+            if inner in IMAGE_KINDS:
+                return f"imagerecord/{inner}"
+    return "other"
+
+
+class CountingReader:
+    """A raw binary reader that counts the bytes read through it and keeps the first ``keep`` bytes."""
+
+    def __init__(self, raw: BinaryIO, name: Optional[str] = None, keep: int = 64) -> None:
+        self.raw, self.name, self.nbytes = raw, name, 0
+        self.head = bytearray()
+        self._keep = keep
+
+    def readinto(self, buf) -> Optional[int]:
+        n = self.raw.readinto(buf)
+        if n:
+            if len(self.head) < self._keep:
+                self.head += bytes(memoryview(buf)[:min(n, self._keep - len(self.head))])
+            self.nbytes += n
+        return n
+
+
+def inspect_stream(source: Union[str, BinaryIO], *, join: str = "mxnet", name: Optional[str] = None,
+                   max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, guess_records: int = GUESS_RECORDS,
+                   max_group: int = 8) -> Dict[str, Any]:
+    """Read the stream ``source`` (a path or a raw binary file object) once and describe it.
+
+    Returns a JSON-able dict: ``source``, ``join``, ``stream_bytes``, ``records``, ``multipart_records``,
+    ``sizes`` (``min``/``mean``/``max``/``total`` payload bytes), ``group_size`` (guessed from the first
+    ``guess_records`` records; 1 when nothing regular shows), ``groups``, ``leftover_records`` (records of
+    an incomplete last group), ``fields`` (per position in a group: ``kinds`` -> count over the whole
+    stream), ``skipped_records``, ``skipped_bytes``, ``corrupt_regions`` (``[{"offset", "bytes"}]``, the
+    first 1000).  Raises :class:`SourceError` when no record at all is found in a non-empty stream.
+    """
+    owned = None
+    if isinstance(source, str):
+        try:
+            owned = raw = open(source, "rb", buffering=0)
+        except OSError as exc:
+            raise SourceError(f"cannot open {source}: {exc.strerror or exc}") from exc
+        name = name or source
+    else:
+        raw = source
+        name = name or getattr(source, "name", None) or "<stream>"
+    counting = CountingReader(raw, name)
+    try:
+        with RecordReader(counting, join=join, on_corrupt="skip", max_record_bytes=max_record_bytes,
+                          source_name=str(name)) as reader:
+            result = _scan(reader, counting, guess_records, max_group)
+    finally:
+        if owned is not None:
+            owned.close()
+    result = {"source": str(name), "join": join, **result}
+    if result["records"] == 0 and counting.nbytes:
+        raise SourceError(f"{name}: no RecordIO record found in {counting.nbytes} bytes; the stream starts "
+                          f"with {describe(bytes(counting.head))}")
+    return result
+
+
+def _scan(reader: RecordReader, counting: CountingReader, guess_records: int, max_group: int) -> Dict[str, Any]:
+    count = total = multipart = 0
+    smallest: Optional[int] = None
+    largest = 0
+    first_prefixes: List[bytes] = []
+    first_kinds: List[str] = []
+    group = 0  # 0: not decided yet
+    positions: List[Counter] = []
+    prev_offset = prev_size = -1
+    prev_skipped = 0
+    region_i = 0
+    regions = reader.corrupt_regions
+
+    def finish(end: Optional[int]) -> None:
+        """Count the previous record as multipart when it spans more than one frame would."""
+        nonlocal multipart
+        if end is not None and end - prev_offset > HEADER_SIZE + padded_size(prev_size):
+            multipart += 1
+
+    def decide() -> None:
+        nonlocal group, positions
+        try:
+            group = len(guess_fields(first_prefixes, max_group=max_group))
+        except ValueError:
+            group = 1
+        positions = [Counter() for _ in range(group)]
+        for i, kind in enumerate(first_kinds):
+            positions[i % group][kind] += 1
+        first_prefixes.clear()
+        first_kinds.clear()
+
+    for offset, view in reader.iter_views():
+        if count:
+            finish(_record_end(prev_offset, offset, regions, region_i, reader.skipped_records - prev_skipped))
+            while region_i < len(regions) and regions[region_i][0] < offset:
+                region_i += 1
+        size = len(view)
+        kind = payload_kind(view[:PREFIX + 1] if size > PREFIX else view)
+        if group:
+            positions[count % group][kind] += 1
+        else:
+            first_prefixes.append(bytes(view[:PREFIX + 1]))
+            first_kinds.append(kind)
+            if len(first_kinds) >= guess_records:
+                decide()
+        count += 1
+        total += size
+        smallest = size if smallest is None else min(smallest, size)
+        largest = max(largest, size)
+        prev_offset, prev_size, prev_skipped = offset, size, reader.skipped_records
+    if count:
+        finish(_record_end(prev_offset, counting.nbytes, regions, region_i, reader.skipped_records - prev_skipped))
+    if not group and first_kinds:
+        decide()
+    group = group or 1
+    fields = [{"position": i, "kinds": dict(c.most_common())} for i, c in enumerate(positions)]
+    return {
+        "stream_bytes": counting.nbytes,
+        "records": count,
+        "multipart_records": multipart,
+        "sizes": {"min": smallest or 0, "mean": (total / count) if count else 0.0, "max": largest,
+                  "total": total},
+        "group_size": group,
+        "group_size_from": min(count, guess_records),
+        "groups": count // group,
+        "leftover_records": count % group,
+        "fields": fields,
+        "skipped_records": reader.skipped_records,
+        "skipped_bytes": reader.skipped_bytes,
+        "corrupt_regions": [{"offset": o, "bytes": n} for o, n in regions],
+    }
+
+
+def _record_end(start: int, next_offset: int, regions, region_i: int, new_skips: int) -> Optional[int]:
+    """Where the record at ``start`` ends: the next record's offset, or a corrupt region found in between.
+
+    ``None`` when a region in between was dropped from the (capped) region list, so the end is unknown.
+    """
+    while region_i < len(regions) and regions[region_i][0] <= start:
+        region_i += 1
+    if region_i < len(regions) and regions[region_i][0] < next_offset:
+        return regions[region_i][0]
+    return None if new_skips else next_offset

@@ -1,0 +1,276 @@
+"""Build RecordIO files: MXNet ``.rec`` + ``.idx`` from images (like ``im2rec``), augmented-manifest streams.
+
+Image records (MXNet ``tools/im2rec.py`` with ``--pass-through``: the image bytes are stored as they are,
+never re-encoded)::
+
+    folder/cat/1.jpg, folder/cat/2.jpg, folder/dog/a.png          classes in sorted order: cat=0, dog=1
+        | list_image_folder("folder")
+        v
+    ListItem(0, (0.0,), "cat/1.jpg"), ListItem(1, (0.0,), "cat/2.jpg"), ListItem(2, (1.0,), "dog/a.png")
+        | pack_image_list(items, "folder", "out.rec", lst_path="out.lst")
+        v
+    out.rec   record k = pack(IRHeader(0, label, index, 0), image bytes)   (flag = n for n > 1 labels)
+    out.idx   "index\\toffset" per record (MXIndexedRecordIO)
+    out.lst   "index\\tlabel[\\tlabel...]\\tpath" per record, in the order written (im2rec's list format)
+
+An item's ``index`` is its number in the unshuffled listing; it is the record's ``IRHeader.id`` and its key
+in the ``.idx`` file, so a shuffled file still maps back to the listing.
+
+Augmented manifests (:func:`pack_manifest`): one record per attribute name and manifest line, in SageMaker
+Pipe-mode framing (``join="concat"``), produced by :func:`parrecio.sources.manifest.iter_manifest_records`,
+the same code that ``parrecio pipe-serve`` streams from.
+
+Outputs are written to temporary names next to their destination and renamed at the end, so a failed
+run leaves no half-written ``.rec`` behind.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from typing import BinaryIO, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from ..errors import SourceError
+from ..recordio import IRHeader, RecordWriter, pack
+
+__all__ = ["IMAGE_EXTENSIONS", "ListItem", "PackResult", "list_image_folder", "read_image_list",
+           "write_image_list", "pack_image_list", "pack_manifest", "output_paths"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+"""File name endings (case-insensitive) that :func:`list_image_folder` takes for images."""
+
+Progress = Optional[Callable[[int], None]]
+
+
+class ListItem(NamedTuple):
+    """One line of an im2rec ``.lst`` file: ``index``, one or more float ``labels``, ``path`` (relative)."""
+
+    index: int
+    labels: Tuple[float, ...]
+    path: str
+
+
+@dataclass
+class PackResult:
+    """What a pack wrote: record count, bytes of the ``.rec`` stream, the paths written."""
+
+    records: int
+    bytes: int
+    rec_path: str
+    idx_path: Optional[str] = None
+    lst_path: Optional[str] = None
+    classes: List[str] = field(default_factory=list)
+    lines: int = 0
+
+
+def output_paths(out_rec: str) -> Tuple[str, str]:
+    """``(idx, lst)`` paths that go with ``out_rec``: ``train.rec`` -> ``train.idx``, ``train.lst``."""
+    stem = out_rec[:-4] if out_rec.lower().endswith(".rec") else out_rec
+    return stem + ".idx", stem + ".lst"
+
+
+# -- listing -------------------------------------------------------------------------------------------
+
+def list_image_folder(root: str, *, extensions: Sequence[str] = IMAGE_EXTENSIONS) -> Tuple[List[str], List[ListItem]]:
+    """List the images under ``root``, labelled by sub-folder: ``(classes, items)``.
+
+    The classes are the sub-folders of ``root`` that hold images (at any depth below them), in sorted
+    order; an image's label is its top-level sub-folder's position in that list.  Files are taken in sorted
+    path order, so ``index`` runs class by class.  A folder with images but no sub-folders is one class
+    (label 0, class name ``"."``).  Mixing images at the top level with class sub-folders is an error, as is
+    a folder without images.
+    """
+    if not os.path.isdir(root):
+        raise SourceError(f"{root}: not a directory")
+    exts = tuple(e.lower() for e in extensions)
+    found: List[Tuple[str, str]] = []  # (class, relative path)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in sorted(filenames):
+            if name.startswith(".") or not name.lower().endswith(exts):
+                continue
+            rel = name if rel_dir == "." else os.path.join(rel_dir, name)
+            if not os.path.isfile(os.path.join(root, rel)):
+                continue
+            cls = "." if rel_dir == "." else rel_dir.split(os.sep, 1)[0]
+            found.append((cls, rel))
+    if not found:
+        raise SourceError(f"{root}: no images found (looked for {', '.join(exts)})")
+    classes = sorted({cls for cls, _ in found})
+    if "." in classes and len(classes) > 1:
+        top = next(rel for cls, rel in found if cls == ".")
+        raise SourceError(f"{root}: images both at the top level ({top}) and in class sub-folders "
+                          f"({', '.join(c for c in classes if c != '.')}); move them into a sub-folder")
+    label_of = {cls: i for i, cls in enumerate(classes)}
+    found.sort(key=lambda item: (label_of[item[0]], item[1]))
+    items = [ListItem(i, (float(label_of[cls]),), rel) for i, (cls, rel) in enumerate(found)]
+    return classes, items
+
+
+def read_image_list(lst_path: str) -> List[ListItem]:
+    """Parse an im2rec list file: ``index<TAB>label[<TAB>label...]<TAB>path`` per line.
+
+    Blank lines are skipped; a malformed line or a repeated index raises :class:`SourceError` naming the
+    line.
+    """
+    try:
+        with open(lst_path, "r", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SourceError(f"cannot read list file {lst_path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    items: List[ListItem] = []
+    seen = set()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.strip().split("\t")]
+        where = f"{lst_path} line {lineno}"
+        if len(parts) < 3:
+            raise SourceError(f"{where}: expected 'index<TAB>label[<TAB>label...]<TAB>path', got {line[:80]!r}")
+        try:
+            index = int(parts[0])
+            labels = tuple(float(p) for p in parts[1:-1])
+        except ValueError as exc:
+            raise SourceError(f"{where}: {exc}") from None
+        if index < 0:
+            raise SourceError(f"{where}: negative index {index}")
+        if index in seen:
+            raise SourceError(f"{where}: index {index} appears twice")
+        seen.add(index)
+        items.append(ListItem(index, labels, parts[-1]))
+    if not items:
+        raise SourceError(f"{lst_path}: the list is empty")
+    return items
+
+
+def write_image_list(path_or_file: Union[str, BinaryIO], items: Sequence[ListItem]) -> None:
+    """Write ``items`` as an im2rec list file (labels formatted ``%f``, as im2rec does)."""
+    text = "".join(f"{it.index}\t" + "".join(f"{lab:f}\t" for lab in it.labels) + f"{it.path}\n"
+                   for it in items)
+    if isinstance(path_or_file, str):
+        with open(path_or_file, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+    else:
+        path_or_file.write(text.encode("utf-8"))
+
+
+# -- packing -------------------------------------------------------------------------------------------
+
+def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_path: Optional[str] = None,
+                    lst_path: Optional[str] = None, shuffle: bool = False, seed: int = 0,
+                    progress: Progress = None) -> PackResult:
+    """Write the images of ``items`` (paths relative to ``root``) as MXNet image records.
+
+    Record payloads are ``pack(IRHeader(0, label, item.index, 0), image bytes)`` (several labels: a float32
+    label array, ``flag`` = their number).  ``idx_path`` defaults to ``out_rec`` with ``.idx``; keys are the
+    items' indexes.  With ``lst_path`` the items are also written as a list file, in the order packed.
+    ``shuffle`` permutes the items with ``random.Random(seed)`` first.  ``progress(n)`` is called every
+    1000 records.
+    """
+    order = list(items)
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    if idx_path is None:
+        idx_path = output_paths(out_rec)[0]
+    with _Outputs([out_rec, idx_path] + ([lst_path] if lst_path else [])) as tmp:
+        with RecordWriter(tmp[out_rec], index=tmp[idx_path]) as writer:
+            for n, item in enumerate(order, 1):
+                path = item.path if os.path.isabs(item.path) else os.path.join(root, item.path)
+                data = _read_file(path)
+                label = item.labels[0] if len(item.labels) == 1 else list(item.labels)
+                try:
+                    writer.write(pack(IRHeader(0, label, item.index, 0), data), key=item.index)
+                except ValueError as exc:
+                    raise SourceError(f"{path}: {exc}") from exc
+                if progress is not None and n % 1000 == 0:
+                    progress(n)
+            nbytes = writer.tell()
+        if lst_path:
+            write_image_list(tmp[lst_path], order)
+    return PackResult(records=len(order), bytes=nbytes, rec_path=out_rec, idx_path=idx_path, lst_path=lst_path)
+
+
+def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names: Sequence[str], *,
+                  split_bytes: Optional[int] = None, shuffle: bool = False, seed: int = 0,
+                  progress: Progress = None) -> PackResult:
+    """Write an augmented manifest as the RecordIO stream SageMaker Pipe mode would deliver.
+
+    One record per attribute name per manifest line (``-ref`` attributes: the referenced file's bytes;
+    others: their JSON text), in SageMaker's wrapper framing -- read it back with ``join="concat"``.
+    Records larger than ``split_bytes`` become multipart records.  ``out`` is a path (written atomically)
+    or a binary file object (e.g. ``sys.stdout.buffer``).  ``shuffle`` permutes the manifest lines with
+    ``random.Random(seed)``.  ``progress(n)`` is called every 1000 records.
+    """
+    from ..sources.manifest import iter_manifest_records, read_manifest_lines
+    from ..sources.wrapper import write_sagemaker_recordio
+
+    if split_bytes is not None and split_bytes < 1:
+        raise SourceError(f"split_bytes must be >= 1, not {split_bytes}")
+    lines = len(read_manifest_lines(manifest_path))
+    order = None
+    if shuffle:
+        order = list(range(lines))
+        random.Random(seed).shuffle(order)
+    count = [0]
+
+    def records() -> Iterator[bytes]:
+        for payload in iter_manifest_records(manifest_path, list(attribute_names), order=order):
+            count[0] += 1
+            if progress is not None and count[0] % 1000 == 0:
+                progress(count[0])
+            yield payload
+
+    if isinstance(out, str):
+        with _Outputs([out]) as tmp, open(tmp[out], "wb") as f:
+            nbytes = write_sagemaker_recordio(records(), f, split_bytes)
+        name = out
+    else:
+        nbytes = write_sagemaker_recordio(records(), out, split_bytes)
+        out.flush()
+        name = getattr(out, "name", "<stream>")
+        name = name if isinstance(name, str) else "<stream>"
+    return PackResult(records=count[0], bytes=nbytes, rec_path=name, lines=lines)
+
+
+def _read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise SourceError(f"cannot read image {path}: {exc.strerror or exc}") from exc
+
+
+class _Outputs:
+    """Temporary names for output paths, renamed over them on success and removed on failure."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.final = list(paths)
+        self.tmp = {p: os.path.join(os.path.dirname(p) or ".", f".{os.path.basename(p)}.tmp-{os.getpid()}")
+                    for p in paths}
+
+    def __enter__(self) -> dict:
+        for path in self.final:
+            folder = os.path.dirname(path) or "."
+            if not os.path.isdir(folder):
+                raise SourceError(f"cannot write {path}: no folder {folder}")
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            try:
+                for path in self.final:
+                    os.replace(self.tmp[path], path)
+                return
+            except OSError as err:
+                self._remove()
+                raise SourceError(f"cannot write {path}: {err.strerror or err}") from err
+        self._remove()
+
+    def _remove(self) -> None:
+        for tmp in self.tmp.values():
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

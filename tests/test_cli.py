@@ -1,0 +1,287 @@
+"""The ``parrecio`` command line end to end: each test runs ``python -m parrecio.cli ...`` in a subprocess.
+
+Data is made on the spot: photo-like JPEG/PNG files in class folders, a Ground Truth augmented manifest
+referencing them, and the streams ``parrecio pack`` builds from those.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import orjson
+import pytest
+
+from image_helpers import gt_boxes_json, jpeg, png
+from parrecio.recordio import IndexedRecordReader, RecordReader, RecordWriter, read_index, unpack
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUBCOMMANDS = ("demo", "pipe-serve", "inspect", "cat", "extract", "pack", "bench")
+
+
+def cli(*args, input=None, check=True, cwd=None):
+    """Run ``parrecio ARGS``; return the CompletedProcess (stdout/stderr as bytes)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", "parrecio.cli", *map(str, args)], input=input,
+                          capture_output=True, env=env, cwd=cwd, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"parrecio {' '.join(map(str, args))} exited {proc.returncode}:\n"
+                             f"{proc.stderr.decode(errors='replace')}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Images in class folders (cat: 3 JPEG, dog: 2 JPEG + 1 PNG) and a manifest over 8 JPEGs with boxes."""
+    root = tmp_path_factory.mktemp("cli")
+    images = root / "images"
+    files = {}
+    for cls, specs in (("cat", [("a.jpg", "j", 1), ("b.jpg", "j", 2), ("c.jpeg", "j", 3)]),
+                       ("dog", [("x.jpg", "j", 4), ("y.png", "p", 5), ("z.jpg", "j", 6)])):
+        (images / cls).mkdir(parents=True)
+        for name, kind, seed in specs:
+            blob = jpeg(96, 72, seed=seed) if kind == "j" else png(64, 48, seed=seed)
+            (images / cls / name).write_bytes(blob)
+            files[f"{cls}/{name}"] = blob
+    (images / "dog" / "notes.txt").write_text("not an image")
+
+    man_dir = root / "manifest"
+    (man_dir / "img").mkdir(parents=True)
+    lines, expected = [], []
+    for i in range(8):
+        blob = jpeg(120 + 8 * i, 90, seed=20 + i)
+        (man_dir / "img" / f"{i}.jpg").write_bytes(blob)
+        boxes = orjson.loads(gt_boxes_json([(i % 3, 5, 6, 30, 20), (1, 40, 10, 20, 25)], 120 + 8 * i, 90))
+        lines.append(orjson.dumps({"source-ref": f"img/{i}.jpg", "bounding-box": boxes,
+                                   "bounding-box-metadata": {"class-map": {"0": "a", "1": "b"}}}))
+        expected += [blob, orjson.dumps(boxes)]
+    manifest = man_dir / "train.manifest"
+    manifest.write_bytes(b"\n".join(lines) + b"\n")
+    return {"root": root, "images": images, "files": files, "manifest": manifest, "expected": expected}
+
+
+@pytest.fixture(scope="module")
+def manifest_rec(data):
+    out = data["root"] / "manifest.rec"
+    cli("pack", "manifest", data["manifest"], out, "--attribute-names", "source-ref,bounding-box", "--quiet")
+    return out
+
+
+@pytest.fixture(scope="module")
+def images_rec(data):
+    out = data["root"] / "out" / "images.rec"
+    out.parent.mkdir()
+    proc = cli("pack", "images", data["images"], out)
+    assert b"2 classes (0=cat, 1=dog)" in proc.stderr
+    return out
+
+
+# -- help and errors -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [[], *([c] for c in SUBCOMMANDS),
+                                  ["pack", "images"], ["pack", "list"], ["pack", "manifest"]])
+def test_help_exits_0(argv):
+    proc = cli(*argv, "--help")
+    assert proc.stdout.startswith(b"usage: parrecio")
+
+
+def test_errors_are_one_line_with_exit_codes(tmp_path):
+    proc = cli("inspect", tmp_path / "missing.rec", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.decode().strip().count("\n") == 0
+    assert proc.stderr.startswith(b"parrecio inspect: error:") and b"missing.rec" in proc.stderr
+    assert cli("cat", check=False).returncode == 2  # usage error: FILE missing
+    assert cli("extract", tmp_path / "x.rec", check=False).returncode == 2  # --index/--key/--all missing
+    proc = cli("bench", tmp_path, "--fields", "image,nonsense", check=False)
+    assert proc.returncode == 1
+
+
+# -- pack ----------------------------------------------------------------------------------------------
+
+def test_pack_manifest_reads_back_as_attribute_records(data, manifest_rec):
+    with RecordReader(str(manifest_rec), join="concat") as reader:
+        assert [r.payload for r in reader] == data["expected"]
+    # Split into multipart records (SageMaker style), then to stdout: same payloads.
+    split = cli("pack", "manifest", data["manifest"], "-", "--attribute-names", "source-ref,bounding-box",
+                "--split-bytes", 1000, "--quiet").stdout
+    assert split != manifest_rec.read_bytes()
+    import io
+    with RecordReader(io.BytesIO(split), join="concat") as reader:
+        assert [r.payload for r in reader] == data["expected"]
+
+
+def test_pack_images_like_im2rec(data, images_rec):
+    files = data["files"]
+    listing = sorted(files)  # cat/... then dog/..., names sorted: the unshuffled order
+    with IndexedRecordReader(str(images_rec)) as idx:
+        assert idx.keys == list(range(len(listing)))
+        for key, rel in enumerate(listing):
+            header, image = unpack(idx[key])
+            assert header.flag == 0 and header.id == key
+            assert header.label == (0.0 if rel.startswith("cat/") else 1.0)
+            assert bytes(image) == files[rel]
+    lst = images_rec.with_suffix(".lst").read_text().splitlines()
+    assert lst[0] == "0\t0.000000\tcat/a.jpg" and lst[-1] == "5\t1.000000\tdog/z.jpg"
+
+    shuffled = data["root"] / "out" / "shuffled.rec"
+    cli("pack", "images", data["images"], shuffled, "--shuffle", "--seed", 3, "--quiet")
+    keys = [k for k, _ in read_index(str(shuffled.with_suffix(".idx")))]
+    assert sorted(keys) == list(range(6)) and keys != list(range(6))
+    with IndexedRecordReader(str(shuffled)) as idx:  # keys still name the unshuffled listing
+        for key in keys:
+            header, image = unpack(idx[key])
+            assert header.id == key and bytes(image) == files[listing[key]]
+    lst = shuffled.with_suffix(".lst").read_text().splitlines()
+    assert [int(line.split("\t")[0]) for line in lst] == keys
+
+
+def test_pack_list_multi_label(data, tmp_path):
+    lst = tmp_path / "multi.lst"
+    lst.write_text("7\t1.5\t2\t3\tcat/a.jpg\n"
+                   "\n"
+                   "3\t4.000000\tdog/y.png\n")
+    out = tmp_path / "multi.rec"
+    cli("pack", "list", lst, out, "--root", data["images"], "--quiet")
+    with IndexedRecordReader(str(out)) as idx:
+        assert idx.keys == [7, 3]
+        header, image = unpack(idx[7])
+        assert header.flag == 3 and header.id == 7
+        np.testing.assert_array_equal(header.label, np.array([1.5, 2, 3], np.float32))
+        assert bytes(image) == data["files"]["cat/a.jpg"]
+        header, image = unpack(idx[3])
+        assert header.flag == 0 and header.label == 4.0 and bytes(image) == data["files"]["dog/y.png"]
+    lst.write_text("1\tcat/a.jpg\n")  # no label: a one-line error naming the line
+    proc = cli("pack", "list", lst, out, "--root", data["images"], check=False)
+    assert proc.returncode == 1 and b"line 1" in proc.stderr
+
+
+# -- inspect -------------------------------------------------------------------------------------------
+
+def test_inspect_manifest_stream(data, manifest_rec):
+    report = json.loads(cli("inspect", manifest_rec, "--json", "--join", "concat").stdout)
+    assert report["records"] == 16 and report["multipart_records"] == 0
+    assert report["group_size"] == 2 and report["groups"] == 8 and report["leftover_records"] == 0
+    assert [f["kinds"] for f in report["fields"]] == [{"jpeg": 8}, {"json": 8}]
+    sizes = [len(p) for p in data["expected"]]
+    assert report["sizes"] == {"min": min(sizes), "mean": sum(sizes) / 16, "max": max(sizes), "total": sum(sizes)}
+    assert report["corrupt_regions"] == [] and report["stream_bytes"] == manifest_rec.stat().st_size
+
+    # From stdin, split into multipart records: every JPEG (> 1000 bytes) is multipart.
+    split = cli("pack", "manifest", data["manifest"], "-", "--attribute-names", "source-ref,bounding-box",
+                "--split-bytes", 1000, "--quiet").stdout
+    report = json.loads(cli("inspect", "-", "--json", "--join", "concat", input=split).stdout)
+    assert report["records"] == 16 and report["group_size"] == 2
+    assert report["multipart_records"] == sum(len(p) > 1000 for p in data["expected"]) == 8
+    assert report["sizes"]["total"] == sum(sizes)
+
+    text = cli("inspect", manifest_rec).stdout.decode()
+    assert "records:      16 (multipart: 0)" in text
+    assert "position 0: jpeg 8" in text and "position 1: json 8" in text and "corrupt:      none" in text
+
+
+def test_inspect_mxnet_rec(images_rec):
+    report = json.loads(cli("inspect", images_rec, "--json").stdout)
+    assert report["records"] == 6 and report["group_size"] == 1
+    assert report["fields"] == [{"position": 0, "kinds": {"imagerecord/jpeg": 5, "imagerecord/png": 1}}]
+
+
+def test_inspect_corrupt_stream_reports_offsets(tmp_path):
+    payloads = [b"record %d " % i * (i + 3) for i in range(10)]
+    path = tmp_path / "bad.rec"
+    offsets = []
+    with RecordWriter(str(path)) as w:
+        for p in payloads:
+            offsets.append(w.write(p))
+    raw = bytearray(path.read_bytes())
+    raw[offsets[3]] ^= 0xFF          # bad magic: record 3 is dropped
+    raw[offsets[7] + 8:offsets[7] + 12] = b"\xde\xad\xbe\xef"  # payload garbage only: still a record
+    path.write_bytes(bytes(raw))
+    report = json.loads(cli("inspect", path, "--json").stdout)
+    assert report["records"] == 9
+    assert report["skipped_records"] == 1
+    assert report["corrupt_regions"] == [{"offset": offsets[3], "bytes": offsets[4] - offsets[3]}]
+    assert report["multipart_records"] == 0
+    text = cli("inspect", path).stdout.decode()
+    assert f"offset {offsets[3]}: {offsets[4] - offsets[3]} bytes" in text
+
+    # cat refuses broken framing unless told to skip it.
+    proc = cli("cat", path, check=False)
+    assert proc.returncode == 1 and str(offsets[3]).encode() in proc.stderr
+    got = cli("cat", path, "--skip-corrupt", "--format", "json-lines").stdout.splitlines()
+    assert [json.loads(line)["offset"] for line in got] == offsets[:3] + offsets[4:]
+
+    # Not RecordIO at all: one clear line.
+    (tmp_path / "pic.jpg").write_bytes(jpeg(32, 32))
+    proc = cli("inspect", tmp_path / "pic.jpg", check=False)
+    assert proc.returncode == 1 and b"no RecordIO record" in proc.stderr and b"JPEG" in proc.stderr
+
+
+# -- cat / extract -------------------------------------------------------------------------------------
+
+def test_cat_byte_exact(data, manifest_rec):
+    expected = data["expected"]
+    assert cli("cat", manifest_rec).stdout == b"".join(expected)
+    assert cli("cat", "-", "--start", 3, "--count", 4, "--separator", "\\n--\\n",
+               input=manifest_rec.read_bytes()).stdout == b"\n--\n".join(expected[3:7])
+    lines = [json.loads(line) for line in cli("cat", manifest_rec, "--format", "json-lines", "--count", 2)
+             .stdout.splitlines()]
+    assert [d["index"] for d in lines] == [0, 1] and lines[0]["offset"] == 0
+    assert lines[0]["kind"] == "jpeg" and base64.b64decode(lines[0]["base64"]) == expected[0]
+    assert lines[1]["kind"] == "json" and lines[1]["text"].encode() == expected[1]
+    hexed = cli("cat", manifest_rec, "--format", "hex", "--start", 15).stdout.decode().split("\t")
+    assert hexed[0] == "15" and bytes.fromhex(hexed[2]) == expected[15]
+
+
+def test_extract_byte_exact(data, manifest_rec, images_rec, tmp_path):
+    expected = data["expected"]
+    assert cli("extract", manifest_rec, "--index", 5).stdout == expected[5]        # no .idx: scan
+    assert cli("extract", "-", "--index", 4, input=manifest_rec.read_bytes()).stdout == expected[4]
+    out = tmp_path / "one.jpg"
+    cli("extract", manifest_rec, "--index", 0, "--out", out)
+    assert out.read_bytes() == expected[0]
+    proc = cli("extract", manifest_rec, "--index", 16, check=False)
+    assert proc.returncode == 1 and b"16 records" in proc.stderr
+
+    listing = sorted(data["files"])
+    with IndexedRecordReader(str(images_rec)) as idx:                               # with .idx
+        for i in (0, 4):
+            assert cli("extract", images_rec, "--index", i).stdout == idx[i]
+            assert cli("extract", images_rec, "--index", i, "--no-index").stdout == idx[i]
+    assert cli("extract", images_rec, "--key", 4, "--strip-header").stdout == data["files"][listing[4]]
+
+    folder = tmp_path / "all"
+    cli("extract", manifest_rec, "--all", "--out", folder)
+    names = sorted(os.listdir(folder))
+    assert names[:2] == ["000000.jpg", "000001.json"] and len(names) == 16
+    assert [(folder / n).read_bytes() for n in names] == expected
+    folder = tmp_path / "images"
+    cli("extract", images_rec, "--all", "--strip-header", "--out", folder)
+    assert sorted(os.listdir(folder))[4] == "000004.png"
+    assert [(folder / n).read_bytes() for n in sorted(os.listdir(folder))] == [data["files"][r] for r in listing]
+
+
+# -- bench ---------------------------------------------------------------------------------------------
+
+def test_bench_json(data, manifest_rec):
+    doc = json.loads(cli("bench", manifest_rec, "--workers", 1, 2, "--batch-size", 4, "--size", 32,
+                         "--json").stdout)
+    assert doc["fields"] == ["image", "json"] and doc["fields_guessed"]
+    assert [r["workers"] for r in doc["runs"]] == [1, 2]
+    for r in doc["runs"]:
+        assert r["samples"] == 8 and r["records"] == 16 and r["bytes"] == sum(map(len, data["expected"]))
+        assert r["bottleneck"] in ("source", "decode", "consumer", "unknown")
+        assert r["samples_per_s"] > 0 and "wait_workers_time" in r["stages"]
+
+
+def test_bench_text_with_fields(images_rec):
+    proc = cli("bench", images_rec, "--fields", "imagerecord", "--workers", 1, "--batch-size", 2,
+               "--size", 16)
+    out = proc.stdout.decode()
+    assert out.splitlines()[0].split()[:3] == ["workers", "samples", "samples/s"]
+    assert out.splitlines()[1].split()[:2] == ["1", "6"] and "bottleneck there:" in out
+    assert b"\r" not in proc.stderr  # no progress line when stderr is not a terminal
