@@ -8,14 +8,15 @@ normal case -- its fixed-shape columns are views of that slot, not copies.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional, Sequence
+import operator
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 from .run import Sample
 from .slots import SlotLayout
 
-__all__ = ["collate", "shape_sample", "batches"]
+__all__ = ["collate", "shaper", "batches"]
 
 
 def collate(values: List[Any]) -> Any:
@@ -32,13 +33,14 @@ def collate(values: List[Any]) -> Any:
     return list(values)
 
 
-def shape_sample(values: tuple, kind: str, names: Optional[Sequence[str]]) -> Any:
-    """The user's view of one sample: the value itself, a tuple, or a dict."""
+def shaper(kind: str, names: Optional[Sequence[str]]) -> Callable[[tuple], Any]:
+    """values tuple -> the user's view of one sample (or batch): the value itself, the tuple, or a
+    dict keyed by the field names."""
     if kind == "single":
-        return values[0]
+        return operator.itemgetter(0)
     if kind == "dict":
-        return dict(zip(names, values))
-    return values
+        return lambda values: dict(zip(names, values))
+    return lambda values: values
 
 
 def _columns(samples: List[Sample], layout: SlotLayout, nfields: int) -> List[Any]:
@@ -65,14 +67,15 @@ def _columns(samples: List[Sample], layout: SlotLayout, nfields: int) -> List[An
 def batches(samples: Iterator[Sample], batch_size: int, drop_last: bool, layout: SlotLayout,
             nfields: int, kind: str, names: Optional[Sequence[str]]) -> Iterator[Any]:
     """Group samples into batches of ``batch_size`` (the last one shorter unless ``drop_last``)."""
+    shape = shaper(kind, names)
     buf: List[Sample] = []
     for s in samples:
         buf.append(s)
         if len(buf) == batch_size:
             cols = _columns(buf, layout, nfields)
             buf = []
-            yield shape_sample(tuple(cols), kind, names)
+            yield shape(tuple(cols))
     if buf and not drop_last:
         cols = _columns(buf, layout, nfields)
         buf = []
-        yield shape_sample(tuple(cols), kind, names)
+        yield shape(tuple(cols))

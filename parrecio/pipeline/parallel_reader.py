@@ -31,9 +31,9 @@ from ..decoders.basic import Raw
 from ..errors import ParrecioError, PipelineError
 from ..recordio import DEFAULT_MAX_RECORD_BYTES
 from ..sources import resolve
-from .batching import batches, shape_sample
+from .batching import batches, shaper
 from .pool import WorkerPool
-from .run import Run
+from .run import Run, _ended
 from .shm import Segment, new_prefix
 from .slots import SlotLayout, SlotPool
 from .stats import Stats
@@ -90,7 +90,7 @@ class _Shared:
             return
         self.closed = True
         if self.run is not None:
-            self.run.shutdown()
+            self.run.abort()
             self.run = None
         if self.pool is not None:
             self.pool.stop()
@@ -261,7 +261,7 @@ class ParallelReader:
             raise PipelineError("this ParallelReader is closed")
         sh = self._sh
         if sh.run is not None:  # a previous pass was left unfinished: end it first
-            sh.run.shutdown()
+            sh.run.abort()
             sh.run = None
         sh.source.check_epoch(self._epoch)
         if self._state is State.NEW:
@@ -275,13 +275,17 @@ class ParallelReader:
     def _iterate(self, run: Run) -> Iterator[Any]:
         sh, st = self._sh, self._sh.stats
         if self.batch_size is None:
-            items = (shape_sample(s.values, self._kind, self._names) for s in run.samples())
+            chunks = run.delivered_chunks()
+            shape = shaper(self._kind, self._names)
+            items = (shape(s.values) for chunk in chunks for s in chunk)
         else:
             items = batches(run.samples(), self.batch_size, self.drop_last, sh.layout,
                             len(sh.cfg.decoders), self._kind, self._names)
         last = time.perf_counter()
         try:
             for item in items:
+                if run.aborted:  # this pass was ended by close() or a new iteration
+                    raise _ended()
                 t0 = time.perf_counter()
                 st.wall_time += t0 - last  # kept current, so that telemetry() mid-pass has a verdict
                 yield item

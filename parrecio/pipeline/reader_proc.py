@@ -143,18 +143,20 @@ class _Reader:
     def _emit_group(self, stream_id: int, parts: list, first_offset: int) -> None:
         """A complete group: ``parts`` are ``(ring_off, length, None)`` for records already in the ring,
         ``(None, length, bytes)`` for records held in this process (too big for the ring, or shuffled)."""
-        cfg = self.cfg
-        if any(off is None and not self.ring.fits(n) for off, n, _ in parts):
+        ring_max = self.ring.max_record
+        if any(off is None and n > ring_max for off, n, _ in parts):
             self._emit_oneoff(stream_id, parts, first_offset)
             return
-        if any(off is None for off, _, _ in parts):
-            placed = []
-            for off, n, data in parts:
-                if off is None:
-                    off = self.ring.place(n)
-                    self.mem[off:off + n] = data
-                placed.append((off, n, None))
-            parts = placed
+        placed = []
+        for off, n, data in parts:
+            if off is None:
+                off = self.ring.place(n)
+                self.mem[off:off + n] = data
+            placed.append((off, n, None))
+        self._emit_placed(stream_id, placed, first_offset)
+
+    def _emit_placed(self, stream_id: int, parts: list, first_offset: int) -> None:
+        """A complete group whose records are all in the ring: add it to the pending chunk."""
         p = self.pending
         if p.n and p.stream_id != stream_id:  # a chunk names one stream (shuffling mixes them)
             self.flush()
@@ -168,7 +170,7 @@ class _Reader:
         p.stream_offs.append(first_offset)
         p.n += 1
         self.seq += 1
-        if p.n >= cfg.chunk_groups or p.nbytes >= cfg.chunk_bytes:
+        if p.n >= self.cfg.chunk_groups or p.nbytes >= self.cfg.chunk_bytes:
             self.flush()
 
     def _emit_oneoff(self, stream_id: int, parts: list, first_offset: int) -> None:
@@ -271,47 +273,61 @@ class _Reader:
                 r.close()
 
     def _read_stream(self, stream_id: int, stream) -> None:
+        """Records -> groups -> ring.  The hot loop of the pipeline for small records: counters are
+        locals, and a group whose records all went to the ring takes the short way out."""
         cfg, st = self.cfg, self.stats
         reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
                               max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
+        nf, num_shards, shard = cfg.nfields, cfg.num_shards, cfg.shard_index
+        shuffling = cfg.shuffle == "buffer"
+        place, mem, ring_max = self.ring.place, self.mem, self.ring.max_record
         parts: list = []
+        held = False      # some record of the group is held here, not in the ring
         first_offset = 0
         skipped_seen = 0
         keep = True
-        shuffling = cfg.shuffle == "buffer"
-        for offset, view in reader.iter_views():
-            if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: the group is broken
-                skipped_seen = reader.skipped_records
-                if parts:
-                    st.skipped_groups += 1
-                    parts = []
-            n = len(view)
-            st.records += 1
-            st.bytes += n
-            if not parts:
-                first_offset = offset
-                keep = self.group_index % cfg.num_shards == cfg.shard_index
-            if not keep:
-                parts.append((None, 0, None))
-            elif shuffling or not self.ring.fits(n):
-                parts.append((None, n, bytes(view)))
-            else:
-                off = self.ring.place(n)
-                self.mem[off:off + n] = view
-                parts.append((off, n, None))
-            if len(parts) == cfg.nfields:
-                self.group_index += 1
+        records = nbytes = 0
+        try:
+            for offset, view in reader.iter_views():
+                if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
+                    skipped_seen = reader.skipped_records
+                    if parts:
+                        st.skipped_groups += 1
+                        parts, held = [], False
+                n = len(view)
+                records += 1
+                nbytes += n
+                if not parts:
+                    first_offset = offset
+                    if num_shards > 1:
+                        keep = self.group_index % num_shards == shard
                 if not keep:
-                    st.sharded_out += 1
-                elif shuffling:
-                    self._shuffled(stream_id, parts, first_offset)
+                    parts.append(None)
+                elif shuffling or n > ring_max:
+                    parts.append((None, n, bytes(view)))
+                    held = True
                 else:
-                    self._emit_group(stream_id, parts, first_offset)
-                parts = []
+                    off = place(n)
+                    mem[off:off + n] = view
+                    parts.append((off, n, None))
+                if len(parts) == nf:
+                    self.group_index += 1
+                    if not keep:
+                        st.sharded_out += 1
+                    elif shuffling:
+                        self._shuffled(stream_id, parts, first_offset)
+                    elif held:
+                        self._emit_group(stream_id, parts, first_offset)
+                    else:
+                        self._emit_placed(stream_id, parts, first_offset)
+                    parts, held = [], False
+        finally:
+            st.records += records
+            st.bytes += nbytes
         st.skipped_records += reader.skipped_records
         st.skipped_bytes += reader.skipped_bytes
         if parts:
-            msg = (f"stream ended inside a group: {len(parts)} of {cfg.nfields} records "
+            msg = (f"stream ended inside a group: {len(parts)} of {nf} records "
                    f"(the stream's record count is not a multiple of the group size)")
             if cfg.on_error == "raise":
                 self.flush()

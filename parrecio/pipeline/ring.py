@@ -27,13 +27,10 @@ class RingWriter:
 
     def __init__(self, size: int, wait_for_release: Callable[[int], int]) -> None:
         self.size = size
+        self.max_record = size // 2 - ALIGN  # larger records get a segment of their own
         self.head = 0
         self.tail = 0
         self._wait = wait_for_release
-
-    def fits(self, n: int) -> bool:
-        """Whether a record of ``n`` bytes can ever be placed (else it needs a segment of its own)."""
-        return n + ALIGN <= self.size // 2
 
     def place(self, n: int) -> int:
         """Reserve ``n`` bytes; return their offset in the segment.  Blocks while the ring is full."""

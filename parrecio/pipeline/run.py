@@ -29,7 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from ..errors import CorruptRecordError, ParrecioError, PipelineError
 from .messages import Chunk, ReaderEnd, Release, RemoteError, Stop, StreamStart, Task, TaskDone
@@ -43,14 +43,16 @@ log = logging.getLogger("parrecio")
 __all__ = ["Run", "Sample"]
 
 
-@dataclass
-class Sample:
-    """A delivered sample: its field values (fixed-shape ones are views of ``lease``'s slot at
-    ``index``), its sequence number and stream offset."""
+class Sample(NamedTuple):
+    """A delivered sample: its sequence number and field values (fixed-shape ones are views of
+    ``lease``'s slot at ``index``)."""
     seq: int
     values: tuple
     lease: Optional[Lease]
     index: int
+
+
+_new = tuple.__new__  # Sample without NamedTuple's argument handling: this is the per-sample hot path
 
 
 @dataclass
@@ -69,6 +71,7 @@ class _ChunkState:
     missing: int
     pos0: Optional[int] = None          # output position of the first group (fixed-shape outputs)
     dispatched: bool = False
+    has_error: bool = False             # some result is a RemoteError
     attempts: Dict[int, int] = field(default_factory=dict)   # group -> times its worker died
 
     @property
@@ -100,6 +103,7 @@ class Run:
         self.received_pos = 0       # ring position after the newest chunk received
         self.released_pos = 0       # ring position released to the reader
         self.closed = False
+        self.aborted = False        # ended from outside (close(), a new pass) before the consumer was done
         self.completed = False      # the whole stream was delivered without an error
         self.delivered = 0          # samples yielded in this pass
         self.stats = shared.stats
@@ -114,7 +118,8 @@ class Run:
         rcfg = ReaderConfig(
             source=sh.source, epoch=self.epoch, nfields=self.nf, join=cfg.join, on_error=cfg.on_error,
             max_record_bytes=cfg.max_record_bytes, ring_name=sh.ring.name, prefix=sh.prefix,
-            chunk_groups=cfg.chunk_groups, chunk_bytes=cfg.chunk_bytes, num_shards=cfg.num_shards,
+            chunk_groups=cfg.chunk_groups if sh.pool is not None else max(cfg.chunk_groups, 1024),
+            chunk_bytes=cfg.chunk_bytes, num_shards=cfg.num_shards,
             shard_index=cfg.shard_index, poll_interval=cfg.poll_interval, shuffle=cfg.shuffle,
             shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed, index_paths=cfg.index_paths)
         self.reader = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
@@ -125,24 +130,37 @@ class Run:
         self.data, self.ctrl = data_r, ctrl_w
 
     # -- the loop ----------------------------------------------------------------------------------
-    def samples(self) -> Iterator[Sample]:
-        """Every sample of the pass, in stream order.  Raises the first error under ``on_error="raise"``."""
+    def delivered_chunks(self) -> Iterator[List[Sample]]:
+        """Every sample of the pass in stream order, a chunk's worth at a time (materialized: bytes
+        copied out of the ring, fixed-shape values leased).  Raises the first error under
+        ``on_error="raise"`` after the samples before it."""
         st = self.stats
         try:
             while True:
                 while self.chunks and self.chunks[0].complete:
-                    yield from self._deliver(self.chunks.popleft())
+                    out, err = self._deliver(self.chunks.popleft())
+                    if out:
+                        yield out
+                    if err is not None:
+                        raise err
+                    if self.aborted:
+                        raise _ended()
                     self._step(0.0)
                 if self.end is not None and not self.chunks:
                     self._finish()
                     return
-                if self.closed:
+                if self.aborted:
                     raise _ended()
                 t0 = time.perf_counter()
                 self._step(self.cfg.poll_interval)
                 st.wait_workers_time += time.perf_counter() - t0
         finally:
             self.shutdown()
+
+    def samples(self) -> Iterator[Sample]:
+        """Every sample of the pass, in stream order, one at a time."""
+        for chunk in self.delivered_chunks():
+            yield from chunk
 
     def _step(self, timeout: float) -> None:
         """Dispatch what can be, then wait up to ``timeout`` s for a message or a death and handle it."""
@@ -263,6 +281,8 @@ class Run:
             return
         for j, v in enumerate(msg.values):
             cs.results[task.start + j] = v
+            if type(v) is RemoteError:
+                cs.has_error = True
         cs.missing -= task.n
         self.stats.add_worker(msg.pid, msg.cpu, task.n)
 
@@ -280,62 +300,32 @@ class Run:
                 exc = PipelineError("a decoder process died twice while decoding this sample "
                                     "(poison record: it crashes or exhausts its decoder)")
                 cs.results[j] = RemoteError(exc)
+                cs.has_error = True
                 cs.missing -= 1
             else:
                 self.retry.append((cs, j, 1))
 
     # -- delivery ----------------------------------------------------------------------------------
-    def _deliver(self, cs: _ChunkState) -> Iterator[Sample]:
-        sh, c, nf = self.sh, cs.chunk, self.nf
-        S = sh.layout.slot_size
-        source = self.streams.get(c.stream_id, sh.source.name)
+    def _deliver(self, cs: _ChunkState) -> Tuple[List[Sample], Optional[BaseException]]:
+        """The samples of a complete chunk, and the error to raise after them (if any); then release
+        its ring space."""
+        sh, c = self.sh, cs.chunk
         mem, seg = sh.ring_mem, None
         if c.segment is not None and any(sh.passthrough):
             seg = Segment.attach(c.segment)
             mem = memoryview(seg.buf)
-        st = self.stats
         try:
-            for j in range(c.n):
-                if self.closed:  # resumed after close() or a new pass: the ring is no longer ours
-                    raise _ended()
-                seq = c.first_seq + j
-                r = cs.results[j]
-                lease, index = None, 0
-                if cs.pos0 is not None:
-                    k, index = divmod(cs.pos0 + j, S)
-                    slot = self.slots[k]
-                    slot.remaining -= 1
-                    if not isinstance(r, RemoteError):
-                        if slot.lease is None:
-                            slot.lease = sh.slots.lease(slot.phys)
-                        lease = slot.lease
-                    if slot.remaining == 0:
-                        self._slot_done(k)
-                if isinstance(r, RemoteError):
-                    name = sh.field_names[r.field] if 0 <= r.field < nf else "group"
-                    err = r.as_decode_error(f"field {name!r} ({sh.cfg.decoders[r.field]!r})"
-                                            if 0 <= r.field < nf else "decoder process",
-                                            seq, c.stream_offs[j], source)
-                    if self.cfg.on_error == "raise":
-                        raise err
-                    st.skipped += 1
-                    log.warning("parrecio: skipped %s", err)
-                    continue
-                values = list(r) if r is not None else [None] * nf
-                for f in range(nf):
-                    if sh.passthrough[f]:
-                        off = c.ring_offs[j * nf + f]
-                        values[f] = bytes(mem[off:off + c.lens[j * nf + f]])
-                if lease is not None:
-                    values = list(sh.layout.merge(tuple(values), lease.arrays, index))
-                st.samples += 1
-                self.delivered += 1
-                yield Sample(seq, tuple(values), lease, index)
+            if cs.pos0 is None and not cs.has_error:
+                out, err = self._deliver_plain(cs, mem), None
+            else:
+                out, err = self._deliver_each(cs, mem)
         finally:
             if mem is not sh.ring_mem:
                 mem.release()
             if seg is not None:
                 seg.close()
+        self.stats.samples += len(out)
+        self.delivered += len(out)
         if cs.dispatched:
             self.in_pipeline -= 1
         if c.segment is not None:
@@ -346,6 +336,79 @@ class Run:
                 self.ctrl.send(Release(c.ring_end))
             except (BrokenPipeError, OSError):
                 pass  # the reader has finished
+        return out, err
+
+    def _deliver_plain(self, cs: _ChunkState, mem: memoryview) -> List[Sample]:
+        """The common case, in bulk: no fixed-shape outputs, no errors."""
+        c, nf, pt = cs.chunk, self.nf, self.sh.passthrough
+        seq0 = c.first_seq
+        if not any(pt):
+            values = cs.results
+        else:
+            payloads = [bytes(mem[o:o + n]) for o, n in zip(c.ring_offs, c.lens)]
+            if nf == 1:
+                values = [(b,) for b in payloads]
+            elif all(pt):
+                values = [tuple(payloads[j * nf:(j + 1) * nf]) for j in range(c.n)]
+            else:
+                values = [tuple(payloads[j * nf + f] if pt[f] else r[f] for f in range(nf))
+                          for j, r in enumerate(cs.results)]
+        return [_new(Sample, (seq0 + j, v, None, 0)) for j, v in enumerate(values)]
+
+    def _deliver_each(self, cs: _ChunkState, mem: memoryview) -> Tuple[List[Sample], Optional[BaseException]]:
+        """Sample by sample: fixed-shape outputs (slot positions, leases) or errors in the chunk."""
+        sh, c, nf = self.sh, cs.chunk, self.nf
+        S = sh.layout.slot_size
+        source = self.streams.get(c.stream_id, sh.source.name)
+        out: List[Sample] = []
+        for j in range(c.n):
+            seq = c.first_seq + j
+            r = cs.results[j]
+            lease, index = None, 0
+            if cs.pos0 is not None:
+                k, index = divmod(cs.pos0 + j, S)
+                slot = self.slots[k]
+                slot.remaining -= 1
+                if not isinstance(r, RemoteError):
+                    if slot.lease is None:
+                        slot.lease = sh.slots.lease(slot.phys)
+                    lease = slot.lease
+                if slot.remaining == 0:
+                    self._slot_done(k)
+            if isinstance(r, RemoteError):
+                name = sh.field_names[r.field] if 0 <= r.field < nf else "group"
+                err = r.as_decode_error(f"field {name!r} ({sh.cfg.decoders[r.field]!r})"
+                                        if 0 <= r.field < nf else "decoder process",
+                                        seq, c.stream_offs[j], source)
+                if self.cfg.on_error == "raise":
+                    self._abandon_slots(cs, j + 1)
+                    return out, err
+                self.stats.skipped += 1
+                log.warning("parrecio: skipped %s", err)
+                continue
+            values = list(r) if r is not None else [None] * nf
+            for f in range(nf):
+                if sh.passthrough[f]:
+                    off = c.ring_offs[j * nf + f]
+                    values[f] = bytes(mem[off:off + c.lens[j * nf + f]])
+            if lease is not None:
+                values = list(sh.layout.merge(tuple(values), lease.arrays, index))
+            out.append(_new(Sample, (seq, tuple(values), lease, index)))
+        return out, None
+
+    def _abandon_slots(self, cs: _ChunkState, start: int) -> None:
+        """Positions of groups ``start..`` of the chunk will never be delivered (the pass ends with an
+        error): count them as done so that their slots are finished."""
+        if cs.pos0 is None:
+            return
+        S = self.sh.layout.slot_size
+        for j in range(start, cs.chunk.n):
+            k = (cs.pos0 + j) // S
+            slot = self.slots.get(k)
+            if slot is not None:
+                slot.remaining -= 1
+                if slot.remaining == 0:
+                    self._slot_done(k)
 
     def ring_in_use(self) -> int:
         """Bytes of the input ring holding groups received and not yet delivered."""
@@ -375,6 +438,11 @@ class Run:
         self.completed = True
 
     # -- shutdown ----------------------------------------------------------------------------------
+    def abort(self) -> None:
+        """End the pass from outside (close(), a new pass): the consumer's iterator raises if resumed."""
+        self.aborted = not self.closed
+        self.shutdown()
+
     def shutdown(self) -> None:
         """End the run: stop the reader, let in-flight tasks finish (or kill their workers), free the
         run's slots and one-off segments.  Idempotent; returns within a few seconds whatever the peers do."""
