@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    /work/venvs/dev/bin/python bench/bench_recordio.py [--big-mb 200] [--small-count 1000000] [--repeat 3]
+    .venv/bin/python bench/bench_recordio.py [--big-mb 200] [--small-count 1000000] [--repeat 3]
 
 It writes two files in a temporary directory (``--dir`` to choose it, ``--keep`` to keep them): ``--big-mb``
 MB of 100 KB records and ``--small-count`` records of 100 B.  For each it reads the whole file once to warm
@@ -11,7 +11,7 @@ the page cache, then times (best of ``--repeat``):
 - ``parrecio_iter_views``: ``for _ in RecordReader(path).iter_views()`` (zero-copy memoryviews);
 - ``parrecio_iter_bytes``: ``for _ in RecordReader(path)`` (``Record`` with a ``bytes`` payload);
 - ``mxnet_read``: a ``while MXRecordIO.read() is not None`` loop, run in a subprocess with the interpreter
-  named by ``$PARRECIO_MXNET_PYTHON``, else ``/work/venvs/mx/bin/python`` when it exists, else this one --
+  named by ``$PARRECIO_MXNET_PYTHON``, else ``bench/.venvs/mx/bin/python`` when it exists, else this one --
   whichever can import mxnet; skipped (with the reason) when none can.
 
 ``records_per_s`` counts records, ``MB_per_s`` payload bytes (1 MB = 10**6 bytes) per second.
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-MX_VENV_PYTHON = "/work/venvs/mx/bin/python"
+MX_VENV_PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".venvs", "mx", "bin", "python")
 SIZES = {"100KB": 100_000, "100B": 100}
 
 

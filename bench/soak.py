@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    /work/venvs/dev/bin/python bench/soak.py [--epochs 20] [--records 5000] [--workers 4] [--seed 0]
+    .venv/bin/python bench/soak.py [--epochs 20] [--records 5000] [--workers 4] [--seed 0]
 
 It writes ``--records`` records of 1-20 KB (seeded) to a temporary file and reads it ``--epochs`` times with
 ``fields=[Fixed((16, 16, 3))]`` (a sha256-derived fixed-shape array written into the output slots, from

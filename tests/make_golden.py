@@ -2,7 +2,7 @@
 
 Run from the repository root with the MXNet venv (mxnet 1.9.1, numpy 1.23)::
 
-    /work/venvs/mx/bin/python tests/make_golden.py
+    bench/.venvs/mx/bin/python tests/make_golden.py
 
 It writes, overwriting:
 

@@ -1,0 +1,1 @@
+"""parrecio benchmarks (see bench/README.md)."""
