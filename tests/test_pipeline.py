@@ -369,3 +369,14 @@ def test_bottleneck_verdict_and_telemetry(stream, no_leaks):
         assert reader.stats.bottleneck == "consumer"
         assert reader.stats.user_time >= 0.02 * 50
         assert reader.stats.as_dict()["bottleneck"] == "consumer"
+
+
+def test_shards_from_the_environment(stream, monkeypatch, no_leaks):
+    path, recs, _ = stream
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    with ParallelReader(path, workers=1, num_shards="env") as reader:
+        assert list(reader) == recs[3::4]
+    monkeypatch.delenv("RANK")
+    with pytest.raises(ValueError, match="RANK is not set"):
+        ParallelReader(path, num_shards="env")

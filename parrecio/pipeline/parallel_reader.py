@@ -137,7 +137,8 @@ class ParallelReader:
         join: multipart convention, ``"mxnet"`` or ``"concat"``; default: the source's (``"concat"`` for
             SageMaker Pipe-mode channels with the RecordIO wrapper, ``"mxnet"`` for everything else).
         num_shards, shard_index: read only every ``num_shards``-th group, starting at ``shard_index``
-            (the others are skipped by the reader process, never decoded).
+            (the others are skipped by the reader process, never decoded).  ``num_shards="env"`` takes
+            both from the ``WORLD_SIZE`` and ``RANK`` environment variables (torch.distributed style).
         ring_bytes: size of the input ring in bytes (shared memory); bounds payload bytes in flight.
         chunk_groups: groups per message to a worker (amortizes per-message cost).
         prefetch: tasks queued per worker.
@@ -159,7 +160,7 @@ class ParallelReader:
 
     def __init__(self, channel: Any, *, fields: Fields = None, workers: Optional[int] = None,
                  batch_size: Optional[int] = None, drop_last: bool = False, on_error: str = "raise",
-                 join: Optional[str] = None, num_shards: int = 1, shard_index: int = 0,
+                 join: Optional[str] = None, num_shards: Union[int, str] = 1, shard_index: int = 0,
                  ring_bytes: int = 64 << 20, chunk_groups: int = 32, prefetch: int = 2,
                  slot_samples: int = 64, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  start_method: Optional[str] = None, seed: int = 0, poll_interval: float = 1.0,
@@ -171,6 +172,7 @@ class ParallelReader:
             raise ValueError(f"join must be 'mxnet' or 'concat', not {join!r}")
         if batch_size is not None and int(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
+        num_shards, shard_index = _shards(num_shards, shard_index)
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"need 0 <= shard_index < num_shards, got {shard_index} and {num_shards}")
         workers = _default_workers() if workers is None else int(workers)
@@ -374,6 +376,20 @@ class ParallelReader:
     def __repr__(self) -> str:
         return (f"ParallelReader({self._sh.source.name!r}, fields={self._sh.cfg.decoders!r}, "
                 f"workers={self.workers}, batch_size={self.batch_size}, state={self._state.value})")
+
+
+def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
+    """(num_shards, shard_index), from WORLD_SIZE/RANK when ``num_shards == "env"``."""
+    if num_shards != "env":
+        return int(num_shards), int(shard_index)
+    try:
+        return int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    except KeyError as err:
+        raise ValueError(f'num_shards="env" needs the environment variables WORLD_SIZE and RANK; '
+                         f"{err.args[0]} is not set") from None
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} and RANK={os.environ['RANK']!r} "
+                         f"must be integers") from None
 
 
 def _index_paths(source: Any) -> tuple:
