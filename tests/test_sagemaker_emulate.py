@@ -268,3 +268,33 @@ def test_parallel_reader_end_to_end_on_a_served_channel(dataset, tmp_path):
     for samples in epochs:
         assert [jpeg for jpeg, _ in samples] == jpegs
         assert [orjson.dumps(box) for _, box in samples] == boxes
+
+
+def test_parallel_reader_breaks_epoch_0_then_reads_epoch_1_decoded(dataset, tmp_path):
+    """An early break in epoch 0 closes its FIFO so that pipe-serve moves on; epoch 1 is complete and
+    decodes to exactly what the decoders give on the original files."""
+    import numpy as np
+    from parrecio import ParallelReader
+    from parrecio.decoders import BoundingBoxes, Image
+
+    manifest, jpegs, boxes = dataset
+    root = tmp_path / "sm"
+    proc = pipe_serve(root, "--epochs", 2, "--split-bytes", 512, "--quiet",
+                      "--attribute-names", "source-ref,bounding-box", manifest)
+    image, box = Image(size=(32, 32)), BoundingBoxes()
+    try:
+        wait_for_path(root / "config" / "inputdataconfig.json")
+        with ParallelReader("train", fields=[image, box], workers=2, batch_size=2, sm_input_dir=str(root),
+                            fifo_timeout=20, poll_interval=0.2) as reader:
+            for first in reader:
+                break
+            epoch1 = list(reader)
+    finally:
+        err = finish(proc)
+    assert proc.returncode == 0, err
+    assert np.array_equal(first[0][0], image(jpegs[0]))
+    got_images = np.concatenate([b[0] for b in epoch1])
+    got_boxes = [x for b in epoch1 for x in b[1]]
+    assert len(got_images) == len(jpegs)
+    assert np.array_equal(got_images, np.stack([image(j) for j in jpegs]))
+    assert all(np.array_equal(g, box(b)) for g, b in zip(got_boxes, boxes))
