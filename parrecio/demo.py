@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from typing import Iterator, List, Tuple
+from typing import Iterator, Tuple
 
 import numpy as np
 import orjson

@@ -60,7 +60,6 @@ from parrecio import CorruptRecordError, ParallelReader, ParrecioError, RecordRe
 from parrecio.recordio.framing import LENGTH_MASK, MAGIC, encode_record, padded_size
 from pipeline_helpers import Fixed, digest_array
 from recordio_helpers import ShortReads
-from test_pipeline import no_leaks  # noqa: F401  (fixture)
 
 M = struct.pack("<I", MAGIC)
 MAX_RECORD = 64 << 20   # RecordReader's default max_record_bytes

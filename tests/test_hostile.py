@@ -10,7 +10,6 @@ a reader process and decoder processes, plus invariant 4 (no hang: every run is 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import struct
 import time
@@ -24,7 +23,6 @@ from parrecio.decoders import Image, Json
 from parrecio.recordio.framing import MAGIC
 from image_helpers import jpeg, png_claiming
 from pipeline_helpers import Fixed, digest_array, write_rec
-from test_pipeline import no_leaks  # noqa: F401  (fixture)
 
 M = struct.pack("<I", MAGIC)
 HUGE = (1 << 29) - 1  # the largest length an lrec word can hold (cflag 0)

@@ -4,9 +4,7 @@ nothing is left behind."""
 
 from __future__ import annotations
 
-import gc
 import os
-import threading
 import time
 
 import numpy as np
@@ -14,24 +12,8 @@ import pytest
 
 from parrecio import CorruptRecordError, DecodeError, ParallelReader
 from parrecio.decoders import Json, Raw
-from parrecio.pipeline.shm import leftover
-from pipeline_helpers import (Fixed, FixedNoInto, FailOn, Pair, Ragged, Sleepy, digest_array, our_children,
-                              payloads, write_rec)
-
-
-@pytest.fixture
-def no_leaks():
-    """After the test: no process of ours and no /dev/shm segment of ours is left (segments are named
-    after the consumer's pid, so other programs' readers do not count)."""
-    mine = f"parrecio-{os.getpid()}-"
-    before = set(leftover(mine))
-    yield
-    gc.collect()
-    deadline = time.monotonic() + 5
-    while (our_children() or set(leftover(mine)) - before) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert our_children() == []
-    assert set(leftover(mine)) - before == set()
+from pipeline_helpers import (Fixed, FixedNoInto, FailOn, Pair, Ragged, Sleepy, digest_array, payloads,
+                              write_rec)
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +249,6 @@ def test_fifo_fed_slowly_by_another_process(tmp_path, no_leaks):
             t0 = time.monotonic()
             first = next(iter(reader))
             latency = time.monotonic() - t0
-            rest = flatten(list(reader)) if False else None
             assert first.shape == (5, 4, 3)
     finally:
         feeder.wait(10)

@@ -16,7 +16,7 @@ import pytest
 from parrecio import DecodeError, ParallelReader
 from parrecio.pipeline.shm import leftover
 from pipeline_helpers import (KillOn, KillOnceOn, Sleepy, digest_array, payloads, write_rec)
-from test_pipeline import flatten, no_leaks  # noqa: F401  (fixture)
+from test_pipeline import flatten
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

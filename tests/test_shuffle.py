@@ -9,7 +9,6 @@ import pytest
 
 from parrecio import ParallelReader, RecordWriter
 from parrecio.decoders import Raw
-from test_pipeline import no_leaks  # noqa: F401  (fixture)
 
 
 def _write(path, n_groups, index):

@@ -9,7 +9,8 @@
 
 from .base import ArraySpec, Decoder, OutputSpec
 from .basic import Json, Raw
-from .image import Geometry, Image, Mask
+from .image import Geometry, Image
+from .mask import Mask
 from .imagerecord import ImageRecord
 from .labels import BoundingBoxes, ClassLabel
 from .sniff import guess_fields, sniff

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from ..decoders.base import spec_of
 from ..decoders.basic import Raw
-from ..errors import ParrecioError, PipelineError
+from ..errors import PipelineError
 from ..recordio import DEFAULT_MAX_RECORD_BYTES
 from ..sources import resolve
 from .batching import batches, shaper

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
-from ..errors import CorruptRecordError, ParrecioError, PipelineError
+from ..errors import CorruptRecordError, PipelineError
 from .messages import Chunk, ReaderEnd, Release, RemoteError, Stop, StreamStart, Task, TaskDone
 from .reader_proc import ReaderConfig, reader_main
 from .pool import child_entry, describe_exit

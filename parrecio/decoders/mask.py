@@ -1,0 +1,159 @@
+"""``Mask``: semantic-segmentation masks (the PNG of a Ground Truth ``-ref`` attribute) -> ``uint8 (H, W)``
+class ids, resized with NEAREST so that no id is invented.  Built on :mod:`parrecio.decoders.image`'s
+machinery (same opening, size checks, strict loading and geometry as ``Image``)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+from PIL import Image as PILImage
+
+from ..errors import DecodeError
+from .base import ArraySpec
+from .image import Size, _PillowDecoder, _Plan, _check_resize, _place, _size_pair
+
+__all__ = ["Mask"]
+
+
+def _parse_color(value: Any) -> int:
+    """``"#rrggbb"``, ``(r, g, b)`` or a Ground Truth ``{"hex-color": "#rrggbb", ...}`` -> 0xRRGGBB."""
+    if isinstance(value, dict):
+        value = value.get("hex-color")
+    if isinstance(value, str):
+        text = value.lstrip("#")
+        if len(text) == 6:
+            return int(text, 16)
+    elif isinstance(value, (tuple, list)) and len(value) >= 3:
+        r, g, b = (int(v) for v in value[:3])
+        if all(0 <= v <= 255 for v in (r, g, b)):
+            return (r << 16) | (g << 8) | b
+    raise ValueError(f"not a colour: {value!r} (use '#rrggbb', (r, g, b) or {{'hex-color': '#rrggbb'}})")
+
+
+class Mask(_PillowDecoder):
+    """A semantic-segmentation mask image (Ground Truth ``-ref`` PNG) -> ``uint8 (H, W)`` class ids.
+
+    Class ids are read as stored: palette indices for ``P`` images, values for ``L`` (and for 16/32-bit
+    grey, which must then be <= 255), 0/1 for ``1``; an alpha band is ignored.  RGB(A) masks need
+    ``colors``: the colour of each class.
+
+    Parameters
+    ----------
+    size:
+        ``(height, width)`` of the output (an ``int`` means a square), or ``None`` for the mask's own size.
+        With a size the decoder has a fixed ``output_spec`` ``(h, w) uint8`` and a ``decode_into``.
+    resize:
+        ``"stretch"``, ``"letterbox"`` or ``"shorter"``, with the same geometry as :class:`Image` (use the
+        same value as the image's decoder so that mask and image stay aligned).  Always NEAREST.
+    fill:
+        Class id of letterbox padding (e.g. 255, the usual "ignore" label).
+    colors:
+        For RGB masks: ``colors[i]`` is the colour of class ``i`` (``"#rrggbb"`` or ``(r, g, b)``), or a
+        mapping ``{class_id: colour}`` -- Ground Truth's ``internal-color-map`` from the ``-metadata``
+        attribute (``{"0": {"hex-color": "#ffffff", ...}, ...}``) can be passed as it is.
+    unknown:
+        Class id for RGB colours not in ``colors``; ``None`` (default) raises :class:`DecodeError` instead.
+    max_pixels, allow_truncated, formats:
+        As for :class:`Image`.
+    """
+
+    _defaults = dict(size=None, resize="stretch", fill=0, colors=None, unknown=None, max_pixels=64_000_000,
+                     allow_truncated=False, formats=None)
+
+    def __init__(self, size: Optional[Size] = None, resize: str = "stretch", fill: int = 0,
+                 colors: Any = None, unknown: Optional[int] = None, max_pixels: int = 64_000_000,
+                 allow_truncated: bool = False, formats: Optional[Sequence[str]] = None) -> None:
+        if not 0 <= int(fill) <= 255:
+            raise ValueError(f"fill must be a class id in 0..255, got {fill!r}")
+        if unknown is not None and not 0 <= int(unknown) <= 255:
+            raise ValueError(f"unknown must be None or a class id in 0..255, got {unknown!r}")
+        self.size = _size_pair(size)
+        self.resize = _check_resize(resize)
+        self.fill = int(fill)
+        self.unknown = None if unknown is None else int(unknown)
+        self.max_pixels = int(max_pixels)
+        self.allow_truncated = bool(allow_truncated)
+        self.formats = None if formats is None else tuple(formats)
+        self.colors = self._freeze_colors(colors)
+        self._color_keys, self._color_ids = self._color_table(self.colors)
+        self._fill = np.asarray(self.fill, dtype=np.int64)
+        self.output_spec = None if self.size is None else ArraySpec(self.size, np.uint8)
+
+    @staticmethod
+    def _freeze_colors(colors: Any) -> Optional[Tuple[Tuple[int, int], ...]]:
+        """``colors`` as a hashable, picklable tuple of ``(class_id, 0xRRGGBB)``."""
+        if colors is None:
+            return None
+        items = colors.items() if hasattr(colors, "items") else enumerate(colors)
+        pairs = []
+        for key, value in items:
+            class_id = int(key)
+            if not 0 <= class_id <= 255:
+                raise ValueError(f"class ids of colors must be in 0..255, got {key!r}")
+            pairs.append((class_id, _parse_color(value)))
+        keys = [c for _, c in pairs]
+        if len(set(keys)) != len(keys):
+            raise ValueError("two classes have the same colour in colors")
+        return tuple(sorted(pairs))
+
+    @staticmethod
+    def _color_table(colors: Optional[Tuple[Tuple[int, int], ...]]) -> Tuple[np.ndarray, np.ndarray]:
+        pairs = sorted(colors or (), key=lambda p: p[1])
+        return (np.array([c for _, c in pairs], dtype=np.uint32),
+                np.array([i for i, _ in pairs], dtype=np.uint8))
+
+    def _ids(self, image: PILImage.Image) -> np.ndarray:
+        """Class ids of a loaded (maybe resized) mask image, ``uint8 (h, w)``."""
+        mode = image.mode
+        if mode in ("P", "L"):
+            return np.asarray(image)
+        if mode in ("PA", "LA"):
+            return np.asarray(image)[..., 0]
+        if mode == "1":
+            return np.asarray(image).astype(np.uint8)
+        if mode in ("RGB", "RGBA", "RGBX"):
+            return self._map_colors(np.asarray(image))
+        if mode.startswith("I") or mode == "F":
+            arr = np.asarray(image)
+            if arr.size and (arr.min() < 0 or arr.max() > 255):
+                raise DecodeError(f"{mode} mask has values {arr.min()}..{arr.max()}: class ids must be 0..255")
+            return arr.astype(np.uint8)
+        raise DecodeError(f"cannot read class ids from a {mode} mask image")
+
+    def _map_colors(self, rgb: np.ndarray) -> np.ndarray:
+        if self.colors is None:
+            raise DecodeError("RGB mask: pass Mask(colors=...) (e.g. the -metadata internal-color-map) to map "
+                              "colours to class ids")
+        packed = (rgb[..., 0].astype(np.uint32) << 16) | (rgb[..., 1].astype(np.uint32) << 8) | rgb[..., 2]
+        keys = self._color_keys
+        pos = np.minimum(np.searchsorted(keys, packed), len(keys) - 1)
+        known = keys[pos] == packed
+        ids = self._color_ids[pos]
+        if not known.all():
+            if self.unknown is None:
+                bad = int(packed[~known].flat[0])
+                raise DecodeError(f"RGB mask has colour #{bad:06x}, not in colors (pass unknown=... to map "
+                                  f"such pixels to one class id)")
+            ids = np.where(known, ids, np.uint8(self.unknown))
+        return ids
+
+    def _decode(self, payload: Any) -> Tuple[np.ndarray, Optional[_Plan]]:
+        loaded = self._open_load(payload, None, 0.0, self.allow_truncated, False)
+        image, plan = loaded.image, None
+        if self.size is not None:
+            if image.mode not in ("P", "L", "PA", "LA", "RGB", "RGBA", "1"):
+                # exotic modes: class ids first, then resize the ids
+                image = PILImage.fromarray(self._ids(image), "L")
+            image, plan = self._resize(loaded, image, PILImage.Resampling.NEAREST, None)
+        return self._ids(image), plan
+
+    def decode_into(self, payload: Any, out: np.ndarray) -> None:
+        """Decode ``payload`` into ``out``, a ``uint8`` array of shape ``size`` (may be a view)."""
+        ids, plan = self._decode(payload)
+        _place(ids, plan, self.size, "HWC", self._fill, out)
+
+    def __call__(self, payload: Any) -> np.ndarray:
+        """Decode ``payload`` (bytes-like) to a new ``uint8 (H, W)`` array of class ids."""
+        ids, plan = self._decode(payload)
+        return _place(ids, plan, self.size, "HWC", self._fill, None)
