@@ -361,3 +361,9 @@ def test_shards_from_the_environment(stream, monkeypatch, no_leaks):
     monkeypatch.delenv("RANK")
     with pytest.raises(ValueError, match="RANK is not set"):
         ParallelReader(path, num_shards="env")
+
+
+def test_unpicklable_decoder_is_refused_up_front(stream):
+    path, _, _ = stream
+    with pytest.raises(TypeError, match="field '1'.*cannot be pickled.*lambda"):
+        ParallelReader(path, fields=[Raw(), lambda b: b])

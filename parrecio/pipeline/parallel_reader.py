@@ -187,6 +187,8 @@ class ParallelReader:
         self._slot_size = self.batch_size or int(slot_samples)
         self._start_method = start_method or ("forkserver" if "forkserver" in
                                               multiprocessing.get_all_start_methods() else "spawn")
+        if self._start_method != "fork":
+            _check_picklable(decoders, self._names, self._start_method)
         self._sh = sh = _Shared()
         sh.source = resolve(channel, **source_options)
         index_paths = _index_paths(sh.source)
@@ -376,6 +378,18 @@ class ParallelReader:
     def __repr__(self) -> str:
         return (f"ParallelReader({self._sh.source.name!r}, fields={self._sh.cfg.decoders!r}, "
                 f"workers={self.workers}, batch_size={self.batch_size}, state={self._state.value})")
+
+
+def _check_picklable(decoders: List[Any], names: Sequence[str], method: str) -> None:
+    """Decoders travel to the decoder processes pickled: say which one cannot, before any process starts."""
+    import pickle
+    for name, d in zip(names, decoders):
+        try:
+            pickle.dumps(d)
+        except Exception as exc:
+            raise TypeError(f"field {name!r}: the decoder {d!r} cannot be pickled, so it cannot reach the "
+                            f"decoder processes ({method} start method): {exc}. Use a module-level "
+                            f"function or class instead of a lambda or a local function.") from exc
 
 
 def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
