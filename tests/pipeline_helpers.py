@@ -3,9 +3,12 @@ method (spawn/forkserver children get the parent's sys.path, which pytest has pu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import List
 
@@ -170,3 +173,32 @@ class HangOn(Fixed):
         if bytes(payload[: len(self.marker)]) == self.marker:
             time.sleep(3600)
         super().decode_into(payload, out)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Fail (instead of hanging the suite) when the block runs longer than ``seconds``.
+
+    SIGALRM's handler raises TimeoutError in the main thread, inside whatever wait the consumer is in;
+    the exception then goes through the pipeline's own cleanup (generator ``finally``, ``close``)."""
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: the pipeline hangs")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def feed_fifo(src, fifo, chunk: int, pause: float) -> subprocess.Popen:
+    """Another process that writes the file ``src`` into ``fifo`` in ``chunk``-byte writes, sleeping
+    ``pause`` seconds after each: a slow producer."""
+    return subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "data = open(sys.argv[1], 'rb').read()\n"
+        "with open(sys.argv[2], 'wb', buffering=0) as f:\n"
+        "    for i in range(0, len(data), int(sys.argv[3])):\n"
+        "        f.write(data[i:i + int(sys.argv[3])]); time.sleep(float(sys.argv[4]))\n"),
+        str(src), str(fifo), str(chunk), str(pause)])

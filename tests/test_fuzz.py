@@ -44,10 +44,8 @@ behaviour; it is off, so the oracle promises every record the documented resync 
 
 from __future__ import annotations
 
-import contextlib
 import io
 import random
-import signal
 import struct
 import time
 from typing import List, Optional, Tuple
@@ -58,7 +56,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from parrecio import CorruptRecordError, ParallelReader, ParrecioError, RecordReader
 from parrecio.recordio.framing import LENGTH_MASK, MAGIC, encode_record, padded_size
-from pipeline_helpers import Fixed, digest_array
+from pipeline_helpers import Fixed, deadline, digest_array
 from recordio_helpers import ShortReads
 
 M = struct.pack("<I", MAGIC)
@@ -66,18 +64,6 @@ MAX_RECORD = 64 << 20   # RecordReader's default max_record_bytes
 SEEDS = 50              # per mutation kind
 
 
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Raise TimeoutError in the main thread if the block runs longer than ``seconds`` (a hang)."""
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: hang")
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # -- the original stream -------------------------------------------------------------------------------

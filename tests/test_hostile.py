@@ -9,8 +9,6 @@ a reader process and decoder processes, plus invariant 4 (no hang: every run is 
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import struct
 import time
 
@@ -22,27 +20,12 @@ from parrecio import CorruptRecordError, DecodeError, ParallelReader, ParrecioEr
 from parrecio.decoders import Image, Json
 from parrecio.recordio.framing import MAGIC
 from image_helpers import jpeg, png_claiming
-from pipeline_helpers import Fixed, digest_array, write_rec
+from pipeline_helpers import Fixed, deadline, digest_array, write_rec
 
 M = struct.pack("<I", MAGIC)
 HUGE = (1 << 29) - 1  # the largest length an lrec word can hold (cflag 0)
 
 
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Fail (instead of hanging the suite) when the block runs longer than ``seconds``.
-
-    SIGALRM's handler raises in the main thread, inside whatever wait the consumer is in; the exception
-    then goes through the pipeline's own cleanup (generator ``finally``, ``close``)."""
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"no result after {seconds} s: the pipeline hangs")
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def collect(reader, limit: float = 30.0):

@@ -4,9 +4,7 @@ build that lies on this kind of machine's disk)."""
 
 from __future__ import annotations
 
-import gc
 import io
-import os
 import time
 from collections import namedtuple
 
@@ -21,8 +19,6 @@ from torch.utils.data import DataLoader  # noqa: E402
 from parrecio import ParallelReader, RecordWriter  # noqa: E402
 from parrecio.decoders import ClassLabel, Image, Json  # noqa: E402
 from parrecio.integrations.torch import DataLoaderWorkerError, ParallelIterableDataset, to_torch  # noqa: E402
-from parrecio.pipeline.shm import leftover  # noqa: E402
-from pipeline_helpers import our_children  # noqa: E402
 
 N = 40          # samples
 BATCH = 8
@@ -49,19 +45,6 @@ def rec(tmp_path_factory):
 
 def fields():
     return [Image(size=SIZE), ClassLabel()]
-
-
-@pytest.fixture
-def no_leaks():
-    mine = f"parrecio-{os.getpid()}-"
-    before = set(leftover(mine))
-    yield
-    gc.collect()
-    deadline = time.monotonic() + 5
-    while (our_children() or set(leftover(mine)) - before) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert our_children() == []
-    assert set(leftover(mine)) - before == set()
 
 
 def test_dataloader_batches_zero_copy_and_epochs(rec, no_leaks):

@@ -12,8 +12,8 @@ import pytest
 
 from parrecio import CorruptRecordError, DecodeError, ParallelReader
 from parrecio.decoders import Json, Raw
-from pipeline_helpers import (Fixed, FixedNoInto, FailOn, Pair, Ragged, Sleepy, digest_array, payloads,
-                              write_rec)
+from pipeline_helpers import (Fixed, FixedNoInto, FailOn, Pair, Ragged, Sleepy, digest_array, feed_fifo,
+                              payloads, write_rec)
 
 
 @pytest.fixture(scope="module")
@@ -231,19 +231,12 @@ def test_start_methods(stream, method, no_leaks):
 
 
 def test_fifo_fed_slowly_by_another_process(tmp_path, no_leaks):
-    import subprocess
-    import sys
     recs = payloads(60, seed=3)
     src = tmp_path / "src.rec"
     write_rec(src, recs)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    feeder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\n"
-        "data = open(sys.argv[1], 'rb').read()\n"
-        "with open(sys.argv[2], 'wb', buffering=0) as f:\n"
-        "    for i in range(0, len(data), 997):\n"
-        "        f.write(data[i:i + 997]); time.sleep(0.002)\n"), str(src), str(fifo)])
+    feeder = feed_fifo(src, fifo, 997, 0.002)
     try:
         with ParallelReader(str(fifo), fields=Fixed(), workers=2, batch_size=5) as reader:
             t0 = time.monotonic()
@@ -257,19 +250,12 @@ def test_fifo_fed_slowly_by_another_process(tmp_path, no_leaks):
 
 
 def test_fifo_whole_stream_in_order(tmp_path, no_leaks):
-    import subprocess
-    import sys
     recs = payloads(300, seed=4, max_len=3000)
     src = tmp_path / "src.rec"
     write_rec(src, recs)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    feeder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\n"
-        "data = open(sys.argv[1], 'rb').read()\n"
-        "with open(sys.argv[2], 'wb', buffering=0) as f:\n"
-        "    for i in range(0, len(data), 4093):\n"
-        "        f.write(data[i:i + 4093]); time.sleep(0.001)\n"), str(src), str(fifo)])
+    feeder = feed_fifo(src, fifo, 4093, 0.001)
     try:
         with ParallelReader(str(fifo), workers=2) as reader:
             out = list(reader)
