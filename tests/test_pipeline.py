@@ -353,3 +353,31 @@ def test_unpicklable_decoder_is_refused_up_front(stream):
     path, _, _ = stream
     with pytest.raises(TypeError, match="field '1'.*cannot be pickled.*lambda"):
         ParallelReader(path, fields=[Raw(), lambda b: b])
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_stdin_channel_end_to_end(stream, method):
+    """`... | python train.py` with ParallelReader("-"): the reader process gets stdin under every start
+    method; a second epoch is refused (a pipe can be read once)."""
+    import hashlib
+    import subprocess
+    import sys
+    path, recs, _ = stream
+    script = (
+        "import hashlib, sys\n"
+        "from parrecio import ParallelReader, SourceError\n"
+        "if __name__ == '__main__':\n"
+        f"    with ParallelReader('-', workers=1, start_method={method!r}) as r:\n"
+        "        h = hashlib.sha256(); n = 0\n"
+        "        for rec in r:\n"
+        "            h.update(rec); n += 1\n"
+        "        try:\n"
+        "            list(r)\n"
+        "        except SourceError as e:\n"
+        "            print('second epoch:', 'once' in str(e))\n"
+        "    print(n, h.hexdigest())\n")
+    out = subprocess.run([sys.executable, "-c", script], stdin=open(path, "rb"), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    expected = hashlib.sha256(b"".join(recs)).hexdigest()
+    assert out.stdout.split("\n")[:2] == ["second epoch: True", f"{len(recs)} {expected}"]
