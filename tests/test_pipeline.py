@@ -381,3 +381,17 @@ def test_stdin_channel_end_to_end(stream, method):
     assert out.returncode == 0, out.stderr
     expected = hashlib.sha256(b"".join(recs)).hexdigest()
     assert out.stdout.split("\n")[:2] == ["second epoch: True", f"{len(recs)} {expected}"]
+
+
+def test_full_dev_shm_is_a_clear_error_not_a_sigbus(stream, monkeypatch, no_leaks):
+    import errno
+    from parrecio import PipelineError
+    path, _, _ = stream
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    reader = ParallelReader(path, fields=Fixed(), workers=1)
+    with pytest.raises(PipelineError, match=r"cannot allocate 64\.0 MiB of shared memory.*--shm-size"):
+        iter(reader)
+    assert reader.state.value == "closed"

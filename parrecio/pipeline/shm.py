@@ -11,10 +11,13 @@ no chance to clean up) its surviving children can :func:`sweep` everything of th
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import secrets
 from typing import Iterable, Optional
+
+from ..errors import PipelineError
 
 try:  # CPython's own binding of shm_open/shm_unlink (what multiprocessing.shared_memory uses)
     import _posixshmem
@@ -51,6 +54,7 @@ class Segment:
         fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
             os.ftruncate(fd, size)
+            _reserve(fd, size, name)
             buf = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -84,6 +88,27 @@ class Segment:
 
     def __repr__(self) -> str:
         return f"Segment({self.name!r}, {self.size})"
+
+
+def _reserve(fd: int, size: int, name: str) -> None:
+    """Allocate the segment's pages now.  On a full tmpfs (Docker's default /dev/shm is 64 MiB) a write
+    to a page that cannot be allocated kills the process with SIGBUS; failing here gives an error."""
+    if not hasattr(os, "posix_fallocate"):  # pragma: no cover - macOS
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.ENOMEM):
+            return  # this file system cannot preallocate: go on without
+        try:
+            st = os.statvfs(SHM_DIR)
+            free = f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB free in {SHM_DIR}"
+        except OSError:
+            free = "shared memory is full"
+        raise PipelineError(
+            f"cannot allocate {size / 2**20:.1f} MiB of shared memory for {name} ({free}): make "
+            f"{SHM_DIR} larger (e.g. `docker run --shm-size=1g`), or ask for less (ring_bytes=, "
+            f"fewer workers, a smaller batch_size)") from err
 
 
 def _unlink(name: str) -> None:
