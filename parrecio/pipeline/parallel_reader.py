@@ -47,6 +47,8 @@ Fields = Union[None, Callable[[Any], Any], Sequence[Callable[[Any], Any]], Mappi
 
 
 class State(enum.Enum):
+    """Lifecycle of a ParallelReader (``reader.state``)."""
+
     NEW = "new"          # nothing started
     IDLE = "idle"        # processes and shared memory up, no pass running
     RUNNING = "running"  # a pass is being iterated

@@ -71,6 +71,7 @@ class WorkerPool:
         self._ids = itertools.count()
 
     def start(self) -> None:
+        """Start the ``n`` processes."""
         self.workers = [self._spawn(i) for i in range(self.n)]
 
     def _spawn(self, index: int) -> _Worker:
@@ -89,9 +90,11 @@ class WorkerPool:
         return [w.proc.pid for w in self.workers]
 
     def next_id(self) -> int:
+        """A new task id."""
         return next(self._ids)
 
     def load(self) -> int:
+        """Tasks in flight, all workers together."""
         return sum(len(w.inflight) for w in self.workers)
 
     def pick(self, max_inflight: int) -> Optional[_Worker]:
@@ -103,6 +106,7 @@ class WorkerPool:
         return best if best is not None and len(best.inflight) < max_inflight else None
 
     def submit(self, worker: _Worker, task: Task) -> None:
+        """Send ``task`` to ``worker`` and count it in flight there."""
         if not worker.inflight:
             worker.progress = time.monotonic()
         worker.inflight[task.task_id] = task
@@ -112,6 +116,7 @@ class WorkerPool:
             pass  # it died: its sentinel will fire and the task will be re-run
 
     def waitables(self) -> List[Any]:
+        """Every result pipe and process sentinel, for ``multiprocessing.connection.wait``."""
         objs: List[Any] = []
         for w in self.workers:
             objs.append(w.result_conn)

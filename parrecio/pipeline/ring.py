@@ -49,6 +49,3 @@ class RingWriter:
         """The consumer released everything before ``pos``."""
         if pos > self.tail:
             self.tail = pos
-
-    def reset(self) -> None:
-        self.head = self.tail = 0

@@ -152,6 +152,7 @@ class SlotPool:
         return slot
 
     def lease(self, slot: int) -> Lease:
+        """A new lease on ``slot``: views made from it keep the slot out of the free list."""
         self._leased.add(slot)
         return Lease(self, slot)
 
@@ -166,9 +167,6 @@ class SlotPool:
         """True when no slot is free or busy in the run: every one is in the user's hands."""
         self.poll()
         return not self.free and not self._busy
-
-    def writer_arrays(self, slot: int) -> List[np.ndarray]:
-        return self.layout.arrays(self.segments[slot].buf)
 
     def close(self) -> None:
         """Unlink every segment; unmap those no view uses (the others stay mapped for the user)."""

@@ -44,6 +44,7 @@ class Stats:
     decoded: Dict[int, int] = field(default_factory=dict)
 
     def add_reader(self, rs: dict) -> None:
+        """Add the counters the reader process sent at the end of a pass."""
         self.records += rs.get("records", 0)
         self.bytes += rs.get("bytes", 0)
         self.skipped += rs.get("skipped_groups", 0)
@@ -55,6 +56,7 @@ class Stats:
         self.wait_consumer_time += rs.get("wait_consumer_time", 0.0)
 
     def add_worker(self, pid: int, cpu: float, n: int) -> None:
+        """Count ``n`` groups decoded by worker ``pid`` in ``cpu`` seconds."""
         self.decode_cpu[pid] = self.decode_cpu.get(pid, 0.0) + cpu
         self.decoded[pid] = self.decoded.get(pid, 0) + n
 
@@ -75,6 +77,7 @@ class Stats:
         return "decode" if self.workers and self.decode_cpu else "unknown"
 
     def as_dict(self) -> dict:
+        """Every counter and the bottleneck verdict, as plain data (for JSON)."""
         d = dict(self.__dict__)
         d["decode_cpu"] = dict(self.decode_cpu)
         d["decoded"] = dict(self.decoded)
