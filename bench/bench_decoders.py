@@ -8,7 +8,9 @@ core), cases interleaved; each image keeps its best time over the passes, and a 
 over the sum of those times (steady even when other processes share the cores).  An ``accuracy``
 section measures how far the optional fast paths (``draft``, ``reducing_gap``) move pixels from the
 exact result, on the same images, at the benchmark size and at a quarter of it (where DCT scaling
-applies more often).
+applies more often).  With simplejpeg installed (``pip install 'parrecio[fast]'``) the ``Image`` cases
+also run with ``backend="simplejpeg"``, side by side, and ``accuracy`` adds how far that backend moves
+pixels from the Pillow backend (zero where both decode alike).
 
 Prints one JSON document: the PIL build in use, the inputs, ``throughput`` and ``accuracy``.
 """
@@ -34,6 +36,13 @@ from PIL import Image as PILImage
 
 from parrecio.decoders import BoundingBoxes, ClassLabel, Image, ImageRecord
 from parrecio.recordio.irheader import IRHeader, pack
+
+
+def simplejpeg_version() -> str | None:
+    try:
+        return importlib.metadata.version("simplejpeg")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def pil_build() -> Dict[str, str]:
@@ -118,11 +127,30 @@ def throughput(images: List[bytes], size: int, repeat: int) -> Dict[str, float]:
         "Image(size) stretch reducing_gap=2.0, decode_into": into(Image(size, reducing_gap=2.0)),
         "Image() no resize, __call__": Image(),
     }
+    if simplejpeg_version():
+        import simplejpeg
+
+        cases["simplejpeg decode only (RGB)"] = lambda b: simplejpeg.decode_jpeg(b, colorspace="RGB")
+        for name, make in (("Image(size) stretch", lambda **k: Image(size, **k)),
+                           ("Image(size) letterbox", lambda **k: Image(size, resize="letterbox", **k)),
+                           ("Image(size) shorter", lambda **k: Image(size, resize="shorter", **k)),
+                           ("Image(size) stretch draft=True", lambda **k: Image(size, draft=True, **k))):
+            cases[f"{name}, decode_into, backend=simplejpeg"] = into(make(backend="simplejpeg"))
+        cases["Image(size) stretch CHW, decode_into, backend=simplejpeg"] = \
+            lambda b, d=Image(size, layout="CHW", backend="simplejpeg"), o=np.empty((3, size, size), np.uint8): \
+            d.decode_into(b, o)
+        cases["Image() no resize, __call__, backend=simplejpeg"] = Image(backend="simplejpeg")
+        record_sj = ImageRecord(Image(size, backend="simplejpeg"), label_width=0)
+    else:
+        record_sj = None
     result = rates({name: (fn, images) for name, fn in cases.items()}
                    | {"ImageRecord(Image(size), label_width=0), decode_into":
                       (lambda p: record.decode_into(p, (out, label0)), records),
                       "ImageRecord(Image(size), label_width=3), decode_into":
-                      (lambda p: record_multi.decode_into(p, outs), multi)}, repeat)
+                      (lambda p: record_multi.decode_into(p, outs), multi)}
+                   | ({"ImageRecord(Image(size, backend=simplejpeg), label_width=0), decode_into":
+                       (lambda p: record_sj.decode_into(p, (out, label0)), records)} if record_sj else {}),
+                   repeat)
     result |= rates({"BoundingBoxes() labels/s": (BoundingBoxes(), labels),
                      "BoundingBoxes(max_boxes=16, normalize=True) labels/s":
                      (BoundingBoxes(normalize=True, max_boxes=16), labels),
@@ -131,9 +159,9 @@ def throughput(images: List[bytes], size: int, repeat: int) -> Dict[str, float]:
     return result
 
 
-def differences(images: List[bytes], size: int, **fast) -> Dict[str, float]:
-    """Pixel differences (0..255 scale) of ``Image(size, **fast)`` against ``Image(size)`` (exact)."""
-    exact, other = Image(size), Image(size, **fast)
+def differences(images: List[bytes], size: int, reference: Dict | None = None, **fast) -> Dict[str, float]:
+    """Pixel differences (0..255 scale) of ``Image(size, **fast)`` against ``Image(size, **reference)``."""
+    exact, other = Image(size, **(reference or {})), Image(size, **fast)
     diffs, changed = [], 0
     for b in images:
         d = np.abs(exact(b).astype(np.int16) - other(b).astype(np.int16))
@@ -152,6 +180,13 @@ def accuracy(images: List[bytes], size: int) -> Dict[str, Dict[str, float]]:
                            ("reducing_gap=2.0", {"reducing_gap": 2.0}),
                            ("reducing_gap=3.0", {"reducing_gap": 3.0})):
             result[f"{name} at {target}x{target}"] = differences(images, target, **fast)
+    if simplejpeg_version():  # the backend against Pillow, each option on both sides
+        for name, options in (("", {}), (" resize=letterbox", {"resize": "letterbox"}),
+                              (" resize=shorter", {"resize": "shorter"}), (" mode=L", {"mode": "L"}),
+                              (" draft=True", {"draft": True}), (" draft=True mode=L", {"draft": True, "mode": "L"})):
+            for target in (size, max(8, size // 4)):
+                result[f"backend=simplejpeg{name} vs pillow at {target}x{target}"] = differences(
+                    images, target, reference=options, backend="simplejpeg", **options)
     return result
 
 
@@ -168,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sizes = [PILImage.open(io.BytesIO(b)).size for b in images]
     doc = {
         "pil": pil_build(),
+        "simplejpeg": simplejpeg_version(),
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),
         "inputs": {"source": args.images or "generated photo-like 500x375 q90", "images": len(images),
