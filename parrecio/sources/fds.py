@@ -157,21 +157,15 @@ class StdinSource(FdSource):
         super().__init__(FdCarrier(fd), name="<stdin>", kind="stdin")
 
 
-class _PreadRaw(io.RawIOBase):
-    """A regular file read with ``pread`` from ``start``: never moves the descriptor's shared offset."""
+class _FdRaw(io.RawIOBase):
+    """A raw binary reader that owns the descriptor ``fd`` (closed with it)."""
 
-    def __init__(self, fd: int, start: int) -> None:
+    def __init__(self, fd: int) -> None:
         super().__init__()
         self._fd = fd
-        self._pos = start
 
     def readable(self) -> bool:
         return True
-
-    def readinto(self, buf) -> int:
-        n = os.preadv(self._fd, [buf], self._pos)
-        self._pos += n
-        return n
 
     def fileno(self) -> int:
         return self._fd
@@ -182,18 +176,27 @@ class _PreadRaw(io.RawIOBase):
         super().close()
 
 
-class _PumpReader(io.RawIOBase):
+class _PreadRaw(_FdRaw):
+    """A regular file read with ``pread`` from ``start``: never moves the descriptor's shared offset."""
+
+    def __init__(self, fd: int, start: int) -> None:
+        super().__init__(fd)
+        self._pos = start
+
+    def readinto(self, buf) -> int:
+        n = os.preadv(self._fd, [buf], self._pos)
+        self._pos += n
+        return n
+
+
+class _PumpReader(_FdRaw):
     """The reader side of a pump: the payload bytes of ``[len][chunk]`` frames, until the end marker."""
 
     def __init__(self, fd: int, name: str) -> None:
-        super().__init__()
-        self._fd = fd
+        super().__init__(fd)
         self._name = name
         self._left = 0  # bytes left in the current chunk
         self._ended = False
-
-    def readable(self) -> bool:
-        return True
 
     def readinto(self, buf) -> int:
         if self._ended or len(buf) == 0:
@@ -232,14 +235,6 @@ class _PumpReader(io.RawIOBase):
             f"{self._name}: the copy of the file object ended early (the consumer process released the "
             f"source or died before the object's end)"
         )
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def close(self) -> None:
-        if not self.closed:
-            os.close(self._fd)
-        super().close()
 
 
 class _Pump:
