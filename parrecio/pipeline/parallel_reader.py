@@ -287,12 +287,16 @@ class ParallelReader:
         else:
             items = batches(run.samples(), self.batch_size, self.drop_last, sh.layout,
                             len(sh.cfg.decoders), self._kind, self._names)
-        last = time.perf_counter()
+        last = start = time.perf_counter()
+        first = True
         try:
             for item in items:
                 if run.aborted:  # this pass was ended by close() or a new iteration
                     raise _ended()
                 t0 = time.perf_counter()
+                if first:
+                    st.startup_time += t0 - start
+                    first = False
                 st.wall_time += t0 - last  # kept current, so that telemetry() mid-pass has a verdict
                 yield item
                 last = time.perf_counter()

@@ -18,7 +18,9 @@ class Stats:
     - ``wait_workers_time``: the consumer waiting inside ``next()`` for decoded samples (decode-bound);
     - ``user_time``: the consumer's time outside ``next()`` (your training step);
     - ``decode_cpu``: CPU seconds per worker pid spent decoding;
-    - ``wall_time``: time from the first ``next()`` of each pass to its end, summed over passes.
+    - ``wall_time``: time from the first ``next()`` of each pass to its end, summed over passes;
+    - ``startup_time``: of that, the time until each pass's first sample (processes starting, the first
+      records arriving), left out of the bottleneck verdict, which is about the steady state.
 
     :attr:`bottleneck` names the stage that limits throughput.
     """
@@ -39,6 +41,7 @@ class Stats:
     wait_workers_time: float = 0.0
     user_time: float = 0.0
     wall_time: float = 0.0
+    startup_time: float = 0.0
     workers: int = 0
     decode_cpu: Dict[int, float] = field(default_factory=dict)
     decoded: Dict[int, int] = field(default_factory=dict)
@@ -65,10 +68,10 @@ class Stats:
         """``"consumer"`` (samples are ready before you ask: your loop is the limit), ``"decode"`` (the
         decoder processes are busy), ``"source"`` (the reader process waits on the stream), or
         ``"unknown"`` (too little data, or no stage stands out)."""
-        wall = self.wall_time
+        wall = self.wall_time - self.startup_time
         if wall <= 0 or self.samples == 0:
             return "unknown"
-        if self.wait_workers_time < 0.15 * wall:
+        if self.wait_workers_time - self.startup_time < 0.15 * wall:
             return "consumer"
         if self.workers and sum(self.decode_cpu.values()) >= 0.6 * wall * self.workers:
             return "decode"
