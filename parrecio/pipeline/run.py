@@ -35,7 +35,7 @@ from ..errors import CorruptRecordError, PipelineError
 from .messages import Chunk, ReaderEnd, Release, RemoteError, Stop, StreamStart, Task, TaskDone
 from .reader_proc import ReaderConfig, reader_main
 from .pool import child_entry, describe_exit
-from .shm import Segment, sweep
+from .shm import Segment, sweep, unlink
 from .slots import Lease
 
 log = logging.getLogger("parrecio")
@@ -329,7 +329,7 @@ class Run:
         if cs.dispatched:
             self.in_pipeline -= 1
         if c.segment is not None:
-            Segment(c.segment, 0, None, False).unlink()
+            unlink(c.segment)
         else:
             try:
                 self.released_pos = c.ring_end
@@ -467,7 +467,7 @@ class Run:
         self._drain_data()
         for cs in self.chunks:
             if cs.chunk.segment is not None:
-                Segment(cs.chunk.segment, 0, None, False).unlink()
+                unlink(cs.chunk.segment)
         sweep(f"{sh.prefix}r{self.reader.pid}x")  # one-off segments it made but never sent
         self.chunks.clear()
         self.undispatched.clear()

@@ -24,7 +24,7 @@ try:  # CPython's own binding of shm_open/shm_unlink (what multiprocessing.share
 except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
 
-__all__ = ["Segment", "new_prefix", "sweep", "SHM_DIR"]
+__all__ = ["Segment", "new_prefix", "sweep", "unlink", "leftover", "SHM_DIR"]
 
 SHM_DIR = "/dev/shm"
 
@@ -58,7 +58,7 @@ class Segment:
             buf = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
-            _unlink(name)
+            unlink(name)
             raise
         os.close(fd)
         return cls(name, size, buf, True)
@@ -84,7 +84,7 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the name (the owner does this once); existing mappings stay valid."""
-        _unlink(self.name)
+        unlink(self.name)
 
     def __repr__(self) -> str:
         return f"Segment({self.name!r}, {self.size})"
@@ -111,11 +111,13 @@ def _reserve(fd: int, size: int, name: str) -> None:
             f"fewer workers, a smaller batch_size)") from err
 
 
-def _unlink(name: str) -> None:
+def unlink(name: str) -> bool:
+    """Remove the segment called ``name`` (existing mappings stay valid); False if it was not there."""
     try:
         _posixshmem.shm_unlink("/" + name)
+        return True
     except FileNotFoundError:
-        pass
+        return False
 
 
 def sweep(prefix: str, also: Iterable[str] = ()) -> int:
@@ -131,10 +133,7 @@ def sweep(prefix: str, also: Iterable[str] = ()) -> int:
     removed = 0
     for name in names:
         try:
-            _posixshmem.shm_unlink("/" + name)
-            removed += 1
-        except FileNotFoundError:
-            pass
+            removed += unlink(name)
         except OSError:
             pass
     return removed

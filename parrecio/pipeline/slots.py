@@ -128,10 +128,6 @@ class SlotPool:
         self.free.append(slot)
         return slot
 
-    @property
-    def names(self) -> List[str]:
-        return [s.name for s in self.segments]
-
     def poll(self) -> None:
         """Take in the slots whose last view died."""
         while self._released:
@@ -162,11 +158,6 @@ class SlotPool:
         self.poll()
         if slot not in self._leased:
             self.free.append(slot)
-
-    def all_user_held(self) -> bool:
-        """True when no slot is free or busy in the run: every one is in the user's hands."""
-        self.poll()
-        return not self.free and not self._busy
 
     def close(self) -> None:
         """Unlink every segment; unmap those no view uses (the others stay mapped for the user)."""
