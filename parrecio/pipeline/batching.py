@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from ..errors import CorruptRecordError, DecodeError
 from .run import Sample
 from .slots import SlotLayout
 
@@ -66,15 +67,25 @@ def _columns(samples: List[Sample], layout: SlotLayout, nfields: int) -> List[An
 
 def batches(samples: Iterator[Sample], batch_size: int, drop_last: bool, layout: SlotLayout,
             nfields: int, kind: str, names: Optional[Sequence[str]]) -> Iterator[Any]:
-    """Group samples into batches of ``batch_size`` (the last one shorter unless ``drop_last``)."""
+    """Group samples into batches of ``batch_size`` (the last one shorter unless ``drop_last``).
+
+    When the stream raises a data error (a sample that does not decode, broken framing), the samples
+    before it are not lost: they come out as a short batch first, then the error is raised."""
     shape = shaper(kind, names)
     buf: List[Sample] = []
-    for s in samples:
-        buf.append(s)
-        if len(buf) == batch_size:
+    try:
+        for s in samples:
+            buf.append(s)
+            if len(buf) == batch_size:
+                cols = _columns(buf, layout, nfields)
+                buf = []
+                yield shape(tuple(cols))
+    except (DecodeError, CorruptRecordError):
+        if buf:
             cols = _columns(buf, layout, nfields)
             buf = []
             yield shape(tuple(cols))
+        raise
     if buf and not drop_last:
         cols = _columns(buf, layout, nfields)
         buf = []

@@ -5,7 +5,7 @@ Channels (all ``multiprocessing`` pipes, one writer and one reader each)::
     reader process --data--> consumer     StreamStart, Chunk, ReaderEnd
     consumer --ctrl--> reader process     Release, Stop
     consumer --task--> worker i           Task, Stop
-    worker i --result--> consumer         TaskDone
+    worker i --result--> consumer         TaskDone, in a frame of its own (parrecio.pipeline.wire)
 
 Payload bytes never travel in these messages: a ``Chunk`` carries the ring offsets and lengths of many
 groups as packed ``array('q')`` bytes, so one message of a few hundred bytes describes a whole chunk.
@@ -62,8 +62,10 @@ class ReaderEnd:
 
 @dataclass
 class Release:
-    """The consumer delivered everything up to ring position ``pos``: the reader may overwrite it."""
+    """The consumer delivered everything up to ring position ``pos``: the reader may overwrite it.
+    ``oneoff_bytes``: the size of a one-off segment it delivered and removed (0 for none)."""
     pos: int
+    oneoff_bytes: int = 0
 
 
 @dataclass
@@ -87,6 +89,7 @@ class Task:
     lens: array
     dest: List[Tuple[str, int, int, int]] = field(default_factory=list)
     isolated: bool = False  # a re-run after a crash: its worker gets no other task meanwhile
+    split: bool = False     # pickle each value on its own (a re-run after a result that did not unpickle)
 
 
 @dataclass

@@ -20,7 +20,9 @@ import enum
 import logging
 import math
 import multiprocessing
+import numbers
 import os
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from ..errors import PipelineError
 from ..recordio import DEFAULT_MAX_RECORD_BYTES
 from ..sources import resolve
 from .batching import batches, shaper
+from .children import main_is_importable, register_for_fork
 from .pool import WorkerPool
 from .run import Run, _ended
 from .shm import Segment, new_prefix
@@ -42,6 +45,9 @@ from .worker import WorkerConfig
 log = logging.getLogger("parrecio")
 
 __all__ = ["ParallelReader"]
+
+_END = object()
+MIN_RING_BYTES = 64 << 10  # below this, groups of ordinary records would all need one-off segments
 
 Fields = Union[None, Callable[[Any], Any], Sequence[Callable[[Any], Any]], Mapping[str, Callable[[Any], Any]]]
 
@@ -63,6 +69,7 @@ class _Config:
     max_record_bytes: int
     chunk_groups: int
     chunk_bytes: int
+    oneoff_budget: int
     prefetch: int
     num_shards: int
     shard_index: int
@@ -76,7 +83,10 @@ class _Config:
 
 
 class _Shared:
-    """What outlives a pass: processes, shared memory, counters.  Cleaned up by :meth:`close`."""
+    """What outlives a pass: processes, shared memory, counters.  Cleaned up by :meth:`close`.
+
+    ``lock`` is held by the thread that iterates while it is inside the pipeline (never while the user's
+    loop body runs), and by :meth:`close` and a new pass: the pipeline is driven by one thread at a time."""
 
     def __init__(self) -> None:
         self.pool: Optional[WorkerPool] = None
@@ -85,9 +95,27 @@ class _Shared:
         self.slots: Optional[SlotPool] = None
         self.lifeline_r = self.lifeline_w = None
         self.run: Optional[Run] = None
+        self.source: Any = None
         self.closed = False
+        self.closing = False   # set by close() from any thread; the iterating thread leaves at once
+        self.lock = threading.RLock()
+        self.owner_pid = os.getpid()
+        register_for_fork(self)
 
     def close(self) -> None:
+        if self.closed or os.getpid() != self.owner_pid:
+            return
+        self.closing = True
+        # Wait for the iterating thread to step out of the pipeline (it does within poll_interval);
+        # past that, clean up anyway: close() must return whatever the other threads do.
+        locked = self.lock.acquire(timeout=10.0)
+        try:
+            self._close()
+        finally:
+            if locked:
+                self.lock.release()
+
+    def _close(self) -> None:
         if self.closed:
             return
         self.closed = True
@@ -106,8 +134,24 @@ class _Shared:
         for conn in (self.lifeline_w, self.lifeline_r):
             if conn is not None:
                 conn.close()
-        if getattr(self, "source", None) is not None:
+        if self.source is not None:
             self.source.release()
+
+    def forget_after_fork(self) -> None:
+        """In the child of an ``os.fork()`` of the consumer: this process owns none of the pipeline.
+        Close its copies of the consumer's pipe ends (the lifeline's write end above all: held here, it
+        would keep the children of a killed parent alive) and forget the processes.  The lifeline's read
+        end stays open: a child started with the ``fork`` method is such a child too, and watches it."""
+        self.closed = True
+        if self.run is not None:
+            self.run.forget_after_fork()
+        if self.pool is not None:
+            self.pool.forget_after_fork()
+        if self.lifeline_w is not None:
+            try:
+                self.lifeline_w.close()
+            except OSError:
+                pass
 
 
 def _default_workers() -> int:
@@ -168,53 +212,65 @@ class ParallelReader:
                  start_method: Optional[str] = None, seed: int = 0, poll_interval: float = 1.0,
                  shuffle: bool = False, shuffle_buffer: int = 1024, task_timeout: Optional[float] = 600.0,
                  **source_options: Any) -> None:
+        # Every value is checked before anything is opened, started or registered.
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if join not in (None, "mxnet", "concat"):
             raise ValueError(f"join must be 'mxnet' or 'concat', not {join!r}")
-        if batch_size is not None and int(batch_size) < 1:
-            raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
+        batch_size = None if batch_size is None else _count("batch_size", batch_size)
         num_shards, shard_index = _shards(num_shards, shard_index)
-        if not 0 <= shard_index < num_shards:
+        num_shards = _count("num_shards", num_shards)
+        shard_index = _count("shard_index", shard_index, minimum=0)
+        if not shard_index < num_shards:
             raise ValueError(f"need 0 <= shard_index < num_shards, got {shard_index} and {num_shards}")
-        workers = _default_workers() if workers is None else int(workers)
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, not {workers}")
+        workers = _default_workers() if workers is None else _count("workers", workers)
+        ring_bytes = _count("ring_bytes", ring_bytes, minimum=MIN_RING_BYTES)
+        chunk_groups = _count("chunk_groups", chunk_groups)
+        prefetch = _count("prefetch", prefetch)
+        slot_samples = _count("slot_samples", slot_samples)
+        max_record_bytes = _count("max_record_bytes", max_record_bytes)
+        seed = _count("seed", seed, minimum=0)
+        shuffle_buffer = _count("shuffle_buffer", shuffle_buffer)
+        poll_interval = _seconds("poll_interval", poll_interval)
+        task_timeout = None if task_timeout is None else _seconds("task_timeout", task_timeout)
+        methods = multiprocessing.get_all_start_methods()
+        if start_method is not None and start_method not in methods:
+            raise ValueError(f"start_method must be one of {methods} or None, not {start_method!r}")
         self._kind, self._names, decoders = _normalize_fields(fields)
-        self.batch_size = None if batch_size is None else int(batch_size)
+        self.batch_size = batch_size
         self.drop_last = bool(drop_last)
         self.workers = workers
         self.seed = seed
-        self._ring_bytes = int(ring_bytes)
-        self._slot_size = self.batch_size or int(slot_samples)
-        self._start_method = start_method or ("forkserver" if "forkserver" in
-                                              multiprocessing.get_all_start_methods() else "spawn")
+        self._ring_bytes = ring_bytes
+        self._slot_size = self.batch_size or slot_samples
+        self._start_method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
         if self._start_method != "fork":
             _check_picklable(decoders, self._names, self._start_method)
+        passthrough = [bool(getattr(d, "passthrough", False)) for d in decoders]
+        specs = [None if p else spec_of(d) for d, p in zip(decoders, passthrough)]
+        layout = SlotLayout(specs, self._slot_size)
+        # From here on something may need cleaning up: the finalizer exists before the source does
+        # (resolving "-" dups stdin, a file object may get a pump thread).
         self._sh = sh = _Shared()
+        self._finalizer = weakref.finalize(self, sh.close)
         sh.source = resolve(channel, **source_options)
         index_paths = _index_paths(sh.source)
         shuffle_mode = None if not shuffle else "index" if index_paths else "buffer"
-        if shuffle_mode == "buffer" and int(shuffle_buffer) < 1:
-            raise ValueError(f"shuffle_buffer must be >= 1, not {shuffle_buffer!r}")
         sh.cfg = _Config(decoders=decoders, join=join or sh.source.default_join, on_error=on_error,
-                         max_record_bytes=int(max_record_bytes), chunk_groups=int(chunk_groups),
-                         chunk_bytes=max(1 << 20, self._ring_bytes // 8), prefetch=int(prefetch),
-                         num_shards=int(num_shards), shard_index=int(shard_index),
-                         poll_interval=float(poll_interval), drain_timeout=2.0,
-                         task_timeout=None if task_timeout is None else float(task_timeout),
-                         shuffle=shuffle_mode,
-                         shuffle_buffer=int(shuffle_buffer), seed=int(seed), index_paths=index_paths)
+                         max_record_bytes=max_record_bytes, chunk_groups=chunk_groups,
+                         chunk_bytes=max(1 << 20, ring_bytes // 8), oneoff_budget=ring_bytes,
+                         prefetch=prefetch, num_shards=num_shards, shard_index=shard_index,
+                         poll_interval=poll_interval, drain_timeout=2.0, task_timeout=task_timeout,
+                         shuffle=shuffle_mode, shuffle_buffer=shuffle_buffer, seed=seed,
+                         index_paths=index_paths)
         sh.stats = Stats(workers=workers)
         sh.field_names = list(self._names)
-        sh.passthrough = [bool(getattr(d, "passthrough", False)) for d in decoders]
-        specs = [None if p else spec_of(d) for d, p in zip(decoders, sh.passthrough)]
-        sh.layout = SlotLayout(specs, self._slot_size)
+        sh.passthrough = passthrough
+        sh.layout = layout
         self._state = State.NEW
         self._epoch = 0
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
         self._pass_samples: Optional[int] = None  # samples of the last complete pass
-        self._finalizer = weakref.finalize(self, sh.close)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -226,7 +282,6 @@ class ParallelReader:
         sh.prefix = new_prefix()
         try:
             sh.lifeline_r, sh.lifeline_w = ctx.Pipe(duplex=False)
-            sh.fork_close = [sh.lifeline_w.fileno()] if self._start_method == "fork" else []
             sh.ring = Segment.create(sh.prefix + "ring", self._ring_bytes)
             sh.ring_mem = memoryview(sh.ring.buf)
             if sh.layout.has_fixed:
@@ -240,10 +295,10 @@ class ParallelReader:
                 cfg = WorkerConfig(decoders=sh.cfg.decoders, specs=sh.layout.specs,
                                    passthrough=sh.passthrough, layout=sh.layout, ring_name=sh.ring.name,
                                    prefix=sh.prefix, seed=self.seed, poll_interval=sh.cfg.poll_interval)
-                sh.pool = WorkerPool(ctx, cfg, self.workers, sh.lifeline_r, sh.fork_close)
+                sh.pool = WorkerPool(ctx, cfg, self.workers, sh.lifeline_r)
                 sh.pool.start()
         except BaseException:
-            sh.close()
+            sh._close()
             self._state = State.CLOSED
             raise
         self._state = State.IDLE
@@ -262,20 +317,30 @@ class ParallelReader:
 
     # -- iteration -----------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        """One pass over the stream (for a SageMaker Pipe-mode channel: the next epoch)."""
-        if self._state is State.CLOSED:
-            raise PipelineError("this ParallelReader is closed")
+        """One pass over the stream (for a SageMaker Pipe-mode channel: the next epoch).
+
+        A new pass in the thread that iterates ends the previous pass (resuming that one raises); a pass
+        from another thread while one runs is refused."""
         sh = self._sh
-        if sh.run is not None:  # a previous pass was left unfinished: end it first
-            sh.run.abort()
-            sh.run = None
-        sh.source.check_epoch(self._epoch)
-        if self._state is State.NEW:
-            self._start()
-        run = sh.run = Run(sh, self._epoch)
-        self._epoch += 1
-        sh.stats.epochs += 1
-        self._state = State.RUNNING
+        with sh.lock:
+            if self._state is State.CLOSED or sh.closing:
+                raise PipelineError("this ParallelReader is closed")
+            if sh.run is not None:  # a previous pass was left unfinished: end it first
+                other = sh.run.thread
+                if other is not threading.current_thread() and other.is_alive():
+                    raise PipelineError(
+                        f"this ParallelReader is being iterated by another thread ({other.name}): one "
+                        f"pass at a time; finish or close that pass first, or give each thread its "
+                        f"own reader")
+                sh.run.abort()
+                sh.run = None
+            sh.source.check_epoch(self._epoch)
+            if self._state is State.NEW:
+                self._start()
+            run = sh.run = Run(sh, self._epoch)
+            self._epoch += 1
+            sh.stats.epochs += 1
+            self._state = State.RUNNING
         return self._iterate(run)
 
     def _iterate(self, run: Run) -> Iterator[Any]:
@@ -290,9 +355,13 @@ class ParallelReader:
         last = start = time.perf_counter()
         first = True
         try:
-            for item in items:
-                if run.aborted:  # this pass was ended by close() or a new iteration
-                    raise _ended()
+            while True:
+                with sh.lock:  # inside the pipeline; released while the user's loop body runs
+                    if run.aborted or sh.closing:  # this pass was ended by close() or a new iteration
+                        raise _ended()
+                    item = next(items, _END)
+                if item is _END:
+                    break
                 t0 = time.perf_counter()
                 if first:
                     st.startup_time += t0 - start
@@ -303,15 +372,16 @@ class ParallelReader:
                 st.user_time += last - t0
                 st.wall_time += last - t0
         finally:
-            st.wall_time += time.perf_counter() - last
-            items.close()
-            if run.completed:
-                self._pass_samples = run.delivered
-            run.shutdown()
-            if sh.run is run:
-                sh.run = None
-                if self._state is State.RUNNING:
-                    self._state = State.IDLE
+            with sh.lock:
+                st.wall_time += time.perf_counter() - last
+                items.close()
+                if run.completed:
+                    self._pass_samples = run.delivered
+                run.shutdown()
+                if sh.run is run:
+                    sh.run = None
+                    if self._state is State.RUNNING:
+                        self._state = State.IDLE
 
     def __len__(self) -> int:
         """Samples (or batches, with ``batch_size``) per pass.  Known from the ``.idx`` files when every
@@ -389,13 +459,37 @@ class ParallelReader:
 def _check_picklable(decoders: List[Any], names: Sequence[str], method: str) -> None:
     """Decoders travel to the decoder processes pickled: say which one cannot, before any process starts."""
     import pickle
+    importable = main_is_importable()
     for name, d in zip(names, decoders):
         try:
-            pickle.dumps(d)
+            data = pickle.dumps(d)
         except Exception as exc:
             raise TypeError(f"field {name!r}: the decoder {d!r} cannot be pickled, so it cannot reach the "
                             f"decoder processes ({method} start method): {exc}. Use a module-level "
                             f"function or class instead of a lambda or a local function.") from exc
+        if not importable and b"__main__" in data:
+            raise TypeError(f"field {name!r}: the decoder {d!r} is defined in __main__, a script read from "
+                            f"standard input (or another file-less __main__), which the decoder processes "
+                            f"cannot import ({method} start method). Move it to a module, or use "
+                            f"start_method='fork'.")
+
+
+def _count(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``, or a ValueError (TypeError for a non-integer) naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value!r}")
+    return int(value)
+
+
+def _seconds(name: str, value: Any) -> float:
+    """``value`` as a positive number of seconds, or a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__} ({value!r})")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(value)
 
 
 def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:

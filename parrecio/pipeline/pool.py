@@ -2,48 +2,34 @@
 
 Each worker has a task pipe and a result pipe of its own, and its process sentinel; the consumer waits on
 all of them at once (``multiprocessing.connection.wait``), so a dead worker is noticed the moment it
-dies, not at the next timeout.  A dead worker's unfinished tasks are handed back to the caller (who
-decides how to re-run them) and a replacement is started in its place.
+dies, not at the next timeout.  Results are read without blocking (:mod:`parrecio.pipeline.wire`), so
+a worker stopped in the middle of a large result cannot freeze the consumer.  A dead worker's unfinished
+tasks are handed back to the caller (who decides how to re-run them) and a replacement is started in
+its place.
+
+A worker is *stuck* when it holds tasks and sent no byte for ``task_timeout`` seconds **of the
+consumer's waiting** (:attr:`WorkerPool.clock`, advanced by the caller only while it waits for
+results).  Time the consumer spends in its own loop body, or stopped, never counts against a decoder:
+a training step longer than ``task_timeout`` is not a hung decoder.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import PipelineError
-from .messages import Stop, Task, TaskDone
+from .children import child_entry, describe_exit, forget_processes, start
+from .messages import Stop, Task
+from .wire import Frame, FrameReader
 from .worker import WorkerConfig, worker_main
 
 log = logging.getLogger("parrecio")
 
-__all__ = ["WorkerPool", "child_entry"]
-
-
-def child_entry(close_fds: List[int], target, *args) -> None:
-    """Process entry point: under ``fork``, first close the parent's ends that the child inherited
-    (the lifeline's write end above all: a child holding it would keep the lifeline from ever firing)."""
-    import os
-    for fd in close_fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    target(*args)
-
-
-def describe_exit(code: Optional[int]) -> str:
-    """'exit code 1' or 'killed by SIGKILL'."""
-    if code is not None and code < 0:
-        import signal
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+__all__ = ["WorkerPool"]
 
 
 @dataclass
@@ -52,23 +38,26 @@ class _Worker:
     proc: Any
     task_conn: Any
     result_conn: Any
+    inbox: FrameReader
     inflight: Dict[int, Task] = field(default_factory=dict)
-    progress: float = 0.0  # monotonic time of its last result, or of getting work when it had none
+    progress: float = 0.0   # pool clock at its last byte received, or when it got work while it had none
+    killing: bool = False   # judged stuck and killed; its death is yet to be collected
 
 
 class WorkerPool:
     """``n`` decoder processes started from ``ctx`` (a multiprocessing context)."""
 
-    def __init__(self, ctx, cfg: WorkerConfig, n: int, lifeline_r, fork_close: List[int]) -> None:
+    def __init__(self, ctx, cfg: WorkerConfig, n: int, lifeline_r) -> None:
         self.ctx = ctx
         self.cfg = cfg
         self.n = n
         self.lifeline_r = lifeline_r
-        self.fork_close = fork_close
         self.workers: List[_Worker] = []
         self.replaced = 0
         self.deaths_without_progress = 0  # reset by every result: bounds a crash-at-start loop
+        self.clock = 0.0                  # seconds the consumer has spent waiting on the pool
         self._ids = itertools.count()
+        self._generations = itertools.count()  # every worker ever started gets its own seed
 
     def start(self) -> None:
         """Start the ``n`` processes."""
@@ -77,13 +66,18 @@ class WorkerPool:
     def _spawn(self, index: int) -> _Worker:
         task_r, task_w = self.ctx.Pipe(duplex=False)
         res_r, res_w = self.ctx.Pipe(duplex=False)
-        proc = self.ctx.Process(target=child_entry, name=f"parrecio-worker-{index}", daemon=True,
-                                args=(self.fork_close, worker_main, self.cfg, index, task_r, res_w,
-                                      self.lifeline_r))
-        proc.start()
+        try:
+            proc = self.ctx.Process(target=child_entry, name=f"parrecio-worker-{index}", daemon=True,
+                                    args=(self.cfg.prefix, self.lifeline_r, worker_main, self.cfg,
+                                          next(self._generations), task_r, res_w, self.lifeline_r))
+            start(proc)
+        except BaseException:
+            for c in (task_r, task_w, res_r, res_w):
+                c.close()
+            raise
         task_r.close()
         res_w.close()
-        return _Worker(index, proc, task_w, res_r)
+        return _Worker(index, proc, task_w, res_r, FrameReader(res_r.fileno()), progress=self.clock)
 
     @property
     def pids(self) -> List[int]:
@@ -101,14 +95,14 @@ class WorkerPool:
         """The least loaded worker with fewer than ``max_inflight`` tasks, or None.  A worker running
         an isolated task gets nothing else (were it to die, the task must be the only suspect)."""
         best = min((w for w in self.workers
-                    if not any(t.isolated for t in w.inflight.values())),
+                    if not w.killing and not any(t.isolated for t in w.inflight.values())),
                    key=lambda w: len(w.inflight), default=None)
         return best if best is not None and len(best.inflight) < max_inflight else None
 
     def submit(self, worker: _Worker, task: Task) -> None:
         """Send ``task`` to ``worker`` and count it in flight there."""
         if not worker.inflight:
-            worker.progress = time.monotonic()
+            worker.progress = self.clock
         worker.inflight[task.task_id] = task
         try:
             worker.task_conn.send(task)
@@ -119,20 +113,22 @@ class WorkerPool:
         """Every result pipe and process sentinel, for ``multiprocessing.connection.wait``."""
         objs: List[Any] = []
         for w in self.workers:
-            objs.append(w.result_conn)
+            if not w.inbox.eof:
+                objs.append(w.result_conn)
             objs.append(w.proc.sentinel)
         return objs
 
-    def collect(self, ready: List[Any]) -> Tuple[List[Tuple[Task, TaskDone]], List[Task]]:
+    def collect(self, ready: List[Any]) -> Tuple[List[Tuple[Task, Frame]], List[Task]]:
         """Results from the ready workers, and the unfinished tasks of those that died."""
-        done: List[Tuple[Task, TaskDone]] = []
+        done: List[Tuple[Task, Frame]] = []
         orphans: List[Task] = []
         for i, w in enumerate(self.workers):
             if w.result_conn in ready:
                 self._drain(w, done)
             if w.proc.sentinel in ready and not w.proc.is_alive():
+                got = len(done)
                 self._drain(w, done)  # results it sent before dying still count
-                self.deaths_without_progress = 0 if done else self.deaths_without_progress + 1
+                self.deaths_without_progress = 0 if len(done) > got else self.deaths_without_progress + 1
                 if self.deaths_without_progress > 2 * self.n + 2:
                     raise PipelineError(
                         f"decoder processes keep dying without finishing any task (the last: "
@@ -149,16 +145,14 @@ class WorkerPool:
         return done, orphans
 
     def _drain(self, w: _Worker, done: list) -> None:
-        try:
-            while w.result_conn.poll():
-                msg: TaskDone = w.result_conn.recv()
-                self.deaths_without_progress = 0
-                w.progress = time.monotonic()
-                task = w.inflight.pop(msg.task_id, None)
-                if task is not None:
-                    done.append((task, msg))
-        except (EOFError, OSError):
-            pass  # a message cut short by the worker's death: its task stays in flight
+        before = w.inbox.received
+        for frame in w.inbox.read():
+            self.deaths_without_progress = 0
+            task = w.inflight.pop(frame.task_id, None)
+            if task is not None:
+                done.append((task, frame))
+        if w.inbox.received != before:
+            w.progress = self.clock
 
     @staticmethod
     def _discard(w: _Worker) -> None:
@@ -170,19 +164,20 @@ class WorkerPool:
         w.proc.join(0.1)
 
     def kill_stuck(self, timeout: float) -> None:
-        """Kill the workers that hold tasks but sent no result for ``timeout`` seconds (a decoder that
-        hangs): their death is then handled like any other, and a sample that hangs again is poison."""
-        now = time.monotonic()
+        """Kill the workers that hold tasks but sent nothing for ``timeout`` seconds of the consumer's
+        waiting (a decoder that hangs, or a process stopped mid-send): their death is then handled like
+        any other, and a sample that hangs again is poison."""
         for w in self.workers:
-            if w.inflight and now - w.progress > timeout and w.proc.is_alive():
-                log.warning("parrecio: decoder process %d (pid %d) made no progress for %.0f s; killing it",
-                            w.index, w.proc.pid, now - w.progress)
+            if w.inflight and not w.killing and self.clock - w.progress > timeout and w.proc.is_alive():
+                log.warning("parrecio: decoder process %d (pid %d) made no progress for %.1f s while "
+                            "the consumer waited; killing it", w.index, w.proc.pid, self.clock - w.progress)
+                w.killing = True
                 w.proc.kill()
 
     def drain_all(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for every task in flight to finish (results discarded);
         workers still busy then are killed and replaced, so nothing writes into slots afterwards."""
-        from multiprocessing.connection import wait
+        import time
         deadline = time.monotonic() + timeout
         while self.load() and time.monotonic() < deadline:
             busy = [w for w in self.workers if w.inflight]
@@ -194,13 +189,14 @@ class WorkerPool:
                 if w.proc.sentinel in ready and not w.proc.is_alive():
                     w.inflight.clear()
         for i, w in enumerate(self.workers):
-            if w.inflight or not w.proc.is_alive():
+            if w.inflight or w.killing or w.inbox.partial or not w.proc.is_alive():
                 w.proc.kill()
                 self._discard(w)
                 self.workers[i] = self._spawn(w.index)
 
     def stop(self, timeout: float = 1.0) -> None:
         """Ask every worker to stop; kill those that do not within ``timeout`` seconds.  Idempotent."""
+        import time
         for w in self.workers:
             try:
                 w.task_conn.send(Stop())
@@ -213,4 +209,15 @@ class WorkerPool:
                 w.proc.kill()
                 w.proc.join(1.0)
             self._discard(w)
+        self.workers = []
+
+    def forget_after_fork(self) -> None:
+        """In the child of an ``os.fork()`` of the consumer: let go of the workers without a word."""
+        forget_processes(w.proc for w in self.workers)
+        for w in self.workers:
+            for c in (w.task_conn, w.result_conn):
+                try:
+                    c.close()
+                except OSError:
+                    pass
         self.workers = []

@@ -14,15 +14,21 @@ copies payloads into the ring and sends one small ``Chunk`` message per ``chunk_
 pending chunk is sent early whenever the next read would block, so a slow stream still flows.  When
 the ring is full it waits for the consumer to release space: a slow consumer pauses the reader.
 
-While it waits -- for data from a stalled FIFO, or for ring space -- it also watches the control pipe
-(``Stop``) and the lifeline (EOF when the consumer died; then it removes the run's shared memory).
+The group is the unit of capacity: a chunk ends at its last complete group, and a group that does not
+fit in half the ring is taken out of it and sent in a one-off segment of its own.  One-off segments in
+flight are bounded too (``oneoff_budget`` bytes, but one group is always let through): a slow consumer
+pauses the reader there as well.
+
+While it waits -- for data from a stalled FIFO, for ring space, for the one-off budget -- it also
+watches the control pipe (``Stop``) and the lifeline (EOF when the consumer died; then it removes the
+run's shared memory).  A watchdog thread (:mod:`parrecio.pipeline.children`) covers the waits it cannot
+watch itself, such as opening a FIFO that has no writer yet.
 """
 
 from __future__ import annotations
 
 import os
 import select
-import signal
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -50,6 +56,7 @@ class ReaderConfig:
     prefix: str                 # shm name prefix for one-off segments; swept if the consumer dies
     chunk_groups: int           # groups per Chunk message
     chunk_bytes: int            # ... or fewer when their payloads reach this many bytes
+    oneoff_budget: int = 0      # bytes of one-off segments in flight (one group is always let through)
     num_shards: int = 1
     shard_index: int = 0
     poll_interval: float = 1.0  # seconds between liveness checks while waiting
@@ -102,7 +109,9 @@ class _Reader:
         self.seq = 0          # next sequence number (groups of this shard)
         self.group_index = 0  # groups seen in the stream (all shards)
         self.pending = _Pending()
+        self.group_end = 0        # ring position after the last complete group: what a chunk may release
         self.n_oneoff = 0
+        self.oneoff_inflight = 0  # bytes of one-off segments sent and not yet released
 
     # -- control ---------------------------------------------------------------------------------
     def _handle_ctrl(self) -> None:
@@ -110,6 +119,7 @@ class _Reader:
             msg = self.ctrl.recv()
             if isinstance(msg, Release):
                 self.ring.release(msg.pos)
+                self.oneoff_inflight -= msg.oneoff_bytes
             elif isinstance(msg, Stop):
                 raise _Stopped()
 
@@ -136,23 +146,22 @@ class _Reader:
         p = self.pending
         if p.n:
             self.data.send(Chunk(p.first_seq, p.n, p.stream_id, p.ring_offs, p.lens, p.stream_offs,
-                                 self.ring.head))
+                                 self.group_end))
             self.pending = _Pending(stream_id=p.stream_id, first_seq=self.seq)
         self._handle_ctrl()
 
-    def _emit_group(self, stream_id: int, parts: list, first_offset: int) -> None:
-        """A complete group: ``parts`` are ``(ring_off, length, None)`` for records already in the ring,
-        ``(None, length, bytes)`` for records held in this process (too big for the ring, or shuffled)."""
-        ring_max = self.ring.max_record
-        if any(off is None and n > ring_max for off, n, _ in parts):
-            self._emit_oneoff(stream_id, parts, first_offset)
+    def _emit_group(self, stream_id: int, payloads: list, first_offset: int) -> None:
+        """A complete group held in this process (shuffled, read by index, or too big for the ring):
+        into the ring if it fits in half of it, else into a one-off segment."""
+        ring = self.ring
+        if ring.span([len(b) for b in payloads]) > ring.max_span:
+            self._emit_oneoff(stream_id, payloads, first_offset)
             return
-        placed = []
-        for off, n, data in parts:
-            if off is None:
-                off = self.ring.place(n)
-                self.mem[off:off + n] = data
-            placed.append((off, n, None))
+        placed, floor = [], ring.head
+        for b in payloads:
+            off = ring.place(len(b), floor)
+            self.mem[off:off + len(b)] = b
+            placed.append((off, len(b)))
         self._emit_placed(stream_id, placed, first_offset)
 
     def _emit_placed(self, stream_id: int, parts: list, first_offset: int) -> None:
@@ -163,31 +172,39 @@ class _Reader:
             p = self.pending
         if p.n == 0:
             p.stream_id, p.first_seq = stream_id, self.seq
-        for off, n, _ in parts:
+        for off, n in parts:
             p.ring_offs.append(off)
             p.lens.append(n)
             p.nbytes += n
         p.stream_offs.append(first_offset)
         p.n += 1
         self.seq += 1
+        self.group_end = self.ring.head
         if p.n >= self.cfg.chunk_groups or p.nbytes >= self.cfg.chunk_bytes:
             self.flush()
 
-    def _emit_oneoff(self, stream_id: int, parts: list, first_offset: int) -> None:
-        """A group too big for the ring gets a segment of its own (a chunk of one group)."""
+    def _emit_oneoff(self, stream_id: int, payloads: list, first_offset: int) -> None:
+        """A group too big for the ring gets a segment of its own (a chunk of one group), once the
+        one-off segments in flight leave room for it in the budget."""
         self.flush()
-        total = sum(n for _, n, _ in parts)
+        total = sum(map(len, payloads))
+        if self.oneoff_inflight and self.oneoff_inflight + total > self.cfg.oneoff_budget:
+            t0 = time.perf_counter()
+            while self.oneoff_inflight and self.oneoff_inflight + total > self.cfg.oneoff_budget:
+                self._watch([], self.cfg.poll_interval)
+            self.stats.wait_consumer_time += time.perf_counter() - t0
         seg = Segment.create(f"{self.cfg.prefix}r{os.getpid()}x{self.n_oneoff}", total)
         self.n_oneoff += 1
         offs, lens, pos = array("q"), array("q"), 0
-        for off, n, data in parts:
-            seg.buf[pos:pos + n] = data if off is None else self.mem[off:off + n]
+        for b in payloads:
+            seg.buf[pos:pos + len(b)] = b
             offs.append(pos)
-            lens.append(n)
-            pos += n
+            lens.append(len(b))
+            pos += len(b)
         seg.close()  # the consumer owns it from now on and unlinks it after delivery
+        self.oneoff_inflight += seg.size
         self.data.send(Chunk(self.seq, 1, stream_id, offs, lens, array("q", [first_offset]),
-                             self.ring.head, segment=seg.name))
+                             self.group_end, segment=seg.name))
         self.seq += 1
 
     # -- the stream ------------------------------------------------------------------------------
@@ -266,7 +283,7 @@ class _Reader:
                     continue
                 st.records += nf
                 st.bytes += sum(map(len, payloads))
-                self._emit_group(stream_id, [(None, len(b), b) for b in payloads], offs[0])
+                self._emit_group(stream_id, payloads, offs[0])
                 self._handle_ctrl()
         finally:
             for r in readers:
@@ -274,15 +291,22 @@ class _Reader:
 
     def _read_stream(self, stream_id: int, stream) -> None:
         """Records -> groups -> ring.  The hot loop of the pipeline for small records: counters are
-        locals, and a group whose records all went to the ring takes the short way out."""
+        locals, and a group whose records all went to the ring takes the short way out.
+
+        A group's records go into the ring as they arrive, each placed relative to the group's start
+        (``floor``); if the group outgrows half the ring, the records placed so far are copied out, the
+        ring is rewound to the group's start, and the group is held here (``held``) for a one-off
+        segment.  Shuffled groups are always held (they wait in the shuffle buffer)."""
         cfg, st = self.cfg, self.stats
         reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
                               max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
         nf, num_shards, shard = cfg.nfields, cfg.num_shards, cfg.shard_index
         shuffling = cfg.shuffle == "buffer"
-        place, mem, ring_max = self.ring.place, self.mem, self.ring.max_record
-        parts: list = []
-        held = False      # some record of the group is held here, not in the ring
+        ring, mem = self.ring, self.mem
+        place = ring.place
+        parts: list = []  # (ring offset, length) while placed; bytes once held; None when sharded out
+        held = shuffling
+        floor = 0         # ring position where the group being read starts
         first_offset = 0
         skipped_seen = 0
         keep = True
@@ -293,23 +317,31 @@ class _Reader:
                     skipped_seen = reader.skipped_records
                     if parts:
                         st.skipped_groups += 1
-                        parts, held = [], False
+                        if not held and keep:
+                            ring.rewind(floor)
+                        parts, held = [], shuffling
                 n = len(view)
                 records += 1
                 nbytes += n
                 if not parts:
                     first_offset = offset
+                    floor = ring.head
                     if num_shards > 1:
                         keep = self.group_index % num_shards == shard
                 if not keep:
                     parts.append(None)
-                elif shuffling or n > ring_max:
-                    parts.append((None, n, bytes(view)))
-                    held = True
+                elif held:
+                    parts.append(bytes(view))
                 else:
-                    off = place(n)
-                    mem[off:off + n] = view
-                    parts.append((off, n, None))
+                    off = place(n, floor)
+                    if off < 0:  # the group outgrows half the ring: take it out, hold it here
+                        parts = [bytes(mem[o:o + k]) for o, k in parts]
+                        parts.append(bytes(view))
+                        ring.rewind(floor)
+                        held = True
+                    else:
+                        mem[off:off + n] = view
+                        parts.append((off, n))
                 if len(parts) == nf:
                     self.group_index += 1
                     if not keep:
@@ -320,13 +352,15 @@ class _Reader:
                         self._emit_group(stream_id, parts, first_offset)
                     else:
                         self._emit_placed(stream_id, parts, first_offset)
-                    parts, held = [], False
+                    parts, held = [], shuffling
         finally:
             st.records += records
             st.bytes += nbytes
         st.skipped_records += reader.skipped_records
         st.skipped_bytes += reader.skipped_bytes
         if parts:
+            if not held and keep:
+                ring.rewind(floor)
             msg = (f"stream ended inside a group: {len(parts)} of {nf} records "
                    f"(the stream's record count is not a multiple of the group size)")
             if cfg.on_error == "raise":
@@ -357,16 +391,18 @@ class _Watched:
         except (AttributeError, OSError, ValueError):
             self._fd, self._regular = None, True
         self.name = getattr(file, "name", None)
+        # Bytes the raw reader holds above the fd (a stream whose first bytes were read to check them)
+        self._pending = getattr(self._file, "pending", _nothing_pending)
 
     def _await_data(self) -> None:
-        if self._regular:
+        if self._regular or self._pending():
             return
         r = self._reader
         if not select.select([self._fd], [], [], 0)[0]:
             r.flush()  # the next read would block: let the decoders have what we hold
             t0 = time.perf_counter()
-            while not r._watch([self._fd], r.cfg.poll_interval):
-                pass
+            while self._fd not in r._watch([self._fd], r.cfg.poll_interval):
+                pass  # woken by a control message or a timeout: keep watching until data comes
             r.stats.wait_source_time += time.perf_counter() - t0
 
     def readinto(self, buf) -> int:
@@ -393,14 +429,17 @@ class _Watched:
         pass  # the reader process closes the stream itself
 
 
+def _nothing_pending() -> int:
+    return 0
+
+
 def _is_regular(fd: int) -> bool:
     import stat
     return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
 def reader_main(cfg: ReaderConfig, data_conn, ctrl_conn, lifeline) -> None:
-    """Entry point of the reader process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
+    """Entry point of the reader process (started through :func:`parrecio.pipeline.children.child_entry`)."""
     r = None
     try:
         r = _Reader(cfg, data_conn, ctrl_conn, lifeline)

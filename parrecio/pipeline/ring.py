@@ -1,7 +1,9 @@
 """The input ring: payload bytes from the reader process to the decoders, in shared memory.
 
 The reader process is the only writer; it places each record at the next free offset (wrapping around,
-a record never straddles the end) and blocks when the ring is full.  The consumer releases space in
+a record never straddles the end) and blocks when the ring is full.  Capacity is checked per group (the
+records of one sample), and the consumer is only ever told about complete groups: a group's first
+records are never released, and so never overwritten, before the group is complete and decoded.  The consumer releases space in
 stream order, after delivering the groups that used it, by sending the ring position up to which
 everything is delivered.  Because space is released only after delivery, a crashed worker's groups are
 still in the ring and can be decoded again.
@@ -11,7 +13,7 @@ Positions are monotonic byte counts (``head``, ``tail``); the offset in the segm
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 __all__ = ["RingWriter", "ALIGN"]
 
@@ -23,27 +25,51 @@ class RingWriter:
 
     ``wait_for_release(needed_tail)`` is called when the ring is full; it must block until the consumer
     has released up to at least ``needed_tail`` (or raise to abort) and return the new tail.
+
+    The unit of capacity is the *group*: the records of one sample, placed one after another from the
+    group's start (``floor``).  A group may span at most ``max_span`` bytes (half the ring): then the
+    space it waits for always lies before its own start, i.e. in groups already sent to the consumer,
+    so the wait ends.  A group that would span more goes to a segment of its own (the caller's part).
     """
 
     def __init__(self, size: int, wait_for_release: Callable[[int], int]) -> None:
         self.size = size
-        self.max_record = size // 2 - ALIGN  # larger records get a segment of their own
+        self.max_span = size // 2
         self.head = 0
         self.tail = 0
         self._wait = wait_for_release
 
-    def place(self, n: int) -> int:
-        """Reserve ``n`` bytes; return their offset in the segment.  Blocks while the ring is full."""
+    def place(self, n: int, floor: int) -> int:
+        """Reserve ``n`` bytes for a record of the group that starts at position ``floor``; return their
+        offset in the segment, or -1 if the group would then span more than :attr:`max_span` (nothing
+        is reserved).  Blocks while the ring is full."""
         start = self.head
         off = start % self.size
         if off + n > self.size:  # does not fit before the end: skip to the start of the next lap
             start += self.size - off
             off = 0
         end = start + n
+        if end - floor > self.max_span:
+            return -1
         if end - self.tail > self.size:
             self.tail = self._wait(end - self.size)
         self.head = -(-end // ALIGN) * ALIGN
         return off
+
+    def span(self, sizes: Sequence[int]) -> int:
+        """Bytes that records of ``sizes``, placed from the head now, would span (nothing is reserved)."""
+        pos = self.head
+        for n in sizes:
+            off = pos % self.size
+            if off + n > self.size:
+                pos += self.size - off
+            end = pos + n
+            pos = -(-end // ALIGN) * ALIGN
+        return (end if sizes else pos) - self.head
+
+    def rewind(self, pos: int) -> None:
+        """Give back everything placed after ``pos`` (a group abandoned before it was sent)."""
+        self.head = pos
 
     def release(self, pos: int) -> None:
         """The consumer released everything before ``pos``."""

@@ -20,23 +20,34 @@ Ordering is by construction: chunks are delivered oldest first, groups within a 
 Worker death: its tasks are re-run.  A task of several groups is re-run as one task per group, so that a
 group that kills its worker again (a "poison" record) is found; a single group that killed two workers
 becomes a decode error of that sample instead of an endless respawn loop.
+
+A result that cannot be unpickled here (a value whose ``__reduce__`` fails in the consumer) is
+re-run with every value pickled on its own (``Task.split``), so that only the sample at fault becomes a
+decode error.
+
+Liveness: the pool's clock advances only while the consumer waits here (never while the user's loop
+body runs), and stuck workers are judged after the results at hand were collected.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pickle
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
-from ..errors import CorruptRecordError, PipelineError
-from .messages import Chunk, ReaderEnd, Release, RemoteError, Stop, StreamStart, Task, TaskDone
+from ..errors import CorruptRecordError, DecodeError, PipelineError
+from .children import child_entry, describe_exit, forget_processes, start
+from .messages import Chunk, ReaderEnd, Release, RemoteError, Stop, StreamStart, Task
 from .reader_proc import ReaderConfig, reader_main
-from .pool import child_entry, describe_exit
 from .shm import Segment, sweep, unlink
 from .slots import Lease
+from .wire import Frame
 
 log = logging.getLogger("parrecio")
 
@@ -93,7 +104,8 @@ class Run:
         self.nf = len(self.cfg.decoders)
         self.chunks: Deque[_ChunkState] = deque()   # received, not yet delivered (oldest first)
         self.undispatched: Deque[_ChunkState] = deque()
-        self.retry: Deque[Tuple[_ChunkState, int, int]] = deque()  # (chunk, start, n) to re-run
+        self.retry: Deque[Tuple[_ChunkState, int, int]] = deque()  # (chunk, start, n) to re-run alone
+        self.resplit: Deque[Tuple[_ChunkState, int, int]] = deque()  # ... with values pickled one by one
         self.tasks: Dict[int, _ChunkState] = {}
         self.slots: Dict[int, _Slot] = {}
         self.next_pos = 0
@@ -107,27 +119,37 @@ class Run:
         self.completed = False      # the whole stream was delivered without an error
         self.delivered = 0          # samples yielded in this pass
         self.stats = shared.stats
+        self.owner_pid = os.getpid()
+        self.thread = threading.current_thread()  # the thread that iterates this pass
         self._start_reader()
 
     # -- reader process ----------------------------------------------------------------------------
     def _start_reader(self) -> None:
         sh, cfg = self.sh, self.cfg
         ctx = sh.ctx
-        data_r, data_w = ctx.Pipe(duplex=False)
-        ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
         rcfg = ReaderConfig(
             source=sh.source, epoch=self.epoch, nfields=self.nf, join=cfg.join, on_error=cfg.on_error,
             max_record_bytes=cfg.max_record_bytes, ring_name=sh.ring.name, prefix=sh.prefix,
             chunk_groups=cfg.chunk_groups if sh.pool is not None else max(cfg.chunk_groups, 1024),
-            chunk_bytes=cfg.chunk_bytes, num_shards=cfg.num_shards,
+            chunk_bytes=cfg.chunk_bytes, oneoff_budget=cfg.oneoff_budget, num_shards=cfg.num_shards,
             shard_index=cfg.shard_index, poll_interval=cfg.poll_interval, shuffle=cfg.shuffle,
             shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed, index_paths=cfg.index_paths)
-        self.reader = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
-                                  args=(sh.fork_close, reader_main, rcfg, data_w, ctrl_r, sh.lifeline_r))
-        self.reader.start()
-        data_w.close()
-        ctrl_r.close()
+        data_r, data_w = ctx.Pipe(duplex=False)
+        ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
         self.data, self.ctrl = data_r, ctrl_w
+        try:
+            self.reader = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
+                                      args=(sh.prefix, sh.lifeline_r, reader_main, rcfg, data_w, ctrl_r,
+                                            sh.lifeline_r))
+            start(self.reader)
+        except BaseException:
+            self.closed = True
+            for conn in (data_r, data_w, ctrl_r, ctrl_w):
+                conn.close()
+            raise
+        finally:
+            data_w.close()  # the child has its own copies (or none: it did not start)
+            ctrl_r.close()
 
     # -- the loop ----------------------------------------------------------------------------------
     def delivered_chunks(self) -> Iterator[List[Sample]]:
@@ -169,20 +191,27 @@ class Run:
         objs: List[Any] = pool.waitables() if pool is not None else []
         if self.end is None:
             objs += [self.data, self.reader.sentinel]
+        t0 = time.monotonic()
         ready = wait(objs, timeout) if objs else []
+        if self.sh.closing:  # close() from another thread: leave the pipeline to it
+            raise _ended()
         if self.data in ready or self.reader.sentinel in ready:
             self._receive()
-        if pool is not None and self.cfg.task_timeout is not None:
+        if pool is None:
+            return
+        # The pool's clock runs only while we wait here, and at most as long as we meant to wait (a
+        # consumer stopped inside wait() does not make its decoders look stuck).
+        pool.clock += min(time.monotonic() - t0, timeout)
+        done, orphans = pool.collect(ready)
+        for task, frame in done:
+            self._store(task, frame)
+        for task in orphans:
+            self._orphaned(task)
+        if self.cfg.task_timeout is not None:
             pool.kill_stuck(self.cfg.task_timeout)
-        if pool is not None:
-            done, orphans = pool.collect(ready)
-            for task, msg in done:
-                self._store(task, msg)
-            for task in orphans:
-                self._orphaned(task)
-            self.stats.workers_replaced = pool.replaced
-            if done or orphans:
-                self._dispatch()
+        self.stats.workers_replaced = pool.replaced
+        if done or orphans:
+            self._dispatch()
 
     def _receive(self) -> None:
         eof = False
@@ -225,6 +254,12 @@ class Run:
                 return
             cs, start, n = self.retry.popleft()
             self._submit(w, cs, start, n, isolated=True)
+        while self.resplit:
+            w = pool.pick(cap)
+            if w is None:
+                return
+            cs, start, n = self.resplit.popleft()
+            self._submit(w, cs, start, n, split=True)
         while self.undispatched:
             w = pool.pick(cap)
             if w is None:
@@ -237,7 +272,8 @@ class Run:
             self.in_pipeline += 1
             self._submit(w, cs, 0, cs.chunk.n)
 
-    def _submit(self, worker: Any, cs: _ChunkState, start: int, n: int, isolated: bool = False) -> None:
+    def _submit(self, worker: Any, cs: _ChunkState, start: int, n: int, isolated: bool = False,
+                split: bool = False) -> None:
         c, nf = cs.chunk, self.nf
         dest = []
         if cs.pos0 is not None:
@@ -251,7 +287,7 @@ class Run:
                 j += count
         task = Task(self.sh.pool.next_id(), c.first_seq, start, n, c.segment or self.sh.ring.name,
                     c.ring_offs[start * nf:(start + n) * nf], c.lens[start * nf:(start + n) * nf], dest,
-                    isolated)
+                    isolated, split)
         self.tasks[task.task_id] = cs
         self.sh.pool.submit(worker, task)
 
@@ -262,7 +298,7 @@ class Run:
         p0, n = self.next_pos, cs.chunk.n
         for k in range(p0 // S, (p0 + n - 1) // S + 1):
             if k not in self.slots:
-                stuck = self.in_pipeline == 0 and not self.retry  # nothing in flight could free one
+                stuck = self.in_pipeline == 0 and not self.retry and not self.resplit  # nothing could free one
                 phys = self.sh.slots.acquire(may_grow=stuck)
                 if phys is None:
                     return False
@@ -275,16 +311,45 @@ class Run:
         return True
 
     # -- results -----------------------------------------------------------------------------------
-    def _store(self, task: Task, msg: TaskDone) -> None:
+    def _store(self, task: Task, frame: Frame) -> None:
         cs = self.tasks.pop(task.task_id, None)
         if cs is None:
             return
-        for j, v in enumerate(msg.values):
+        self.stats.add_worker(frame.pid, frame.cpu, task.n)
+        if frame.split:
+            values = self._unsplit(frame, cs, task)
+        else:
+            try:
+                values = frame.done().values
+            except Exception:  # some value does not unpickle here: re-run, each value pickled alone
+                self.resplit.append((cs, task.start, task.n))
+                return
+        for j, v in enumerate(values):
             cs.results[task.start + j] = v
             if type(v) is RemoteError:
                 cs.has_error = True
         cs.missing -= task.n
-        self.stats.add_worker(msg.pid, msg.cpu, task.n)
+
+    def _unsplit(self, frame: Frame, cs: _ChunkState, task: Task) -> list:
+        """The values of a split frame: each pickled on its own, one that cannot be unpickled here
+        replaced by the error that says so."""
+        values = []
+        for item in pickle.loads(frame.body):
+            if isinstance(item, bytes):  # a RemoteError
+                values.append(pickle.loads(item))
+                continue
+            vals: list = []
+            for f, b in enumerate(item):
+                try:
+                    vals.append(pickle.loads(b))
+                except Exception as exc:
+                    err = DecodeError(f"the value decoded by {self.cfg.decoders[f]!r} cannot be unpickled "
+                                      f"in the consumer: {type(exc).__name__}: {exc}")
+                    err.__cause__ = exc
+                    vals = RemoteError(err, f)
+                    break
+            values.append(vals if isinstance(vals, RemoteError) else tuple(vals))
+        return values
 
     def _orphaned(self, task: Task) -> None:
         """The worker running ``task`` died: re-run its groups, each alone on an idle worker.  A group
@@ -328,14 +393,15 @@ class Run:
         self.delivered += len(out)
         if cs.dispatched:
             self.in_pipeline -= 1
+        oneoff = 0
         if c.segment is not None:
             unlink(c.segment)
-        else:
-            try:
-                self.released_pos = c.ring_end
-                self.ctrl.send(Release(c.ring_end))
-            except (BrokenPipeError, OSError):
-                pass  # the reader has finished
+            oneoff = sum(c.lens)
+        try:
+            self.released_pos = max(self.released_pos, c.ring_end)
+            self.ctrl.send(Release(c.ring_end, oneoff))
+        except (BrokenPipeError, OSError):
+            pass  # the reader has finished
         return out, err
 
     def _deliver_plain(self, cs: _ChunkState, mem: memoryview) -> List[Sample]:
@@ -446,7 +512,7 @@ class Run:
     def shutdown(self) -> None:
         """End the run: stop the reader, let in-flight tasks finish (or kill their workers), free the
         run's slots and one-off segments.  Idempotent; returns within a few seconds whatever the peers do."""
-        if self.closed:
+        if self.closed or os.getpid() != self.owner_pid:
             return
         self.closed = True
         sh = self.sh
@@ -459,11 +525,8 @@ class Run:
             self._drain_data()
             self.reader.join(0.02)
         if self.reader.is_alive():
-            self.reader.terminate()
-            self.reader.join(0.5)
-            if self.reader.is_alive():
-                self.reader.kill()
-                self.reader.join(1.0)
+            self.reader.kill()  # not terminate(): on SIGTERM a child first waits to see if we died too
+            self.reader.join(1.0)
         self._drain_data()
         for cs in self.chunks:
             if cs.chunk.segment is not None:
@@ -472,11 +535,22 @@ class Run:
         self.chunks.clear()
         self.undispatched.clear()
         self.retry.clear()
+        self.resplit.clear()
         if sh.pool is not None and sh.pool.load():
             sh.pool.drain_all(self.cfg.drain_timeout)
         self.tasks.clear()
         for k in list(self.slots):
             self._slot_done(k)
+        for conn in (self.data, self.ctrl):
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def forget_after_fork(self) -> None:
+        """In the child of an ``os.fork()`` of the consumer: let go of the reader process silently."""
+        self.closed = True
+        forget_processes([self.reader])
         for conn in (self.data, self.ctrl):
             try:
                 conn.close()

@@ -1,22 +1,26 @@
-"""A decoder process: payloads from the input ring -> decoded values -> output slots / result messages.
+"""A decoder process: payloads from the input ring -> decoded values -> output slots / result frames.
 
 ::
 
-    consumer --Task--> [ worker ] --TaskDone--> consumer
+    consumer --Task--> [ worker ] --result frame--> consumer          (parrecio.pipeline.wire)
                           |  reads payloads: input ring (memoryview slices, no copy)
                           |  writes fixed-shape results: output slots (numpy views of shared memory)
 
 Each worker has its own task and result pipes, so a worker killed in the middle of a message breaks
 nothing shared (a shared queue's lock would be left held).  It leaves when told to stop, when its
 pipes close, or when the consumer dies (the lifeline pipe reports EOF): then it removes the run's
-shared memory, since the consumer cannot.
+shared memory, since the consumer cannot (see :mod:`parrecio.pipeline.children`).
+
+Anything a decoder raises -- an ordinary exception, ``KeyboardInterrupt``, ``SystemExit`` -- is data: a
+:class:`RemoteError` raised in the consumer at that sample's position.  So is a value that cannot be
+pickled back to the consumer.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
-import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -28,8 +32,9 @@ from ..decoders.base import OutputSpec, write_into
 from .messages import RemoteError, Stop, Task, TaskDone
 from .shm import Segment, sweep
 from .slots import SlotLayout
+from .wire import send_result
 
-__all__ = ["WorkerConfig", "worker_main"]
+__all__ = ["WorkerConfig", "worker_main", "seed_worker"]
 
 
 @dataclass
@@ -45,13 +50,21 @@ class WorkerConfig:
     poll_interval: float = 1.0   # seconds between liveness checks while idle
 
 
-def worker_main(cfg: WorkerConfig, index: int, task_conn, result_conn, lifeline) -> None:
-    """Entry point of a decoder process (``index`` is its number, for seeding)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
-    random.seed(cfg.seed + index)
-    np.random.seed((cfg.seed + index) % 2**32)
+def seed_worker(seed: int, generation: int) -> None:
+    """Seed ``random`` and ``numpy.random`` for the ``generation``-th decoder process ever started by a
+    reader with base ``seed``: streams from ``SeedSequence(seed).spawn``, so a replacement never replays
+    the stream of the worker it replaces, and base seeds ``s`` and ``s + 1`` share no stream."""
+    ss = np.random.SeedSequence(seed, spawn_key=(generation,))  # == SeedSequence(seed).spawn(g + 1)[g]
+    random.seed(int.from_bytes(ss.generate_state(4, np.uint64).tobytes(), "little"))
+    np.random.seed(ss.generate_state(8, np.uint32))
+
+
+def worker_main(cfg: WorkerConfig, generation: int, task_conn, result_conn, lifeline) -> None:
+    """Entry point of a decoder process (``generation`` numbers it among all workers of the reader)."""
+    seed_worker(cfg.seed, generation)
     ring = Segment.attach(cfg.ring_name)
     slots: Dict[str, tuple] = {}
+    result_fd = result_conn.fileno()
     try:
         while True:
             ready = wait([task_conn, lifeline], cfg.poll_interval)
@@ -63,7 +76,9 @@ def worker_main(cfg: WorkerConfig, index: int, task_conn, result_conn, lifeline)
             msg = task_conn.recv()
             if isinstance(msg, Stop):
                 return
-            result_conn.send(_run_task(cfg, msg, ring, slots))
+            done = _run_task(cfg, msg, ring, slots)
+            body, split = _pickled(done, msg.split, cfg.decoders)
+            send_result(result_fd, done, body, split)
     except (EOFError, OSError):
         # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after).
         if lifeline.poll(cfg.poll_interval):
@@ -105,13 +120,42 @@ def _run_task(cfg: WorkerConfig, task: Task, ring: Segment, slots: Dict[str, tup
                     finally:
                         payload.release()
                 values.append(tuple(vals))
-            except Exception as exc:  # a decode error is data: it is raised at its sequence number
+            except (Exception, KeyboardInterrupt, SystemExit) as exc:
+                # A decode error is data: it is raised at its sequence number.  KeyboardInterrupt and
+                # SystemExit raised *by a decoder* are its errors too, not requests to end this process.
                 values.append(RemoteError(exc, f))
     finally:
         mem.release()
         if seg is not ring:
             seg.close()
     return TaskDone(task.task_id, values, time.process_time() - cpu0, os.getpid())
+
+
+def _pickled(done: TaskDone, split: bool, decoders: List[Any]) -> tuple:
+    """``(body, split)``: the values pickled as one list, or -- when asked to (``split``), or when a
+    value cannot be pickled -- each field value pickled on its own, a value that cannot be replaced by
+    the error that says so."""
+    if not split:
+        try:
+            return pickle.dumps(done.values, pickle.HIGHEST_PROTOCOL), False
+        except Exception:
+            pass  # some value does not pickle: find it
+    out: list = []
+    for vals in done.values:
+        if isinstance(vals, RemoteError):
+            out.append(pickle.dumps(vals, pickle.HIGHEST_PROTOCOL))
+            continue
+        fields = []
+        for f, v in enumerate(vals):
+            try:
+                fields.append(pickle.dumps(v, pickle.HIGHEST_PROTOCOL))
+            except Exception as exc:
+                err = TypeError(f"the value decoded by {decoders[f]!r} cannot be pickled to travel back "
+                                f"to the consumer: {type(exc).__name__}: {exc}")
+                fields = pickle.dumps(RemoteError(err, f), pickle.HIGHEST_PROTOCOL)
+                break
+        out.append(fields)
+    return pickle.dumps(out, pickle.HIGHEST_PROTOCOL), True
 
 
 def _expand_dest(task: Task, layout: SlotLayout, slots: Dict[str, tuple]) -> List[Optional[list]]:

@@ -1,0 +1,143 @@
+"""The pipeline's child processes: how they start, how they watch their consumer, how they end.
+
+::
+
+    consumer ──start(proc)──> reader process, decoder processes      (forkserver / spawn / fork)
+       │ lifeline (a pipe only the consumer writes to: EOF = the consumer is gone)
+       └──────────────────────> child_entry: watchdog thread + SIGTERM/SIGHUP handler -> sweep(prefix)
+
+- :func:`child_entry` is every child's entry point.  Ctrl-C is ignored (the consumer handles it and stops
+  its children).  A watchdog thread waits on the lifeline, so a child notices its consumer's death even
+  while its main thread is blocked in a system call (opening a FIFO that has no writer yet, a read of a
+  stalled pipe): it removes the run's shared memory, which the dead consumer cannot, and exits.  SIGTERM
+  and SIGHUP (a job scheduler, ``timeout``, a closed terminal: usually sent to the whole process group)
+  get the same clean-up when the consumer died of it too.
+- :func:`start` starts a child.  Under ``spawn``/``forkserver`` multiprocessing re-imports ``__main__`` in
+  the child by its path; a script piped to ``python -`` has the path ``<stdin>``, which does not exist.
+  Such a ``__main__`` is started like an interactive session's: not re-imported.
+- :func:`register_for_fork`: after ``os.fork()`` in the consumer (a logging or evaluation helper), the
+  child must not own the parent's pipeline: it closes its copies of the consumer's pipe ends (above all
+  the lifeline's write end, which would keep the children of a killed parent alive) and forgets the
+  processes, so that its exit neither stops nor terminates them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import weakref
+from typing import Any, Callable, Iterator, Optional
+
+from .shm import sweep
+
+__all__ = ["child_entry", "start", "describe_exit", "register_for_fork", "main_is_importable"]
+
+TERMINATION_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
+                            if s is not None)
+_CONSUMER_DEATH_GRACE = 1.0  # seconds a signalled child waits for its consumer's death to show
+
+
+def describe_exit(code: Optional[int]) -> str:
+    """'exit code 1' or 'killed by SIGKILL'."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def child_entry(prefix: str, lifeline: Any, target: Callable[..., None], *args: Any) -> None:
+    """Entry point of the reader and decoder processes: set up the watch on the consumer, run ``target``.
+
+    ``prefix`` names the run's shared memory (swept if the consumer dies); ``lifeline`` is the read end
+    of the consumer's lifeline pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
+
+    def on_termination(signum: int, frame: Any) -> None:
+        # Sent to the whole process group, the signal killed the consumer too: its death shows on the
+        # lifeline within moments.  Sent to this child alone, the consumer lives and replaces us.
+        if lifeline.poll(_CONSUMER_DEATH_GRACE):
+            sweep(prefix)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # die of the signal, so that the exit status says so
+
+    for sig in TERMINATION_SIGNALS:
+        signal.signal(sig, on_termination)
+    threading.Thread(target=_watchdog, args=(prefix, lifeline), name="parrecio-lifeline",
+                     daemon=True).start()
+    target(*args)
+
+
+def _watchdog(prefix: str, lifeline: Any) -> None:
+    """Wait for the consumer's death (EOF on the lifeline); then clean up after it and leave at once,
+    whatever the main thread is blocked in."""
+    try:
+        lifeline.poll(None)
+    except (OSError, ValueError):
+        return  # the lifeline was closed by this process: it is ending anyway
+    sweep(prefix)
+    os._exit(0)
+
+
+def main_is_importable() -> bool:
+    """Whether a spawned child could re-import ``__main__`` (False for ``python -`` and friends)."""
+    main = sys.modules.get("__main__")
+    if getattr(main, "__spec__", None) is not None:
+        return True  # python -m: re-imported by module name
+    path = getattr(main, "__file__", None)
+    return path is None or os.path.isfile(path)
+
+
+@contextlib.contextmanager
+def _main_without_file() -> Iterator[None]:
+    """Hide a ``__main__.__file__`` that names no file while a child starts (see the module docstring)."""
+    main = sys.modules.get("__main__")
+    if main_is_importable() or main is None:
+        yield
+        return
+    path = main.__file__
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
+def start(proc: Any) -> None:
+    """Start the multiprocessing process ``proc`` (see :func:`_main_without_file`)."""
+    with _main_without_file():
+        proc.start()
+
+
+# -- os.fork() in the consumer ------------------------------------------------------------------------
+_FORK_AWARE: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def register_for_fork(obj: Any) -> None:
+    """Call ``obj.forget_after_fork()`` in the child of every later ``os.fork()`` of this process."""
+    _FORK_AWARE.add(obj)
+
+
+def _after_fork_in_child() -> None:
+    for obj in list(_FORK_AWARE):
+        try:
+            obj.forget_after_fork()
+        except Exception:  # never let our bookkeeping break the user's fork
+            pass
+    _FORK_AWARE.clear()
+
+
+def forget_processes(procs: Any) -> None:
+    """In a forked child: drop ``procs`` from multiprocessing's list of children, so that the child's
+    exit neither terminates nor joins processes it does not own."""
+    from multiprocessing import process
+    for p in procs:
+        process._children.discard(p)  # private, but the only way: it is what _exit_function walks
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
