@@ -20,6 +20,7 @@ from typing import Dict, Iterator, List, Optional, Union
 
 from ..errors import CorruptRecordError, SourceError
 from .framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
+from .paths import check_path_arg
 
 __all__ = ["IndexedRecordReader", "read_index"]
 
@@ -34,7 +35,7 @@ def read_index(idx_path: Union[str, "os.PathLike[str]"]) -> List[tuple]:
     raises :class:`~parrecio.errors.CorruptRecordError` whose ``offset`` is the line's byte offset in the
     ``.idx`` file.
     """
-    name = os.fsdecode(idx_path)
+    name = os.fsdecode(check_path_arg(idx_path, "idx_path", file_ok=False))
     try:
         with open(name, "rb") as f:
             data = f.read()
@@ -104,7 +105,8 @@ class IndexedRecordReader:
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
         self.join = check_join(join)
         self.max_record_bytes = int(max_record_bytes)
-        self.rec_path = os.fsdecode(rec_path)
+        self.rec_path = os.fsdecode(check_path_arg(rec_path, "rec_path", file_ok=False))
+        check_path_arg(idx_path, "idx_path", file_ok=False)
         if idx_path is None:
             idx_path = os.path.splitext(self.rec_path)[0] + ".idx"
         self.idx_path = os.fsdecode(idx_path)

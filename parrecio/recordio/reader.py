@@ -26,6 +26,7 @@ from typing import Any, BinaryIO, Callable, Iterator, List, NamedTuple, Optional
 from ..errors import CorruptRecordError, SourceError
 from .framing import (DEFAULT_MAX_RECORD_BYTES, HEADER, HEADER_SIZE, LENGTH_MASK, MAGIC, check_join,
                       find_next_head, read_record)
+from .paths import check_path_arg
 
 __all__ = ["Record", "RecordReader", "DEFAULT_CHUNK_SIZE", "MAX_CORRUPT_REGIONS", "ON_CORRUPT"]
 
@@ -52,7 +53,7 @@ class RecordReader:
         file object, which may return short reads (pipes, FIFOs, ``socket.makefile("rb")``), or a connected
         ``socket.socket``.  A file object is read from its
         current position (offsets are counted from there) and is not closed by :meth:`close`.  It must be
-        blocking.
+        blocking.  Not a file descriptor: an int or a bool is a ``TypeError``.
     :param join: ``"mxnet"`` (default; dmlc-core and MXNet ``.rec`` files: the 4 magic bytes are re-inserted
         between the parts of a multipart record) or ``"concat"`` (SageMaker Pipe mode's RecordIO wrapper,
         AWS ML-IO: parts are concatenated).  The bytes do not tell which applies.
@@ -298,6 +299,7 @@ class RecordReader:
 
 def _open(source: Source, name: Optional[str]) -> Tuple[Any, bool, Optional[str]]:
     """``(file object, owned, display name)`` of a path or a file object."""
+    check_path_arg(source, "source")
     if isinstance(source, (str, bytes, os.PathLike)):
         path = os.fsdecode(source)
         try:

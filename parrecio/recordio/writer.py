@@ -5,7 +5,7 @@ Each payload becomes the frames dmlc-core's ``RecordIOWriter::WriteRecord`` writ
 4-byte-aligned offset of the payload (those 4 bytes dropped; cflags ``1, 2, ..., 3``), the last part
 zero-padded to a multiple of 4 bytes.  With ``index=`` an ``.idx`` text file is written as
 ``MXIndexedRecordIO.write_idx`` does: one line ``f"{key}\\t{offset}\\n"`` per record, the offset taken before
-the record is written.
+the record is written (``index=True``: next to the record file, its suffix replaced by ``.idx``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 from typing import Any, BinaryIO, Optional, Union
 
 from .framing import HEADER, MAGIC, MAX_PAYLOAD_BYTES, encode_record
+from .paths import check_path_arg
 
 __all__ = ["RecordWriter"]
 
@@ -27,12 +28,33 @@ class RecordWriter:
     :param path_or_file: a path (created or truncated; closed by :meth:`close`) or a binary file object
         opened for writing (not closed by :meth:`close`; offsets continue from its ``tell()`` when it has
         one, else from 0).
-    :param index: path of an ``.idx`` file to write alongside (created or truncated), or None.
+    :param index: where to write an ``.idx`` index alongside: a path (created or truncated), a binary file
+        object opened for writing (not closed by :meth:`close`), ``True`` for ``path_or_file`` with its
+        suffix replaced by ``.idx`` (``data.rec`` -> ``data.idx``; only when ``path_or_file`` is a path), or
+        ``None``/``False`` for no index.
+
+    A bool or an int where a path or a file object is expected raises ``TypeError``: file descriptors are
+    not taken (``True == 1`` would be standard output).
     """
 
     def __init__(self, path_or_file: Union[str, "os.PathLike[str]", BinaryIO], *,
-                 index: Union[str, "os.PathLike[str]", None] = None) -> None:
+                 index: Union[str, "os.PathLike[str]", BinaryIO, bool, None] = None) -> None:
         self._idx = None
+        self._owns_idx = False
+        check_path_arg(path_or_file, "path_or_file")
+        if index is True:
+            if not isinstance(path_or_file, (str, bytes, os.PathLike)):
+                raise TypeError("index=True puts the index next to the record file, so path_or_file must be a "
+                                f"path, not {type(path_or_file).__name__}; give index a path or a binary file "
+                                "object")
+            index = os.path.splitext(os.fsdecode(path_or_file))[0] + ".idx"
+        elif index is False:
+            index = None
+        else:
+            check_path_arg(index, "index")
+            if index is not None and not isinstance(index, (str, bytes, os.PathLike)) \
+                    and not hasattr(index, "write"):
+                raise TypeError(f"index must be a path or a binary file object, not {type(index).__name__}")
         if isinstance(path_or_file, (str, bytes, os.PathLike)):
             self.path: Optional[str] = os.fsdecode(path_or_file)
             self._file: Any = open(self.path, "wb")
@@ -40,7 +62,8 @@ class RecordWriter:
             self._pos = 0
         else:
             if not hasattr(path_or_file, "write"):
-                raise TypeError(f"expected a path or a writable binary file, not {type(path_or_file).__name__}")
+                raise TypeError(f"path_or_file must be a path or a binary file object, not "
+                                f"{type(path_or_file).__name__}")
             self.path = None
             self._file = path_or_file
             self._owns = False
@@ -49,11 +72,15 @@ class RecordWriter:
             except (AttributeError, OSError, io.UnsupportedOperation):
                 self._pos = 0
         if index is not None:
-            try:
-                self._idx = open(index, "w", encoding="utf-8", newline="\n")
-            except BaseException:
-                self.close()
-                raise
+            if isinstance(index, (str, bytes, os.PathLike)):
+                try:
+                    self._idx = open(index, "wb")
+                except BaseException:
+                    self.close()
+                    raise
+                self._owns_idx = True
+            else:
+                self._idx = index
         self._count = 0
 
     def write(self, payload: Any, key: Union[int, str, None] = None) -> int:
@@ -87,7 +114,7 @@ class RecordWriter:
                 written += len(chunk)
         self._pos = pos + written
         if self._idx is not None:
-            self._idx.write(f"{self._count if key is None else key}\t{pos}\n")
+            self._idx.write(f"{self._count if key is None else key}\t{pos}\n".encode("utf-8"))
         self._count += 1
         return pos
 
@@ -114,7 +141,10 @@ class RecordWriter:
                     f.flush()
         finally:
             if idx is not None:
-                idx.close()
+                if self._owns_idx:
+                    idx.close()
+                else:
+                    idx.flush()
 
     @property
     def closed(self) -> bool:

@@ -10,6 +10,8 @@ frame spans ``8 + padded(len(payload))`` bytes, a multipart record more (each ex
 
 from __future__ import annotations
 
+import os
+
 import struct
 from collections import Counter
 from typing import Any, BinaryIO, Dict, List, Optional, Union
@@ -18,6 +20,7 @@ from ..decoders.sniff import IMAGE_KINDS, PREFIX, describe, guess_fields, sniff
 from ..errors import SourceError
 from ..recordio import DEFAULT_MAX_RECORD_BYTES, RecordReader
 from ..recordio.framing import HEADER_SIZE, padded_size
+from ..recordio.paths import check_path_arg
 
 __all__ = ["inspect_stream", "payload_kind", "GUESS_RECORDS", "CountingReader"]
 
@@ -70,8 +73,10 @@ def inspect_stream(source: Union[str, BinaryIO], *, join: str = "mxnet", name: O
     stream), ``skipped_records``, ``skipped_bytes``, ``corrupt_regions`` (``[{"offset", "bytes"}]``, the
     first 1000).  Raises :class:`SourceError` when no record at all is found in a non-empty stream.
     """
+    check_path_arg(source, "source")
     owned = None
-    if isinstance(source, str):
+    if isinstance(source, (str, bytes, os.PathLike)):
+        source = os.fsdecode(source)
         try:
             owned = raw = open(source, "rb", buffering=0)
         except OSError as exc:

@@ -33,6 +33,7 @@ from typing import BinaryIO, Callable, Iterator, List, NamedTuple, Optional, Seq
 
 from ..errors import SourceError
 from ..recordio import IRHeader, RecordWriter, pack
+from ..recordio.paths import check_path_arg
 
 __all__ = ["IMAGE_EXTENSIONS", "ListItem", "PackResult", "list_image_folder", "read_image_list",
            "write_image_list", "pack_image_list", "pack_manifest", "output_paths"]
@@ -66,6 +67,7 @@ class PackResult:
 
 def output_paths(out_rec: str) -> Tuple[str, str]:
     """``(idx, lst)`` paths that go with ``out_rec``: ``train.rec`` -> ``train.idx``, ``train.lst``."""
+    check_path_arg(out_rec, "out_rec", file_ok=False)
     stem = out_rec[:-4] if out_rec.lower().endswith(".rec") else out_rec
     return stem + ".idx", stem + ".lst"
 
@@ -81,6 +83,7 @@ def list_image_folder(root: str, *, extensions: Sequence[str] = IMAGE_EXTENSIONS
     (label 0, class name ``"."``).  Mixing images at the top level with class sub-folders is an error, as is
     a folder without images.
     """
+    check_path_arg(root, "root", file_ok=False)
     if not os.path.isdir(root):
         raise SourceError(f"{root}: not a directory")
     exts = tuple(e.lower() for e in extensions)
@@ -115,6 +118,7 @@ def read_image_list(lst_path: str) -> List[ListItem]:
     Blank lines are skipped; a malformed line or a repeated index raises :class:`SourceError` naming the
     line.
     """
+    check_path_arg(lst_path, "lst_path", file_ok=False)
     try:
         with open(lst_path, "r", encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -147,6 +151,7 @@ def read_image_list(lst_path: str) -> List[ListItem]:
 
 def write_image_list(path_or_file: Union[str, BinaryIO], items: Sequence[ListItem]) -> None:
     """Write ``items`` as an im2rec list file (labels formatted ``%f``, as im2rec does)."""
+    check_path_arg(path_or_file, "path_or_file")
     text = "".join(f"{it.index}\t" + "".join(f"{lab:f}\t" for lab in it.labels) + f"{it.path}\n"
                    for it in items)
     if isinstance(path_or_file, str):
@@ -169,6 +174,8 @@ def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_p
     ``shuffle`` permutes the items with ``random.Random(seed)`` first.  ``progress(n)`` is called every
     1000 records.
     """
+    for value, name in ((root, "root"), (out_rec, "out_rec"), (idx_path, "idx_path"), (lst_path, "lst_path")):
+        check_path_arg(value, name, file_ok=False)
     order = list(items)
     if shuffle:
         random.Random(seed).shuffle(order)
@@ -206,6 +213,8 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
     from ..sources.manifest import iter_manifest_records, read_manifest_lines
     from ..sources.wrapper import write_sagemaker_recordio
 
+    check_path_arg(manifest_path, "manifest_path", file_ok=False)
+    check_path_arg(out, "out")
     if split_bytes is not None and split_bytes < 1:
         raise SourceError(f"split_bytes must be >= 1, not {split_bytes}")
     lines = len(read_manifest_lines(manifest_path))

@@ -1,0 +1,32 @@
+"""The one check of path / file arguments shared by :mod:`parrecio.recordio` and :mod:`parrecio.tools`.
+
+Python's ``open()`` (and ``os.stat``, ``os.walk``...) take an int as a file descriptor, and ``True == 1``:
+``RecordWriter(path, index=True)`` once wrote the index to standard output and then closed it.  Every public
+function that takes a path or a file object calls :func:`check_path_arg` first, so a bool or an int (any
+integer-like value: ``numpy.int64`` too) is a ``TypeError`` naming the parameter, never a descriptor.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["check_path_arg"]
+
+
+def check_path_arg(value: Any, name: str, *, file_ok: bool = True, fd_ok: bool = False) -> Any:
+    """Return ``value``; raise ``TypeError`` if it is a bool, or an integer and ``fd_ok`` is false.
+
+    :param name: the parameter's name, for the message (``"index must be a path or a binary file object,
+        not bool"``).
+    :param file_ok: whether the parameter also takes a file object (only the message says so).
+    :param fd_ok: accept ints (file descriptors); bools are refused all the same.
+    """
+    if isinstance(value, (str, bytes, os.PathLike)):
+        return value
+    if isinstance(value, bool) or (not fd_ok and hasattr(type(value), "__index__")):
+        what = "a path or a binary file object" if file_ok else "a path"
+        if fd_ok:
+            what += " or a file descriptor"
+        raise TypeError(f"{name} must be {what}, not {type(value).__name__}")
+    return value
