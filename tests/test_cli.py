@@ -1,4 +1,5 @@
-"""The ``parrecio`` command line end to end: each test runs ``python -m parrecio.cli ...`` in a subprocess.
+"""The ``parrecio`` command line end to end: each test runs ``python -m parrecio.cli ...`` in a subprocess
+(except one in-process test of bench's wait for a Pipe-mode FIFO).
 
 Data is made on the spot: photo-like JPEG/PNG files in class folders, a Ground Truth augmented manifest
 referencing them, and the streams ``parrecio pack`` builds from those.
@@ -7,10 +8,13 @@ referencing them, and the streams ``parrecio pack`` builds from those.
 from __future__ import annotations
 
 import base64
+import io
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import orjson
@@ -285,3 +289,94 @@ def test_bench_text_with_fields(images_rec):
     assert out.splitlines()[0].split()[:3] == ["workers", "samples", "samples/s"]
     assert out.splitlines()[1].split()[:2] == ["1", "6"] and "bottleneck there:" in out
     assert b"\r" not in proc.stderr  # no progress line when stderr is not a terminal
+
+
+def _pipe_layout(root, channel="train"):
+    """A SageMaker input layout with ``channel`` in Pipe mode (RecordIO wrapper) and no FIFO yet."""
+    (root / "config").mkdir(parents=True)
+    (root / "data").mkdir()
+    settings = {"TrainingInputMode": "Pipe", "RecordWrapperType": "RecordIO", "S3DistributionType": "FullyReplicated"}
+    (root / "config" / "inputdataconfig.json").write_text(json.dumps({channel: settings}))
+
+
+def test_bench_says_it_waits_for_a_missing_pipe_fifo(tmp_path):
+    _pipe_layout(tmp_path)
+    env = dict(os.environ, SM_INPUT_DIR=str(tmp_path), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "parrecio.cli", "bench", "train", "--fields", "raw",
+                             "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=str(tmp_path))
+    try:
+        time.sleep(2.5)
+        assert proc.poll() is None  # still waiting, not failed
+    finally:
+        proc.kill()
+        out, err = proc.communicate(timeout=30)
+    text = err.decode()
+    fifo = tmp_path / "data" / "train_0"
+    assert f"waiting for the Pipe-mode FIFO {fifo} to appear (0 s)" in text, text
+    assert "\r" not in text and out == b""
+    assert not os.path.exists(fifo)  # nothing was created or opened
+
+
+def test_bench_waits_for_a_late_pipe_fifo_then_reads_it(tmp_path):
+    from parrecio.sources import write_sagemaker_recordio
+    from source_helpers import fifo_feeder
+
+    _pipe_layout(tmp_path)
+    stream = io.BytesIO()
+    write_sagemaker_recordio([b"r%d" % i for i in range(10)], stream)
+    feeder = multiprocessing.get_context("fork").Process(
+        target=fifo_feeder, args=(str(tmp_path / "data"), "train", [stream.getvalue()], 1.5, 7), daemon=True)
+    feeder.start()
+    try:
+        env = dict(os.environ, SM_INPUT_DIR=str(tmp_path))
+        proc = subprocess.run([sys.executable, "-m", "parrecio.cli", "bench", "train", "--fields", "raw",
+                               "--workers", "1", "--batch-size", "4", "--json"], capture_output=True,
+                              env=dict(env, PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", "")),
+                              timeout=120)
+    finally:
+        feeder.join(30)
+        if feeder.is_alive():
+            feeder.kill()
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert f"waiting for the Pipe-mode FIFO {tmp_path / 'data' / 'train_0'} to appear (0 s)" in proc.stderr.decode()
+    [run] = json.loads(proc.stdout)["runs"]
+    assert run["samples"] == 10 and run["records"] == 10
+
+
+def test_bench_refuses_several_runs_on_a_pipe_channel(tmp_path):
+    _pipe_layout(tmp_path)
+    env = dict(os.environ, SM_INPUT_DIR=str(tmp_path), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "parrecio.cli", "bench", "train", "--fields", "raw", "--workers",
+                           "1", "2"], capture_output=True, env=env, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == (
+        f"parrecio bench: error: 'train' is a SageMaker Pipe-mode channel: each --workers value is a fresh reader "
+        f"that starts at epoch 0 ({tmp_path / 'data' / 'train_0'}), which SageMaker serves once; give one "
+        f"--workers value\n")
+
+
+def test_bench_fifo_wait_lines_and_timeout(tmp_path, capsys, monkeypatch):
+    """In-process: a line every FIFO_WAIT_LINE_EVERY s off a terminal, and the source's own SourceError."""
+    from parrecio.cli import bench
+    from parrecio.errors import SourceError
+    from parrecio.sources import resolve
+
+    _pipe_layout(tmp_path)
+    monkeypatch.setattr(bench, "FIFO_WAIT_LINE_EVERY", 0.5)
+    source = resolve("train", sm_input_dir=str(tmp_path), fifo_timeout=1.2)
+    start = time.monotonic()
+    with pytest.raises(SourceError) as info:
+        bench.wait_for_fifo(source, 0)
+    assert 1.2 <= time.monotonic() - start < 5
+    lines = capsys.readouterr().err.splitlines()
+    with pytest.raises(SourceError) as direct:
+        source.wait_for_fifo(0)
+    assert str(info.value) == str(direct.value) and "did not appear within 1.2 s" in str(info.value)
+    # a line at 0 s, then one each time another 0.5 s have passed: at ~0.5 s and ~1.0 s (the last one may
+    # be missed on a loaded machine: it needs a check in the 0.2 s between 1.0 s and the deadline)
+    prefix = f"waiting for the Pipe-mode FIFO {tmp_path / 'data' / 'train_0'} to appear ("
+    assert lines[0] == prefix + "0 s)" and 2 <= len(lines) <= 3, lines
+    seconds = [int(line[len(prefix):-len(" s)")]) for line in lines]
+    assert all(line.startswith(prefix) and line.endswith(" s)") for line in lines)
+    assert seconds == sorted(seconds) and seconds[-1] <= 1

@@ -4,6 +4,9 @@ import io
 import json
 import multiprocessing
 import os
+import select
+import stat
+import threading
 import time
 
 import pytest
@@ -185,3 +188,105 @@ def test_an_existing_path_wins_over_a_channel_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_rec(tmp_path / "train", [b"local"])
     assert resolve("train", sm_input_dir=str(tmp_path)).kind == "files"
+
+
+# -- RecordWrapperType None: the magic check keeps the FIFO visible to select() -------------------------
+
+def _unwrapped_stream(tmp_path, epoch=0):
+    """A Pipe channel without the RecordIO wrapper whose FIFO ``train_<epoch>`` is held open for writing by
+    this process (O_RDWR: neither open blocks); ``(write fd, Stream)``."""
+    write_config(tmp_path, {"train": {"TrainingInputMode": "Pipe", "RecordWrapperType": "None"}})
+    fifo = tmp_path / "data" / f"train_{epoch}"
+    os.mkfifo(fifo)
+    wfd = os.open(fifo, os.O_RDWR)
+    source = resolve("train", sm_input_dir=str(tmp_path), fifo_timeout=5)
+    return wfd, fifo, source
+
+
+def _readable(fd, timeout=0.0):
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def test_unwrapped_pipe_stream_has_the_fifo_fileno_and_counts_pending_prefix(tmp_path):
+    rec = write_rec(tmp_path / "x.rec", make_payloads(30, seed=9, hi=300))
+    wfd, fifo, source = _unwrapped_stream(tmp_path)
+    try:
+        os.write(wfd, rec[:4096])
+        [stream] = source.streams(0)
+        raw = stream.file.raw
+        fd = stream.file.fileno()
+        assert raw.fileno() == fd and stat.S_ISFIFO(os.fstat(fd).st_mode)
+        assert os.path.samestat(os.fstat(fd), os.stat(fifo))
+        assert raw.pending() == 4
+        first = bytearray(3)
+        assert raw.readinto(first) == 3 and raw.pending() == 1
+        second = bytearray(100)
+        assert raw.readinto(second) == 1 and raw.pending() == 0  # the prefix only: never mixed with the FIFO's
+        assert bytes(first) + bytes(second[:1]) == rec[:4]
+        # Nothing is held in any Python buffer: what was written and not read yet is in the FIFO itself.
+        assert _readable(fd)
+        os.write(wfd, rec[4096:])
+        os.close(wfd)
+        wfd = None
+        rest = bytearray()
+        while True:
+            chunk = raw.read(1000)
+            if not chunk:
+                break
+            rest += chunk
+        assert rec[:4] + bytes(rest) == rec
+        stream.file.close()
+        assert raw.closed
+        with pytest.raises(ValueError):
+            raw.fileno()
+    finally:
+        if wfd is not None:
+            os.close(wfd)
+
+
+def test_unwrapped_pipe_stream_bytes_identical_through_the_buffered_reader(tmp_path, feeder):
+    write_config(tmp_path, {"train": {"TrainingInputMode": "Pipe", "RecordWrapperType": "None"}})
+    recs = [write_rec(tmp_path / f"{i}.rec", make_payloads(50, seed=i, hi=700)) for i in range(2)]
+    source = resolve("train", sm_input_dir=str(tmp_path), fifo_timeout=20)
+    feeder(str(tmp_path / "data"), "train", [recs[0] + recs[1], recs[1][:4]], 0.0, 5)  # 5-byte writes
+    [stream] = source.streams(0)
+    assert stream.file.raw.pending() == 4
+    assert stream.file.read() == recs[0] + recs[1]
+    stream.file.close()
+    [(_, data)] = read_epoch(source, 1)  # exactly the magic, then EOF
+    assert data == recs[1][:4]
+
+
+def test_writer_stalled_after_the_magic_does_not_block_a_reader_that_checks_pending(tmp_path):
+    """The writer sends exactly 4 bytes and stalls: select() says 'not readable' (the 4 bytes were taken by
+    the magic check), yet they are readable: pending() says so, and reading them returns at once."""
+    rec = write_rec(tmp_path / "x.rec", make_payloads(10, seed=3))
+    wfd, fifo, source = _unwrapped_stream(tmp_path)
+    try:
+        os.write(wfd, rec[:4])
+        [stream] = source.streams(0)
+        raw = stream.file.raw
+        fd = raw.fileno()
+        assert not _readable(fd)
+        assert raw.pending() == 4
+        got, buf = [], bytearray(64)
+
+        def read_once():
+            got.append(raw.readinto(buf))
+
+        reader = threading.Thread(target=read_once, daemon=True)
+        reader.start()
+        reader.join(5)
+        blocked = reader.is_alive()
+        os.write(wfd, rec[4:])  # unblock a stuck read either way
+        os.close(wfd)
+        wfd = None
+        reader.join(5)
+        assert not blocked, "a read with prefix bytes pending waited for the writer"
+        assert got == [4] and bytes(buf[:4]) == rec[:4] and raw.pending() == 0
+        assert _readable(fd, 5)  # now the data is the FIFO's, and select() sees it
+        assert rec[:4] + stream.file.read() == rec
+        stream.file.close()
+    finally:
+        if wfd is not None:
+            os.close(wfd)

@@ -11,6 +11,11 @@ second.  At the end: samples/s, MB/s, the per-stage times of ``reader.stats`` an
 ``samples_per_s`` is measured after the first batch (worker start-up is reported apart as ``startup_s``;
 on a short run the pipeline has filled up meanwhile, so it is optimistic), ``overall_samples_per_s``
 over the whole run.
+
+On a SageMaker Pipe-mode channel whose FIFO does not exist yet, bench says so on stderr while it waits
+("waiting for the Pipe-mode FIFO /opt/ml/input/data/train_0 to appear (3 s)": redrawn every second on a
+terminal, a line every 5 s otherwise), up to the channel's ``fifo_timeout``; that wait is not part of the
+measured times.
 """
 
 from __future__ import annotations
@@ -154,6 +159,58 @@ def own_verdict(stats: Any, wall: float) -> str:
 
 # -- running -------------------------------------------------------------------------------------------
 
+FIFO_WAIT_TTY_EVERY = 1.0
+"""Seconds between redraws of the FIFO wait line on a terminal."""
+FIFO_WAIT_LINE_EVERY = 5.0
+"""Seconds between FIFO wait lines when stderr is not a terminal."""
+
+
+def pipe_channel(channel: str):
+    """The :class:`~parrecio.sources.sagemaker.PipeChannelSource` of ``channel`` when it is a SageMaker
+    Pipe-mode channel, else None (resolving opens nothing: a FIFO is never touched here)."""
+    from ..sources import resolve
+    from ..sources.sagemaker import PipeChannelSource
+
+    if channel == "-":
+        return None
+    source = resolve(channel)
+    if isinstance(source, PipeChannelSource):
+        return source
+    source.release()
+    return None
+
+
+def wait_for_fifo(source: Any, epoch: int) -> float:
+    """Wait for the FIFO of ``epoch`` of the Pipe-mode ``source`` (up to its ``fifo_timeout``; then its
+    :class:`~parrecio.errors.SourceError`), saying so on stderr while it is missing; return the seconds
+    waited."""
+    err = sys.stderr
+    tty = err.isatty()
+    every = FIFO_WAIT_TTY_EVERY if tty else FIFO_WAIT_LINE_EVERY
+    shown = {"next": 0.0, "width": 0}
+
+    def on_wait(path: str, waited: float) -> None:
+        if waited < shown["next"]:
+            return
+        shown["next"] = (int(waited / every) + 1) * every
+        text = f"waiting for the Pipe-mode FIFO {path} to appear ({int(waited)} s)"
+        if tty:
+            err.write("\r" + text.ljust(shown["width"]))
+            shown["width"] = len(text)
+        else:
+            err.write(text + "\n")
+        err.flush()
+
+    t0 = time.monotonic()
+    try:
+        source.wait_for_fifo(epoch, on_wait)
+    finally:
+        if shown["width"]:
+            err.write("\r" + " " * shown["width"] + "\r")
+            err.flush()
+    return time.monotonic() - t0
+
+
 class Progress:
     """A ``\\r``-redrawn status line on stderr, at most every ``interval`` seconds; a no-op when disabled."""
 
@@ -181,10 +238,14 @@ class Progress:
 
 
 def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespace, progress: Progress,
-              record_bytes: Optional[float], group: int) -> Dict[str, Any]:
-    """One run: a fresh reader with ``workers`` decoder processes, ``args.epochs`` passes."""
+              record_bytes: Optional[float], group: int, pipe: Any = None) -> Dict[str, Any]:
+    """One run: a fresh reader with ``workers`` decoder processes, ``args.epochs`` passes.  ``pipe``: the
+    channel's PipeChannelSource, whose FIFO of each epoch is waited for (out of the clock) before the pass."""
     from ..pipeline.parallel_reader import ParallelReader
 
+    if pipe is not None:
+        wait_for_fifo(pipe, 0)
+    paused = 0.0  # seconds spent waiting for later epochs' FIFOs, taken out of the measured times
     t_start = time.perf_counter()
     t_first = None
     first_samples = 0
@@ -195,6 +256,9 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
         stats = reader.stats
         get_telemetry = getattr(reader, "telemetry", None)
         for epoch in range(args.epochs):
+            if pipe is not None and epoch:
+                progress.clear()
+                paused += wait_for_fifo(pipe, epoch)
             base = stats.samples
             for _ in reader:
                 now = time.perf_counter()
@@ -213,7 +277,7 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
                                     f"{rate:.1f} samples/s{mb}")
                 if args.samples is not None and stats.samples - base >= args.samples:
                     break
-        t_end = time.perf_counter()
+        t_end = time.perf_counter() - paused
         if telemetry is None or t_end - t_tel > 0.5:
             telemetry = _telemetry(get_telemetry) or telemetry
         progress.clear()
@@ -267,6 +331,11 @@ def run(args: argparse.Namespace) -> int:
         raise ParrecioError("--workers values must be >= 1")
     if args.channel == "-" and (len(workers_list) > 1 or args.epochs > 1):
         raise ParrecioError("stdin can be read only once: give one --workers value and --epochs 1")
+    pipe = pipe_channel(args.channel)
+    if pipe is not None and len(workers_list) > 1:
+        raise ParrecioError(f"{args.channel!r} is a SageMaker Pipe-mode channel: each --workers value is a fresh "
+                            f"reader that starts at epoch 0 ({pipe.fifo_path(0)}), which SageMaker serves "
+                            f"once; give one --workers value")
     peeked = peek(args.channel, args.join)
     if args.fields:
         names = parse_fields(args.fields)
@@ -286,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
     runs = []
     try:
         for w in workers_list:
-            runs.append(bench_one(args.channel, decoders, w, args, progress, record_bytes, len(names)))
+            runs.append(bench_one(args.channel, decoders, w, args, progress, record_bytes, len(names), pipe))
     finally:
         progress.clear()
     doc = {"channel": args.channel, "fields": names, "fields_guessed": guessed, "batch_size": args.batch_size,

@@ -37,7 +37,7 @@ import os
 import re
 import stat
 import time
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from ..errors import SourceError
 from ..recordio.framing import MAGIC_BYTES
@@ -156,8 +156,8 @@ class FileChannelSource(FileSource):
 class PipeChannelSource(Source):
     """A SageMaker channel in Pipe mode: epoch ``e`` is the FIFO ``<data>/<channel>_<e>``.
 
-    :meth:`streams` waits up to ``fifo_timeout`` seconds for the FIFO to appear, then opens it (a blocking
-    open, in the reader process only) and yields it as the epoch's one stream.
+    :meth:`streams` waits up to ``fifo_timeout`` seconds for the FIFO to appear (:meth:`wait_for_fifo`), then
+    opens it (a blocking open, in the reader process only) and yields it as the epoch's one stream.
     """
 
     kind = "sagemaker-pipe"
@@ -187,16 +187,24 @@ class PipeChannelSource(Source):
 
     def streams(self, epoch: int) -> Iterator[Stream]:
         self.check_epoch(epoch)
-        path = self.fifo_path(epoch)
-        self._wait_for(path, epoch)
+        path = self.wait_for_fifo(epoch)
         file = open_for_reading(path)
         name = f"{self.channel}_{epoch} (FIFO {path})"
         if not self.wrapped:
             file = _expect_recordio(file, name, self.channel)
         yield Stream(name, file)
 
-    def _wait_for(self, path: str, epoch: int) -> None:
-        deadline = time.monotonic() + self.fifo_timeout
+    def wait_for_fifo(self, epoch: int, on_wait: Optional[Callable[[str, float], None]] = None) -> str:
+        """Wait up to ``fifo_timeout`` seconds for epoch ``epoch``'s FIFO to appear; return its path.
+
+        Opens nothing, so it may be called in the consumer too (``parrecio bench`` does, to say what it is
+        waiting for).  ``on_wait(path, waited_seconds)`` is called after each check that finds the FIFO
+        missing (checks are at most 0.1 s apart).  Raises :class:`SourceError` when the time is up, or when the path
+        is a directory.
+        """
+        path = self.fifo_path(epoch)
+        start = time.monotonic()
+        deadline = start + self.fifo_timeout
         delay = 0.002
         while True:
             try:
@@ -206,23 +214,42 @@ class PipeChannelSource(Source):
             if mode is not None:
                 if stat.S_ISDIR(mode):
                     raise SourceError(f"SageMaker channel {self.channel!r}: {path} is a directory, not a FIFO")
-                return
-            if time.monotonic() >= deadline:
+                return path
+            now = time.monotonic()
+            if now >= deadline:
                 raise SourceError(
                     f"SageMaker channel {self.channel!r} (Pipe mode): the FIFO of epoch {epoch}, {path}, did not "
                     f"appear within {self.fifo_timeout:g} s (SageMaker creates <channel>_<epoch> after the "
                     f"previous epoch's FIFO was read to its end; raise fifo_timeout= if it is just slow)"
                 )
-            time.sleep(delay)
+            if on_wait is not None:
+                on_wait(path, now - start)
+            time.sleep(min(delay, max(0.0, deadline - now)))
             delay = min(delay * 2, 0.1)
 
 
 def _expect_recordio(file, name: str, channel: str):
-    """``file`` unchanged in content, after checking that it starts with the RecordIO magic (or is empty)."""
-    head = file.read(len(MAGIC_BYTES))
+    """``file`` unchanged in content, after checking that it starts with the RecordIO magic (or is empty).
+
+    The 4 bytes are read from the unbuffered file below ``file`` (a buffered read could take more, and bytes
+    held in a Python buffer are invisible to ``select()``); the result is a ``BufferedReader`` over a
+    :class:`_PrefixedRaw` that hands them back first, has the FIFO's ``fileno()`` and tells with ``pending()``
+    how many of them are still to come (data that ``select()`` cannot see).
+    """
+    raw = file.detach() if isinstance(file, io.BufferedIOBase) else file  # nothing was buffered yet
+    head = b""
+    try:
+        while len(head) < len(MAGIC_BYTES):
+            got = raw.read(len(MAGIC_BYTES) - len(head))
+            if not got:
+                break
+            head += got
+    except BaseException:
+        raw.close()
+        raise
     if head == MAGIC_BYTES or not head:
-        return io.BufferedReader(_PrefixedRaw(head, file))
-    file.close()
+        return io.BufferedReader(_PrefixedRaw(head, raw))
+    raw.close()
     raise SourceError(
         f"{name}: the stream does not start with the RecordIO magic (first bytes {head.hex()}). SageMaker "
         f"channel {channel!r} is in Pipe mode without RecordWrapperType RecordIO, so SageMaker streams the S3 "
@@ -232,25 +259,40 @@ def _expect_recordio(file, name: str, channel: str):
 
 
 class _PrefixedRaw(io.RawIOBase):
-    """``prefix`` followed by the rest of ``file``: gives back the bytes read to check the magic."""
+    """``prefix`` followed by the rest of the unbuffered ``raw`` file: gives back the bytes read to check
+    the magic.  ``fileno()`` is ``raw``'s (the FIFO); :meth:`pending` counts the prefix bytes not yet read,
+    which ``select()`` on that descriptor cannot see."""
 
-    def __init__(self, prefix: bytes, file) -> None:
+    def __init__(self, prefix: bytes, raw) -> None:
         super().__init__()
         self._prefix = memoryview(prefix)
-        self._file = file
+        self._raw = raw
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buf) -> int:
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    @property
+    def name(self):
+        return getattr(self._raw, "name", None)
+
+    def pending(self) -> int:
+        """Bytes of the prefix not handed out yet: readable now without waiting on the descriptor."""
+        return len(self._prefix)
+
+    def readinto(self, buf) -> Optional[int]:
         if self._prefix:
             n = min(len(buf), len(self._prefix))
             buf[:n] = self._prefix[:n]
             self._prefix = self._prefix[n:]
             return n
-        return self._file.readinto1(buf)
+        return self._raw.readinto(buf)
 
     def close(self) -> None:
         if not self.closed:
-            self._file.close()
-        super().close()
+            try:
+                self._raw.close()
+            finally:
+                super().close()
