@@ -184,12 +184,15 @@ def deadline(seconds: float):
     def on_alarm(signum, frame):
         raise TimeoutError(f"still running after {seconds} s: the pipeline hangs")
     old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    t0 = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)  # pytest-timeout's alarm, if it set one
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        if outer:  # give the per-test timeout back what is left of it
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - t0), 0.001))
 
 
 def feed_fifo(src, fifo, chunk: int, pause: float) -> subprocess.Popen:

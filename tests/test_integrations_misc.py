@@ -193,10 +193,11 @@ def test_keras_steps_and_empty():
 def test_keras_over_unsized_reader():
     reader = ParallelReader(io.BytesIO(b""), workers=1)
     try:
-        len(reader)
-    except TypeError:
+        with pytest.raises(TypeError):
+            len(reader)  # a one-pass stream, not read yet: no length
         assert kr.steps_per_epoch(reader) is None
-    reader.close()
+    finally:
+        reader.close()
 
 
 # -- dlpack ---------------------------------------------------------------------------------------

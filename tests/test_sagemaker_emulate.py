@@ -248,9 +248,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 def test_parallel_reader_end_to_end_on_a_served_channel(dataset, tmp_path):
     """pipe-serve -> ParallelReader("train"): two epochs of (JPEG bytes, boxes), in order, multipart joined."""
-    parrecio = pytest.importorskip("parrecio")
-    if not hasattr(parrecio, "ParallelReader"):
-        pytest.skip("parrecio.ParallelReader is not there yet")
+    from parrecio import ParallelReader
     from parrecio.decoders.basic import Json, Raw
 
     manifest, jpegs, boxes = dataset
@@ -259,8 +257,8 @@ def test_parallel_reader_end_to_end_on_a_served_channel(dataset, tmp_path):
                       "--attribute-names", "source-ref,bounding-box", manifest)
     try:
         wait_for_path(root / "config" / "inputdataconfig.json")
-        with parrecio.ParallelReader("train", fields=[Raw(), Json()], workers=1, sm_input_dir=str(root),
-                                     fifo_timeout=20, poll_interval=0.2) as reader:
+        with ParallelReader("train", fields=[Raw(), Json()], workers=1, sm_input_dir=str(root),
+                            fifo_timeout=20, poll_interval=0.2) as reader:
             epochs = [list(reader), list(reader)]
     finally:
         err = finish(proc)
