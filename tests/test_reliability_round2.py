@@ -1,0 +1,992 @@
+"""Reliability, round 2: groups larger than the ring, bounded one-off segments, errors that keep the
+samples before them, results that cannot travel, time that is not the decoders', stopped and forked
+processes, signals to the whole process group, threads, stdin scripts, validation and seeding.
+
+Each test states the exact expected behaviour (payloads byte for byte, order, counts, error type and
+message, nothing left running, nothing left in /dev/shm).  Anything that could hang runs under
+``deadline()`` or in a subprocess with a timeout.  Subprocess scripts are files written to ``tmp_path``
+with an ``if __name__ == "__main__":`` guard (except the stdin scripts of case 13) and put tests/ on
+``sys.path`` so that the helper decoders are importable by spawn/forkserver children."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from parrecio import DecodeError, ParallelReader, PipelineError
+from parrecio.decoders import Raw
+from parrecio.pipeline.shm import leftover, sweep
+from pipeline_helpers import (FailOn, Fixed, HangOn, KillOn, Sleepy, deadline, digest_array, payloads,
+                              write_rec)
+from round2_helpers import (Lines, RaiseBaseOn, SeedProbe, StopWhileSending, UnpicklableOn, UnpickleFailsOn,
+                            alive, big_value, kill_quietly, oneoff_bytes, open_fds, wait_gone)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# -- helpers -----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory):
+    """300 small records (the same as test_reliability's stream)."""
+    recs = payloads(300, seed=7)
+    path = tmp_path_factory.mktemp("round2") / "s.rec"
+    offsets = write_rec(path, recs)
+    return path, recs, offsets
+
+
+def write_script(tmp_path, name: str, body: str) -> str:
+    """A consumer script file: tests/ on sys.path, ``body`` under the ``__main__`` guard."""
+    text = textwrap.dedent(f"""\
+        import os, sys, time, signal
+        sys.path.insert(0, {HERE!r})
+        from parrecio import ParallelReader
+        if __name__ == "__main__":
+        """) + textwrap.indent(textwrap.dedent(body), "    ")
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def start(script: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, text=True, **kw)
+
+
+def parse_pids(line: str):
+    """``"<tag> <prefix> <pid> <pid> ..."`` -> (prefix, [pids])."""
+    parts = line.split()
+    return parts[1], [int(p) for p in parts[2:]]
+
+
+def finish(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        pass
+
+
+def stopped_descendants():
+    import psutil
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_STOPPED:
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def write_config(root, channels) -> None:
+    (root / "config").mkdir(parents=True, exist_ok=True)
+    (root / "data").mkdir(exist_ok=True)
+    (root / "config" / "inputdataconfig.json").write_text(json.dumps(channels))
+
+
+PIPE_RECORDIO = {"TrainingInputMode": "Pipe", "RecordWrapperType": "RecordIO",
+                 "S3DistributionType": "FullyReplicated"}
+PIPE_NONE = {"TrainingInputMode": "Pipe", "RecordWrapperType": "None", "S3DistributionType": "FullyReplicated"}
+
+
+# -- 1. a group larger than the ring ------------------------------------------------------------------------
+
+def big_records(n=60, seed=11):
+    """Random sizes 100 B .. 500 KB; records 6-8, 30-32 and 45-47 near 500 KB, so that groups of 3 (and of
+    2) are larger than a 1 MiB ring (half of it)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(100, 500_000, n)
+    for i in (6, 7, 8, 30, 31, 32, 45, 46, 47):
+        sizes[i] = rng.integers(470_000, 500_000)
+    return [rng.integers(0, 256, int(s), dtype=np.uint8).tobytes() for s in sizes]
+
+
+BIG_FIELDS = {"raw2": lambda: [Raw()] * 2, "raw3": lambda: [Raw()] * 3, "fixed3": lambda: [Raw(), Fixed(), Raw()]}
+
+
+@pytest.mark.parametrize("fields", list(BIG_FIELDS))
+def test_01_group_larger_than_the_ring(tmp_path, no_leaks, fields):
+    recs = big_records()
+    path = tmp_path / "big.rec"
+    write_rec(path, recs)
+    decs = BIG_FIELDS[fields]()
+    nf = len(decs)
+    groups = [recs[i:i + nf] for i in range(0, len(recs), nf)]
+    assert max(sum(map(len, g)) for g in groups) > (1 << 20 if nf == 3 else 1 << 19)
+    got = []
+    with deadline(60):
+        with ParallelReader(path, fields=decs, workers=2, ring_bytes=1 << 20) as reader:
+            for s in reader:
+                got.append(s)
+    assert len(got) == len(groups)
+    bad = []
+    for i, (s, g) in enumerate(zip(got, groups)):
+        for f, d in enumerate(decs):
+            ok = np.array_equal(s[f], digest_array(g[f])) if isinstance(d, Fixed) else s[f] == g[f]
+            if not ok:
+                bad.append((i, f))
+    assert bad == []
+
+
+def test_01_killed_consumer_of_big_groups_leaves_nothing(tmp_path):
+    recs = big_records()
+    path = tmp_path / "big.rec"
+    write_rec(path, recs)
+    script = write_script(tmp_path, "consumer.py", f"""
+        from parrecio.decoders import Raw
+        from pipeline_helpers import Fixed
+        r = ParallelReader({str(path)!r}, fields=[Raw(), Fixed(), Raw()], workers=2, ring_bytes=1 << 20)
+        it = iter(r)
+        print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+        for _ in range(13):  # past groups 2 and 10, each larger than the ring
+            next(it)
+        print("took", flush=True)
+        time.sleep(60)
+        """)
+    proc = start(script)
+    lines = Lines(proc.stdout)
+    prefix, pids, took, left = None, [], None, None
+    try:
+        first = lines.wait_for("pids", 60)
+        assert first is not None, f"the consumer printed nothing: {lines.seen}"
+        prefix, pids = parse_pids(first)
+        took = lines.wait_for("took", 30)
+        proc.kill()
+        proc.wait(10)
+        left = wait_gone(pids, prefix)
+    finally:
+        finish(proc)
+        kill_quietly(pids)
+        if prefix:
+            sweep(prefix)
+    assert took is not None, "the consumer did not get 13 samples within 30 s (the pipeline hangs)"
+    assert left == ([], [])
+
+
+# -- 2. one-off segments are bounded ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ring_bytes", [8 << 20, 128 << 10])
+def test_02_oneoff_segments_in_flight_are_bounded(tmp_path, no_leaks, ring_bytes):
+    n, size = 40, 5 << 20
+
+    def rec(i):
+        return np.random.default_rng(1000 + i).bytes(size)
+
+    path = tmp_path / "huge.rec"
+    write_rec(path, (rec(i) for i in range(n)))
+    peak = [0]
+    stop = threading.Event()
+
+    def sampler(prefix):
+        while not stop.is_set():
+            peak[0] = max(peak[0], oneoff_bytes(prefix))
+            time.sleep(0.002)
+
+    count, wrong = 0, []
+    th = None
+    try:
+        with deadline(90):
+            with ParallelReader(path, workers=1, ring_bytes=ring_bytes) as reader:
+                it = iter(reader)
+                prefix = reader._sh.prefix
+                th = threading.Thread(target=sampler, args=(prefix,), daemon=True)
+                th.start()
+                for i, s in enumerate(it):
+                    peak[0] = max(peak[0], oneoff_bytes(prefix))
+                    if s != rec(i):
+                        wrong.append(i)
+                    count += 1
+                    time.sleep(0.05)
+    finally:
+        stop.set()
+        if th is not None:
+            th.join(5)
+    assert count == n and wrong == []
+    assert peak[0] <= max(ring_bytes, size), (
+        f"{peak[0] / 2**20:.1f} MiB of one-off segments at once (budget {max(ring_bytes, size) / 2**20:.1f} MiB)")
+
+
+# -- 3. the samples before an error are delivered, as a short batch -----------------------------------------
+
+def test_03_short_batch_before_the_decode_error(tmp_path, no_leaks):
+    recs = payloads(60, seed=3)
+    recs[37] = b"FAIL" + recs[37]
+    path = tmp_path / "f.rec"
+    offsets = write_rec(path, recs)
+    got = []
+    with deadline(60):
+        with ParallelReader(path, fields=FailOn(b"FAIL"), workers=2, batch_size=10) as reader:
+            with pytest.raises(Exception) as ei:
+                for b in reader:
+                    got.append(np.array(b, copy=True))
+    assert isinstance(ei.value, DecodeError), repr(ei.value)
+    assert [len(b) for b in got] == [10, 10, 10, 7]
+    for k, b in enumerate(got):
+        assert np.array_equal(b, np.stack([digest_array(r) for r in recs[10 * k:10 * k + len(b)]]))
+    assert (ei.value.index, ei.value.offset) == (37, offsets[37])
+
+
+# -- 4. results that cannot travel back, BaseExceptions in decoders -----------------------------------------
+
+def _marked_stream(tmp_path, n=30, at=13, marker=b"MARK", seed=4):
+    recs = payloads(n, seed=seed)
+    recs[at] = marker + recs[at]
+    path = tmp_path / "m.rec"
+    offsets = write_rec(path, recs)
+    return path, recs, offsets
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize("kind", ["cannot be unpickled", "cannot be pickled"])
+def test_04_result_that_cannot_travel(tmp_path, no_leaks, kind, on_error):
+    path, recs, offsets = _marked_stream(tmp_path)
+    dec = UnpickleFailsOn(b"MARK") if kind == "cannot be unpickled" else UnpicklableOn(b"MARK")
+    got, err = [], None
+    with deadline(60):
+        with ParallelReader(path, fields=dec, workers=2, on_error=on_error, chunk_groups=4) as reader:
+            try:
+                for s in reader:
+                    got.append(s)
+            except Exception as exc:
+                err = exc
+            skipped = reader.stats.skipped
+    if on_error == "raise":
+        assert isinstance(err, DecodeError), repr(err)
+        assert got == recs[:13]
+        assert (err.index, err.offset) == (13, offsets[13])
+        assert kind in str(err)
+    else:
+        assert err is None, repr(err)
+        assert got == recs[:13] + recs[14:]
+        assert skipped == 1
+
+
+@pytest.mark.parametrize("exc_name", ["KeyboardInterrupt", "SystemExit"])
+def test_04_decoder_raising_a_base_exception(tmp_path, no_leaks, exc_name):
+    path, recs, offsets = _marked_stream(tmp_path)
+    got, err = [], None
+    with deadline(60):
+        with ParallelReader(path, fields=RaiseBaseOn(b"MARK", exc_name), workers=2, chunk_groups=4) as reader:
+            try:
+                for s in reader:
+                    got.append(s)
+            except Exception as exc:
+                err = exc
+    assert isinstance(err, DecodeError), repr(err)
+    assert got == recs[:13]
+    assert (err.index, err.offset) == (13, offsets[13])
+    assert exc_name in str(err)
+
+
+# -- 5. the consumer's own time is not the decoders' --------------------------------------------------------
+
+def test_05_slow_loop_body_does_not_kill_workers(tmp_path, no_leaks, caplog):
+    recs = payloads(300, seed=5)
+    path = tmp_path / "c.rec"
+    write_rec(path, recs)
+    out = []
+    with caplog.at_level(logging.WARNING, logger="parrecio"):
+        with deadline(90):
+            with ParallelReader(path, fields=Fixed(), workers=2, batch_size=8, chunk_groups=8,
+                                task_timeout=1, poll_interval=0.2) as reader:
+                for i, b in enumerate(reader):
+                    out.append(b.copy())
+                    if i in (3, 12, 24):
+                        time.sleep(2.5)  # the training step is slow: results wait in the pipes
+                replaced, reruns = reader.stats.workers_replaced, reader.stats.reruns
+    got = np.concatenate(out)
+    assert got.shape == (300, 4, 3) and np.array_equal(got, np.stack([digest_array(r) for r in recs]))
+    assert (replaced, reruns) == (0, 0)
+    assert [r.getMessage() for r in caplog.records if "made no progress" in r.getMessage()] == []
+
+
+def test_05_stopped_consumer_does_not_kill_workers(tmp_path):
+    recs = payloads(600, seed=55)
+    path = tmp_path / "c.rec"
+    write_rec(path, recs)
+    script = write_script(tmp_path, "consumer.py", f"""
+        import numpy as np
+        from pipeline_helpers import Fixed, digest_array, payloads
+        recs = payloads(600, seed=55)
+        out = []
+        with ParallelReader({str(path)!r}, fields=Fixed(), workers=2, batch_size=8, chunk_groups=8,
+                            task_timeout=1, poll_interval=0.2) as r:
+            for i, b in enumerate(r):
+                out.append(b.copy())
+                if i == 0:
+                    print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+                time.sleep(0.05)
+            replaced = r.stats.workers_replaced
+        got = np.concatenate(out)
+        exact = got.shape[0] == len(recs) and np.array_equal(got, np.stack([digest_array(x) for x in recs]))
+        print("done", got.shape[0], exact, replaced, flush=True)
+        """)
+    proc = start(script)
+    lines = Lines(proc.stdout)
+    prefix, pids, done = None, [], None
+    try:
+        first = lines.wait_for("pids", 60)
+        assert first is not None, f"the consumer printed nothing: {lines.seen}"
+        prefix, pids = parse_pids(first)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(3)
+        proc.send_signal(signal.SIGCONT)
+        done = lines.wait_for("done", 60)
+        proc.wait(10)
+        left = wait_gone(pids, prefix)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+        finish(proc)
+        kill_quietly(pids)
+        if prefix:
+            sweep(prefix)
+    assert done == "done 600 True 0"
+    assert left == ([], [])
+
+
+# -- 6. a decoder stopped while it sends a large result ------------------------------------------------------
+
+def test_06_decoder_stopped_while_sending_a_large_result(tmp_path, no_leaks):
+    recs = payloads(40, seed=6)
+    recs[10] = b"BIG!" + recs[10]
+    path = tmp_path / "b.rec"
+    write_rec(path, recs)
+    flag = tmp_path / "flag"
+    got = []
+    replaced = None
+    t0 = time.monotonic()
+    try:
+        with deadline(20):
+            with ParallelReader(path, fields=StopWhileSending(b"BIG!", str(flag)), workers=2, chunk_groups=2,
+                                task_timeout=2, poll_interval=0.2) as reader:
+                for s in reader:
+                    got.append(s)
+                replaced = reader.stats.workers_replaced
+    finally:
+        kill_quietly(stopped_descendants())  # a worker left stopped must not linger
+    elapsed = time.monotonic() - t0
+    assert elapsed < 20
+    assert flag.exists()
+    assert len(got) == 40
+    wrong = [i for i, s in enumerate(got) if s != (big_value(recs[i]) if i == 10 else recs[i])]
+    assert wrong == []
+    assert replaced == 1
+
+
+# -- 7. the stalled-FIFO watch ------------------------------------------------------------------------------
+
+def _stalling_writer(tmp_path, data: bytes, sleep: float) -> subprocess.Popen:
+    """Another process that writes ``data`` into the FIFO ``tmp_path/fifo`` and then keeps it open
+    ``sleep`` seconds without writing more."""
+    src = tmp_path / "half.bin"
+    src.write_bytes(data)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = tmp_path / "writer.py"
+    writer.write_text(textwrap.dedent(f"""\
+        import time
+        if __name__ == "__main__":
+            data = open({str(src)!r}, "rb").read()
+            with open({str(fifo)!r}, "wb", buffering=0) as f:
+                f.write(data)
+                time.sleep({sleep})
+        """))
+    return subprocess.Popen([sys.executable, str(writer)])
+
+
+def test_07_killed_consumer_while_the_fifo_stalls_after_releases(tmp_path):
+    recs = payloads(20, seed=71)
+    src = tmp_path / "s.rec"
+    offsets = write_rec(src, recs)
+    writer = _stalling_writer(tmp_path, src.read_bytes()[:offsets[10]], 60)  # 10 records, then a stall
+    script = write_script(tmp_path, "consumer.py", f"""
+        from pipeline_helpers import Fixed
+        r = ParallelReader({str(tmp_path / "fifo")!r}, fields=Fixed(), workers=1, chunk_groups=1)
+        it = iter(r)
+        next(it)
+        time.sleep(1.0)  # the reader has read all there is and waits on the stalled FIFO
+        for _ in range(3):
+            next(it)  # each delivery sends the waiting reader a Release
+        print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+        time.sleep(60)
+        """)
+    proc = start(script)
+    lines = Lines(proc.stdout)
+    prefix, pids, left = None, [], None
+    try:
+        first = lines.wait_for("pids", 60)
+        assert first is not None, f"the consumer printed nothing: {lines.seen}"
+        prefix, pids = parse_pids(first)
+        time.sleep(0.3)
+        proc.kill()
+        proc.wait(10)
+        left = wait_gone(pids, prefix)
+    finally:
+        finish(proc)
+        finish(writer)
+        kill_quietly(pids)
+        if prefix:
+            sweep(prefix)
+    assert left == ([], [])
+
+
+def test_07_close_after_releases_on_a_stalled_fifo_is_prompt(tmp_path, no_leaks):
+    recs = payloads(20, seed=72)
+    src = tmp_path / "s.rec"
+    offsets = write_rec(src, recs)
+    writer = _stalling_writer(tmp_path, src.read_bytes()[:offsets[10]], 60)
+    reader = None
+    took, got = None, []
+    try:
+        with deadline(30):
+            reader = ParallelReader(str(tmp_path / "fifo"), fields=Fixed(), workers=1, chunk_groups=1)
+            it = iter(reader)
+            got.append(next(it))
+            time.sleep(1.0)
+            got += [next(it) for _ in range(3)]
+            t0 = time.monotonic()
+            reader.close()
+            took = time.monotonic() - t0
+            del it
+    finally:
+        if reader is not None:
+            reader.close()
+        finish(writer)
+    assert all(np.array_equal(a, digest_array(r)) for a, r in zip(got, recs)) and len(got) == 4
+    assert took < 2.5
+
+
+# -- 8. Pipe mode without the RecordIO wrapper: early flush on a stall ---------------------------------------
+
+def test_08_pipe_mode_without_wrapper_flushes_when_the_stream_stalls(tmp_path, no_leaks):
+    root = tmp_path / "sm"
+    write_config(root, {"train": PIPE_NONE})
+    recs = payloads(10, seed=8)
+    src = tmp_path / "src.rec"
+    write_rec(src, recs)
+    fifo = root / "data" / "train_0"
+    os.mkfifo(fifo)
+    writer = tmp_path / "writer.py"
+    writer.write_text(textwrap.dedent(f"""\
+        import time
+        if __name__ == "__main__":
+            data = open({str(src)!r}, "rb").read()
+            with open({str(fifo)!r}, "wb", buffering=0) as f:
+                for i in range(0, len(data), 64):  # small pieces, with pauses
+                    f.write(data[i:i + 64])
+                    time.sleep(0.01)
+                time.sleep(30)  # everything written, but the FIFO stays open: the stream stalls
+        """))
+    wproc = subprocess.Popen([sys.executable, str(writer)])
+    reader = None
+    first_after = close_took = None
+    got = []
+    try:
+        with deadline(15):
+            reader = ParallelReader("train", sm_input_dir=str(root), workers=1, chunk_groups=64)
+            it = iter(reader)
+            t0 = time.monotonic()
+            got.append(next(it))
+            first_after = time.monotonic() - t0
+            got += [next(it) for _ in range(9)]
+            t1 = time.monotonic()
+            reader.close()
+            close_took = time.monotonic() - t1
+            del it
+    finally:
+        if reader is not None:
+            reader.close()
+        finish(wproc)
+    assert first_after < 5
+    assert got == recs
+    assert close_took < 2.5
+
+
+# -- 9. SIGTERM / SIGHUP to the whole process group ----------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_09_signal_to_the_process_group(tmp_path, stream, sig):
+    path, _, _ = stream
+    script = write_script(tmp_path, "consumer.py", f"""
+        from pipeline_helpers import Sleepy
+        r = ParallelReader({str(path)!r}, fields=Sleepy(20.0), workers=2, batch_size=4)
+        it = iter(r)
+        next(it)
+        print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+        for _ in it:
+            pass
+        time.sleep(60)
+        """)
+    proc = start(script, start_new_session=True)
+    lines = Lines(proc.stdout)
+    prefix, pids, left = None, [], None
+    try:
+        first = lines.wait_for("pids", 60)
+        assert first is not None, f"the consumer printed nothing: {lines.seen}"
+        prefix, pids = parse_pids(first)
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(8)
+        except subprocess.TimeoutExpired:
+            pass
+        left = wait_gone(pids + [proc.pid], prefix)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        finish(proc)
+        kill_quietly(pids)
+        if prefix:
+            sweep(prefix)
+    assert left == ([], [])
+
+
+# -- 10. os.fork() in the consumer ---------------------------------------------------------------------------
+
+def test_10_forked_child_that_exits_does_not_disturb_the_pass(tmp_path):
+    path = tmp_path / "long.rec"
+    write_rec(path, payloads(2000, seed=10, max_len=2000))  # ~2 MB through a 64 KiB ring: the reader
+    script = write_script(tmp_path, "consumer.py", f"""     # is still at work when the consumer forks
+        import numpy as np
+        from pipeline_helpers import Sleepy, digest_array, payloads
+        recs = payloads(2000, seed=10, max_len=2000)
+        r = ParallelReader({str(path)!r}, fields=Sleepy(2.0), workers=2, batch_size=10, ring_bytes=1 << 16)
+        out = []
+        try:
+            for i, b in enumerate(r):
+                out.append(b.copy())
+                if i == 0:
+                    print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+                if i == 3:
+                    print("reader-alive", r._sh.run.reader.is_alive(), flush=True)
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        sys.exit(0)  # a child that does nothing
+                    os.waitpid(pid, 0)
+        except Exception as exc:
+            print("error", type(exc).__name__, str(exc).replace(chr(10), " "), flush=True)
+        r.close()
+        got = np.concatenate(out) if out else np.zeros((0, 4, 3), np.uint8)
+        exact = got.shape[0] == len(recs) and np.array_equal(got, np.stack([digest_array(x) for x in recs]))
+        print("done", got.shape[0], exact, flush=True)
+        """)
+    proc = start(script)
+    lines = Lines(proc.stdout)
+    prefix, pids, done, left = None, [], None, None
+    try:
+        first = lines.wait_for("pids", 60)
+        assert first is not None, f"the consumer printed nothing: {lines.seen}"
+        prefix, pids = parse_pids(first)
+        done = lines.wait_for("done", 60)
+        proc.wait(10)
+        left = wait_gone(pids, prefix)
+    finally:
+        finish(proc)
+        kill_quietly(pids)
+        if prefix:
+            sweep(prefix)
+    assert "reader-alive True" in lines.seen  # the fork happened while the reader process was at work
+    assert done == "done 2000 True", lines.seen
+    assert left == ([], [])
+
+
+def test_10_killed_consumer_with_a_live_forked_child(tmp_path, stream):
+    path, _, _ = stream
+    script = write_script(tmp_path, "consumer.py", f"""
+        from pipeline_helpers import Sleepy
+        r = ParallelReader({str(path)!r}, fields=Sleepy(20.0), workers=2, batch_size=4)
+        it = iter(r)
+        next(it)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)  # a child that lives on
+            os._exit(0)
+        print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+        print("child", pid, flush=True)
+        next(it)
+        time.sleep(60)
+        """)
+    proc = start(script)
+    lines = Lines(proc.stdout)
+    prefix, pids, child, left, child_alive = None, [], None, None, None
+    try:
+        first = lines.wait_for("pids", 60)
+        assert first is not None, f"the consumer printed nothing: {lines.seen}"
+        prefix, pids = parse_pids(first)
+        child = int(lines.wait_for("child", 10).split()[1])
+        time.sleep(0.5)
+        proc.kill()
+        proc.wait(10)
+        left = wait_gone(pids, prefix)
+        child_alive = alive([child])
+    finally:
+        finish(proc)
+        kill_quietly(pids + ([child] if child else []))
+        if prefix:
+            sweep(prefix)
+    assert child_alive == [child]  # the forked child still lived while the pipeline was checked
+    assert left == ([], [])
+
+
+# -- 11. threads ----------------------------------------------------------------------------------------------
+
+def test_11_close_from_another_thread_ends_the_pass(stream, no_leaks):
+    path, recs, _ = stream
+    reader = ParallelReader(path, fields=Sleepy(40.0), workers=2, batch_size=4)
+    go = threading.Event()
+    closed = {}
+
+    def closer():
+        go.wait(60)
+        t0 = time.monotonic()
+        try:
+            reader.close()
+        except BaseException as exc:  # noqa: B902 - reported below
+            closed["exc"] = exc
+        closed["took"] = time.monotonic() - t0
+
+    th = threading.Thread(target=closer, daemon=True)
+    th.start()
+    got, err = [], None
+    try:
+        with deadline(30):
+            try:
+                for i, b in enumerate(reader):
+                    got.append(b.copy())
+                    if i == 2:
+                        go.set()
+            except Exception as exc:
+                err = exc
+    finally:
+        go.set()
+        th.join(30)
+        reader.close()
+    assert not th.is_alive(), "close() from the other thread did not return within 30 s"
+    assert "exc" not in closed, repr(closed.get("exc"))
+    assert closed["took"] < 5
+    assert isinstance(err, PipelineError), repr(err)
+    assert "ended by close()" in str(err) and "reader process died" not in str(err)
+    assert 3 <= len(got) < 75
+    assert all(np.array_equal(b, np.stack([digest_array(r) for r in recs[4 * k:4 * k + 4]]))
+               for k, b in enumerate(got))
+
+
+def test_11_two_threads_iterating_one_reader(stream, no_leaks):
+    path, recs, _ = stream
+    expected = np.stack([digest_array(r) for r in recs])
+    reader = ParallelReader(path, fields=Sleepy(10.0), workers=2, batch_size=10)
+    barrier = threading.Barrier(2)
+    results = {}
+
+    def consume(name):
+        out = []
+        try:
+            barrier.wait(30)
+            for b in reader:
+                out.append(b.copy())
+        except BaseException as exc:  # noqa: B902 - reported below
+            results[name] = ("error", exc, out)
+        else:
+            results[name] = ("done", None, out)
+
+    threads = [threading.Thread(target=consume, args=(n,), daemon=True) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    hung = [t.name for t in threads if t.is_alive()]
+    reader.close()
+    for t in threads:
+        t.join(10)
+    assert hung == []
+    kinds = sorted(r[0] for r in results.values())
+    assert kinds == ["done", "error"], {k: (r[0], repr(r[1])) for k, r in results.items()}
+    [(_, err, _)] = [r for r in results.values() if r[0] == "error"]
+    [(_, _, out)] = [r for r in results.values() if r[0] == "done"]
+    assert isinstance(err, PipelineError) and "another thread" in str(err), repr(err)
+    got = np.concatenate(out)
+    assert got.shape == expected.shape and np.array_equal(got, expected)
+
+
+# -- 12. killed while waiting for a Pipe-mode FIFO -------------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_12_killed_while_waiting_for_the_pipe_mode_fifo(tmp_path, sig):
+    root = tmp_path / "sm"
+    write_config(root, {"train": PIPE_RECORDIO})  # and no train_0 FIFO at all
+    script = write_script(tmp_path, "consumer.py", f"""
+        r = ParallelReader("train", sm_input_dir={str(root)!r}, workers=1)
+        it = iter(r)
+        print("pids", r._sh.prefix, r._sh.run.reader.pid, flush=True)
+        next(it)
+        """)
+    proc = start(script, cwd=str(tmp_path))
+    lines = Lines(proc.stdout)
+    prefix, pids, left = None, [], None
+    try:
+        first = lines.wait_for("pids", 60)
+        assert first is not None, f"the consumer printed nothing: {lines.seen}"
+        prefix, pids = parse_pids(first)
+        time.sleep(1)
+        proc.send_signal(sig)
+        try:
+            proc.wait(8)
+        except subprocess.TimeoutExpired:
+            pass
+        left = wait_gone(pids + [proc.pid], prefix)
+    finally:
+        finish(proc)
+        kill_quietly(pids)
+        if prefix:
+            sweep(prefix)
+    assert left == ([], [])
+
+
+# -- 13. a script piped to python's stdin ----------------------------------------------------------------------
+
+def _stdin_script(reader_args: str, decoder_class: bool = False) -> str:
+    return textwrap.dedent(f"""\
+        import os, shutil, sys, tempfile
+        sys.path.insert(0, {HERE!r})
+        from parrecio import ParallelReader
+        from pipeline_helpers import Fixed, payloads, write_rec
+        """) + (textwrap.dedent("""\
+        class MyDecoder:
+            def __call__(self, payload):
+                return bytes(payload)
+        """) if decoder_class else "") + textwrap.dedent(f"""\
+        d = tempfile.mkdtemp()
+        try:
+            path = os.path.join(d, "s.rec")
+            write_rec(path, payloads(50, seed=13))
+            try:
+                with ParallelReader(path, workers=2{reader_args}) as r:
+                    n = sum(1 for _ in r)
+                print("count", n, os.getpid(), flush=True)
+            except Exception as exc:
+                print("error", type(exc).__name__, str(exc).replace(chr(10), " "), flush=True)
+        finally:
+            shutil.rmtree(d)
+        """)
+
+
+@pytest.mark.parametrize("fields", ["", ", fields=Fixed()"], ids=["raw", "fixed"])
+@pytest.mark.parametrize("method", ["", ", start_method='spawn'"], ids=["default", "spawn"])
+def test_13_script_piped_to_stdin(method, fields):
+    proc = subprocess.run([sys.executable, "-"], input=_stdin_script(method + fields), text=True,
+                          capture_output=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    words = proc.stdout.split()
+    assert words[:2] == ["count", "50"], (proc.stdout, proc.stderr[-3000:])
+    assert leftover(f"parrecio-{words[2]}-") == []
+
+
+def test_13_decoder_defined_in_a_stdin_script_is_refused_at_once():
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-"], input=_stdin_script(", fields=MyDecoder(), start_method='spawn'",
+                                                                     decoder_class=True),
+                          text=True, capture_output=True, timeout=90)
+    took = time.monotonic() - t0
+    assert proc.stdout.startswith("error TypeError "), (proc.stdout, proc.stderr[-3000:])
+    assert "__main__" in proc.stdout and "the reader process died" not in proc.stdout
+    assert took < 20
+
+
+# -- 15. tuning values validated up front ----------------------------------------------------------------------
+
+BAD_VALUES = [("prefetch", 0), ("slot_samples", 0), ("ring_bytes", 10), ("chunk_groups", 0),
+              ("poll_interval", 0), ("task_timeout", 0), ("shuffle_buffer", 0), ("max_record_bytes", 0),
+              ("workers", -1), ("batch_size", 0), ("batch_size", True)]
+
+
+@pytest.mark.parametrize("name, value", BAD_VALUES, ids=[f"{n}={v!r}" for n, v in BAD_VALUES])
+def test_15_tuning_values_are_validated(stream, no_leaks, name, value):
+    path, _, _ = stream
+    kw = {name: value}
+    if name == "shuffle_buffer":
+        kw["shuffle"] = True
+    expected = TypeError if value is True else ValueError
+    reader = None
+    try:
+        with pytest.raises(expected) as ei:
+            reader = ParallelReader(path, **kw)
+    finally:
+        if reader is not None:
+            reader.close()
+    assert name in str(ei.value)
+
+
+def test_15_validation_comes_before_stdin_is_duplicated(no_leaks):
+    gc.collect()
+    before = open_fds()
+    with pytest.raises(ValueError) as ei:
+        ParallelReader("-", prefetch=0)
+    after = open_fds()
+    assert "prefetch" in str(ei.value)
+    assert after == before
+
+
+# -- 16. the reader process fails to start ------------------------------------------------------------------
+
+def _fd_table():
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def test_16_reader_process_that_fails_to_start_leaks_no_fd(stream, monkeypatch, no_leaks):
+    from multiprocessing import forkserver
+    path, _, _ = stream
+    cls = multiprocessing.get_context("forkserver").Process
+    original = cls.start
+
+    def failing_start(self):
+        if self.name == "parrecio-reader":
+            raise OSError("boom")
+        return original(self)
+
+    monkeypatch.setattr(cls, "start", failing_start)
+    forkserver.ensure_running()  # the forkserver's own descriptors are there before and after
+    gc.collect()
+    before = _fd_table()
+    reader = ParallelReader(path, fields=Fixed(), workers=1)
+    err = None
+    try:
+        with deadline(30):
+            for _ in reader:
+                pass
+    except Exception as exc:
+        err = f"{type(exc).__name__}: {exc}"
+        ok = isinstance(exc, (OSError, PipelineError)) and not isinstance(exc, TimeoutError)
+        held = exc  # its traceback keeps the failed start's frames (and any pipe left open there) alive
+    else:
+        ok, held = False, None
+    reader.close()
+    after = _fd_table()
+    del held
+    assert ok, err
+    extra = {fd: t for fd, t in after.items() if before.get(fd) != t}
+    assert len(after) == len(before) and extra == {}
+
+
+# -- 17. seeding, and counting what happens to workers --------------------------------------------------------
+
+def _probe(path, seed, kill_at=None):
+    """Run SeedProbe over ``path``: ({pid: [(random, np.random), ...] in order}, first pids, last pids,
+    samples, workers_replaced, killed pid)."""
+    by_pid = defaultdict(list)
+    n, killed, first = 0, None, []
+    with deadline(60):
+        with ParallelReader(path, fields=SeedProbe(0.003), workers=2, seed=seed, chunk_groups=1) as reader:
+            for i, (pid, a, b) in enumerate(reader):
+                if i == 0:
+                    first = list(reader.worker_pids)
+                by_pid[pid].append((a, b))
+                n += 1
+                if kill_at is not None and i == kill_at:
+                    killed = first[0]
+                    os.kill(killed, signal.SIGKILL)
+            last = list(reader.worker_pids)
+            replaced = reader.stats.workers_replaced
+    return by_pid, first, last, n, replaced, killed
+
+
+def _values(seq):
+    return {a for a, _ in seq}, {b for _, b in seq}
+
+
+def _disjoint(s1, s2):
+    (a1, b1), (a2, b2) = _values(s1), _values(s2)
+    return not (a1 & a2) and not (b1 & b2)
+
+
+@pytest.fixture(scope="module")
+def probe_stream(tmp_path_factory):
+    path = tmp_path_factory.mktemp("seed") / "p.rec"
+    write_rec(path, payloads(200, seed=17))
+    return path
+
+
+def test_17_two_workers_draw_different_random_streams(probe_stream, no_leaks):
+    by_pid, first, last, n, replaced, _ = _probe(probe_stream, 5)
+    assert n == 200 and replaced == 0 and first == last
+    assert sorted(by_pid) == sorted(first)
+    assert all(len(by_pid[p]) >= 5 for p in first)
+    assert _disjoint(by_pid[first[0]], by_pid[first[1]])
+
+
+def test_17_replacement_worker_does_not_replay_the_dead_workers_stream(probe_stream, no_leaks):
+    by_pid, first, last, n, replaced, killed = _probe(probe_stream, 5, kill_at=20)
+    assert n == 200 and replaced == 1
+    [new] = [p for p in last if p not in first]
+    assert killed in by_pid and new in by_pid
+    assert _disjoint(by_pid[new], by_pid[killed]), "the replacement replays the dead worker's random stream"
+
+
+def test_17_seeds_5_and_6_share_no_stream(probe_stream, no_leaks):
+    run5, w5, _, n5, _, _ = _probe(probe_stream, 5)
+    run6, w6, _, n6, _, _ = _probe(probe_stream, 6)
+    assert n5 == n6 == 200
+    shared = [(i, j) for i, p in enumerate(w5) for j, q in enumerate(w6) if not _disjoint(run5[p], run6[q])]
+    assert shared == [], "(worker of seed 5, worker of seed 6) pairs that draw the same stream"
+
+
+def test_17_no_progress_warning_once_per_killed_worker(tmp_path, no_leaks, caplog):
+    recs = payloads(60, seed=17)
+    recs[42] = b"HANG" + recs[42]
+    path = tmp_path / "h.rec"
+    offsets = write_rec(path, recs)
+    with caplog.at_level(logging.WARNING, logger="parrecio"):
+        with deadline(60):
+            with ParallelReader(path, fields=HangOn(b"HANG"), workers=2, task_timeout=0.5,
+                                poll_interval=0.05) as reader:
+                with pytest.raises(DecodeError) as ei:
+                    for _ in reader:
+                        pass
+                replaced = reader.stats.workers_replaced
+    warnings = [r.getMessage() for r in caplog.records if "made no progress" in r.getMessage()]
+    assert (ei.value.index, ei.value.offset) == (42, offsets[42])
+    assert replaced >= 2
+    assert len(warnings) == replaced, warnings
+
+
+def test_17_poison_record_replaces_exactly_two_workers(tmp_path, no_leaks):
+    recs = payloads(120, seed=171)
+    recs[50] = b"POISON" + recs[50]
+    path = tmp_path / "p.rec"
+    offsets = write_rec(path, recs)
+    got = []
+    with deadline(60):
+        with ParallelReader(path, fields=KillOn(b"POISON"), workers=2) as reader:
+            with pytest.raises(DecodeError) as ei:
+                for s in reader:
+                    got.append(s)
+            replaced = reader.stats.workers_replaced
+    assert (ei.value.index, ei.value.offset) == (50, offsets[50])
+    assert len(got) == 50 and all(np.array_equal(a, digest_array(r)) for a, r in zip(got, recs))
+    assert replaced == 2
