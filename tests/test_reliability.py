@@ -16,6 +16,7 @@ import pytest
 from parrecio import DecodeError, ParallelReader
 from parrecio.pipeline.shm import leftover
 from pipeline_helpers import (KillOn, KillOnceOn, Sleepy, digest_array, payloads, write_rec)
+from round2_helpers import wait_gone
 from test_pipeline import flatten
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,17 +103,6 @@ def _script(body: str) -> str:
         """) + textwrap.indent(textwrap.dedent(body), "    ")
 
 
-def _wait_gone(pids, prefix, timeout=8.0):
-    import psutil
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if not alive and not leftover(prefix):
-            return [], []
-        time.sleep(0.1)
-    return alive, leftover(prefix)
-
-
 def test_killed_consumer_leaves_nothing_behind(stream):
     path, _, _ = stream
     proc = subprocess.Popen([sys.executable, "-c", _script(f"""
@@ -127,7 +117,7 @@ def test_killed_consumer_leaves_nothing_behind(stream):
     assert leftover(prefix)
     proc.kill()
     proc.wait()
-    alive, segs = _wait_gone(pids, prefix)
+    alive, segs = wait_gone(pids, prefix)
     assert alive == [] and segs == []
 
 
@@ -156,7 +146,7 @@ def test_ctrl_c_on_a_stalled_fifo_returns_promptly(tmp_path):
     finally:
         writer.close()
         proc.kill()
-    alive, segs = _wait_gone([int(reader_pid)], prefix)
+    alive, segs = wait_gone([int(reader_pid)], prefix)
     assert alive == [] and segs == []
 
 

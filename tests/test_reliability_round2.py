@@ -34,19 +34,12 @@ from pipeline_helpers import (FailOn, Fixed, HangOn, KillOn, Sleepy, deadline, d
 from round2_helpers import (Lines, RaiseBaseOn, SeedProbe, StopWhileSending, UnpicklableOn, UnpickleFailsOn,
                             alive, big_value, kill_quietly, oneoff_bytes, open_fds, wait_gone)
 
+from test_reliability import stream  # noqa: F401  (the same 300-record stream, as a fixture)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def stream(tmp_path_factory):
-    """300 small records (the same as test_reliability's stream)."""
-    recs = payloads(300, seed=7)
-    path = tmp_path_factory.mktemp("round2") / "s.rec"
-    offsets = write_rec(path, recs)
-    return path, recs, offsets
-
 
 def write_script(tmp_path, name: str, body: str) -> str:
     """A consumer script file: tests/ on sys.path, ``body`` under the ``__main__`` guard."""
