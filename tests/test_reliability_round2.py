@@ -795,11 +795,14 @@ def test_13_script_piped_to_stdin(method, fields):
     assert leftover(f"parrecio-{words[2]}-") == []
 
 
-def test_13_decoder_defined_in_a_stdin_script_is_refused_at_once():
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_13_decoder_defined_in_a_file_less_main_is_refused_at_once(how):
+    script = _stdin_script(", fields=MyDecoder(), start_method='spawn'", decoder_class=True)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-"], input=_stdin_script(", fields=MyDecoder(), start_method='spawn'",
-                                                                     decoder_class=True),
-                          text=True, capture_output=True, timeout=90)
+    if how == "stdin":
+        proc = subprocess.run([sys.executable, "-"], input=script, text=True, capture_output=True, timeout=90)
+    else:  # python -c: no __main__.__file__ at all (what a notebook cell has too)
+        proc = subprocess.run([sys.executable, "-c", script], text=True, capture_output=True, timeout=90)
     took = time.monotonic() - t0
     assert proc.stdout.startswith("error TypeError "), (proc.stdout, proc.stderr[-3000:])
     assert "__main__" in proc.stdout and "the reader process died" not in proc.stdout

@@ -84,19 +84,20 @@ def _watchdog(prefix: str, lifeline: Any) -> None:
 
 
 def main_is_importable() -> bool:
-    """Whether a spawned child could re-import ``__main__`` (False for ``python -`` and friends)."""
+    """Whether a spawned child re-imports ``__main__``, so that what it defines reaches the child
+    (False for ``python -``, ``python -c``, notebooks and other interactive sessions)."""
     main = sys.modules.get("__main__")
     if getattr(main, "__spec__", None) is not None:
         return True  # python -m: re-imported by module name
     path = getattr(main, "__file__", None)
-    return path is None or os.path.isfile(path)
+    return path is not None and os.path.isfile(path)
 
 
 @contextlib.contextmanager
 def _main_without_file() -> Iterator[None]:
     """Hide a ``__main__.__file__`` that names no file while a child starts (see the module docstring)."""
     main = sys.modules.get("__main__")
-    if main_is_importable() or main is None:
+    if main is None or main_is_importable() or getattr(main, "__file__", None) is None:
         yield
         return
     path = main.__file__

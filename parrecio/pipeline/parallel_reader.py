@@ -468,10 +468,10 @@ def _check_picklable(decoders: List[Any], names: Sequence[str], method: str) -> 
                             f"decoder processes ({method} start method): {exc}. Use a module-level "
                             f"function or class instead of a lambda or a local function.") from exc
         if not importable and b"__main__" in data:
-            raise TypeError(f"field {name!r}: the decoder {d!r} is defined in __main__, a script read from "
-                            f"standard input (or another file-less __main__), which the decoder processes "
-                            f"cannot import ({method} start method). Move it to a module, or use "
-                            f"start_method='fork'.")
+            raise TypeError(f"field {name!r}: the decoder {d!r} is defined in __main__, which the decoder "
+                            f"processes cannot import ({method} start method): a script read from standard "
+                            f"input, python -c, a notebook or another interactive session. Move it to a "
+                            f"module, or use start_method='fork'.")
 
 
 def _count(name: str, value: Any, minimum: int = 1) -> int:
