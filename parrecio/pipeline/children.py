@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .shm import sweep
 
-__all__ = ["child_entry", "start", "describe_exit", "register_for_fork", "main_is_importable"]
+__all__ = ["child_entry", "start", "describe_exit", "register_for_fork", "main_is_importable", "close_quietly"]
 
 TERMINATION_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
                             if s is not None)
@@ -130,6 +130,16 @@ def _after_fork_in_child() -> None:
         except Exception:  # never let our bookkeeping break the user's fork
             pass
     _FORK_AWARE.clear()
+
+
+def close_quietly(*conns: Any) -> None:
+    """Close each connection that is not None, ignoring one already closed or broken."""
+    for conn in conns:
+        if conn is not None:
+            try:
+                conn.close()
+            except OSError:
+                pass
 
 
 def forget_processes(procs: Any) -> None:

@@ -34,7 +34,7 @@ from ..errors import PipelineError
 from ..recordio import DEFAULT_MAX_RECORD_BYTES
 from ..sources import resolve
 from .batching import batches, shaper
-from .children import main_is_importable, register_for_fork
+from .children import close_quietly, main_is_importable, register_for_fork
 from .pool import WorkerPool
 from .run import Run, _ended
 from .shm import Segment, new_prefix
@@ -131,9 +131,7 @@ class _Shared:
             self.ring.close()
         if self.slots is not None:
             self.slots.close()
-        for conn in (self.lifeline_w, self.lifeline_r):
-            if conn is not None:
-                conn.close()
+        close_quietly(self.lifeline_w, self.lifeline_r)
         if self.source is not None:
             self.source.release()
 
@@ -147,11 +145,7 @@ class _Shared:
             self.run.forget_after_fork()
         if self.pool is not None:
             self.pool.forget_after_fork()
-        if self.lifeline_w is not None:
-            try:
-                self.lifeline_w.close()
-            except OSError:
-                pass
+        close_quietly(self.lifeline_w)
 
 
 def _default_workers() -> int:

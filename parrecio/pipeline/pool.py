@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import PipelineError
-from .children import child_entry, describe_exit, forget_processes, start
+from .children import child_entry, close_quietly, describe_exit, forget_processes, start
 from .messages import Stop, Task
 from .wire import Frame, FrameReader
 from .worker import WorkerConfig, worker_main
@@ -72,8 +73,7 @@ class WorkerPool:
                                           next(self._generations), task_r, res_w, self.lifeline_r))
             start(proc)
         except BaseException:
-            for c in (task_r, task_w, res_r, res_w):
-                c.close()
+            close_quietly(task_r, task_w, res_r, res_w)
             raise
         task_r.close()
         res_w.close()
@@ -156,11 +156,7 @@ class WorkerPool:
 
     @staticmethod
     def _discard(w: _Worker) -> None:
-        for c in (w.task_conn, w.result_conn):
-            try:
-                c.close()
-            except OSError:
-                pass
+        close_quietly(w.task_conn, w.result_conn)
         w.proc.join(0.1)
 
     def kill_stuck(self, timeout: float) -> None:
@@ -177,7 +173,6 @@ class WorkerPool:
     def drain_all(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for every task in flight to finish (results discarded);
         workers still busy then are killed and replaced, so nothing writes into slots afterwards."""
-        import time
         deadline = time.monotonic() + timeout
         while self.load() and time.monotonic() < deadline:
             busy = [w for w in self.workers if w.inflight]
@@ -196,7 +191,6 @@ class WorkerPool:
 
     def stop(self, timeout: float = 1.0) -> None:
         """Ask every worker to stop; kill those that do not within ``timeout`` seconds.  Idempotent."""
-        import time
         for w in self.workers:
             try:
                 w.task_conn.send(Stop())
@@ -215,9 +209,5 @@ class WorkerPool:
         """In the child of an ``os.fork()`` of the consumer: let go of the workers without a word."""
         forget_processes(w.proc for w in self.workers)
         for w in self.workers:
-            for c in (w.task_conn, w.result_conn):
-                try:
-                    c.close()
-                except OSError:
-                    pass
+            close_quietly(w.task_conn, w.result_conn)
         self.workers = []

@@ -202,7 +202,7 @@ class _Reader:
             lens.append(len(b))
             pos += len(b)
         seg.close()  # the consumer owns it from now on and unlinks it after delivery
-        self.oneoff_inflight += seg.size
+        self.oneoff_inflight += total  # the consumer releases sum(lens) of the chunk: the same number
         self.data.send(Chunk(self.seq, 1, stream_id, offs, lens, array("q", [first_offset]),
                              self.group_end, segment=seg.name))
         self.seq += 1

@@ -42,7 +42,7 @@ from multiprocessing.connection import wait
 from typing import Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from ..errors import CorruptRecordError, DecodeError, PipelineError
-from .children import child_entry, describe_exit, forget_processes, start
+from .children import child_entry, close_quietly, describe_exit, forget_processes, start
 from .messages import Chunk, ReaderEnd, Release, RemoteError, Stop, StreamStart, Task
 from .reader_proc import ReaderConfig, reader_main
 from .shm import Segment, sweep, unlink
@@ -144,8 +144,7 @@ class Run:
             start(self.reader)
         except BaseException:
             self.closed = True
-            for conn in (data_r, data_w, ctrl_r, ctrl_w):
-                conn.close()
+            close_quietly(data_r, data_w, ctrl_r, ctrl_w)
             raise
         finally:
             data_w.close()  # the child has its own copies (or none: it did not start)
@@ -317,10 +316,10 @@ class Run:
             return
         self.stats.add_worker(frame.pid, frame.cpu, task.n)
         if frame.split:
-            values = self._unsplit(frame, cs, task)
+            values = self._unsplit(frame)
         else:
             try:
-                values = frame.done().values
+                values = frame.values()
             except Exception:  # some value does not unpickle here: re-run, each value pickled alone
                 self.resplit.append((cs, task.start, task.n))
                 return
@@ -330,7 +329,7 @@ class Run:
                 cs.has_error = True
         cs.missing -= task.n
 
-    def _unsplit(self, frame: Frame, cs: _ChunkState, task: Task) -> list:
+    def _unsplit(self, frame: Frame) -> list:
         """The values of a split frame: each pickled on its own, one that cannot be unpickled here
         replaced by the error that says so."""
         values = []
@@ -541,21 +540,13 @@ class Run:
         self.tasks.clear()
         for k in list(self.slots):
             self._slot_done(k)
-        for conn in (self.data, self.ctrl):
-            try:
-                conn.close()
-            except OSError:
-                pass
+        close_quietly(self.data, self.ctrl)
 
     def forget_after_fork(self) -> None:
         """In the child of an ``os.fork()`` of the consumer: let go of the reader process silently."""
         self.closed = True
         forget_processes([self.reader])
-        for conn in (self.data, self.ctrl):
-            try:
-                conn.close()
-            except OSError:
-                pass
+        close_quietly(self.data, self.ctrl)
 
     def _drain_data(self) -> None:
         try:
