@@ -1,23 +1,31 @@
-"""Samples -> what the user gets: single values, tuples, dicts, or batches of columns.
+"""Spans of samples -> what the user gets: single values, tuples, dicts, or batches of columns.
 
-A column is one stacked numpy array when every value is an array (or numpy scalar) of one shape and
-dtype, a tuple of columns when every value is a tuple of one length (``ImageRecord``'s ``(image,
-label)``), else a list.  When the ``batch_size`` samples of a batch fill one output slot in order -- the
-normal case -- its fixed-shape columns are views of that slot, not copies.
+::
+
+    Run.spans()  --Span(seq, n, lease, index, columns)-->  unbatched() -> one sample at a time
+                                                       \\-> batches()   -> batch_size samples as columns
+
+The pipeline delivers *spans*: runs of consecutive samples as columns (:class:`~parrecio.pipeline.run.Span`),
+so that a batch is put together with per-batch work only.  A column of a batch is one stacked numpy array
+when every value is an array (or numpy scalar) of one shape and dtype, a tuple of columns when every
+value is a tuple of one length (``ImageRecord``'s ``(image, label)``), else a list.  When the samples of
+a batch fill one output slot in order -- the normal case, since a slot holds ``batch_size`` samples -- its
+fixed-shape columns are views of that slot, not copies.
 """
 
 from __future__ import annotations
 
 import operator
+from itertools import chain
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError
-from .run import Sample
+from .run import Span
 from .slots import SlotLayout
 
-__all__ = ["collate", "shaper", "batches"]
+__all__ = ["collate", "shaper", "batches", "unbatched"]
 
 
 def collate(values: List[Any]) -> Any:
@@ -44,42 +52,108 @@ def shaper(kind: str, names: Optional[Sequence[str]]) -> Callable[[tuple], Any]:
     return lambda values: values
 
 
-def _columns(samples: List[Sample], layout: SlotLayout, nfields: int) -> List[Any]:
-    n = len(samples)
-    lease = samples[0].lease
-    aligned = lease is not None and all(s.lease is lease and s.index == j for j, s in enumerate(samples))
-    fixed = {}
-    if aligned:  # zero-copy: the slot holds exactly this batch, in order
-        for e, arr in zip(layout.entries, lease.arrays):
-            fixed[(e.field, e.part)] = arr[:n] if n < arr.shape[0] else arr
+def _fixed(layout: SlotLayout, span: Span) -> dict:
+    """``{(field, part): rows}``: the span's rows of each fixed-shape output (views of its slot)."""
+    i, n = span.index, span.n
+    return {(e.field, e.part): arr[i:i + n] for e, arr in zip(layout.entries, span.lease.arrays)}
+
+
+def _with_parts(col: Optional[list], parts: dict, nparts: int, n: int) -> list:
+    """A tuple-spec column: each value's slot positions filled in from ``parts`` (``{part: rows}``)."""
+    out = []
+    for j in range(n):
+        ragged = col[j] if col is not None else (None,) * nparts
+        out.append(tuple(parts[p][j] if p in parts else ragged[p] for p in range(nparts)))
+    return out
+
+
+def unbatched(spans: Iterator[Span], layout: SlotLayout, kind: str,
+              names: Optional[Sequence[str]]) -> Iterator[Any]:
+    """One sample at a time, shaped for the user (fixed-shape values are views of their slot)."""
+    shape = shaper(kind, names)
+    nf = len(layout.specs)
+    for sp in spans:
+        cols = sp.columns
+        if sp.lease is not None:
+            cols = list(cols)
+            fixed = _fixed(layout, sp)
+            for f, spec in enumerate(layout.specs):
+                if isinstance(spec, tuple):
+                    parts = {p: fixed[(f, p)] for p in range(len(spec)) if (f, p) in fixed}
+                    cols[f] = _with_parts(cols[f], parts, len(spec), sp.n)
+                elif (f, None) in fixed:
+                    cols[f] = list(fixed[(f, None)])
+        if nf == 1:
+            for v in cols[0]:
+                yield shape((v,))
+        else:
+            for values in zip(*cols):
+                yield shape(values)
+
+
+def _columns(spans: List[Span], layout: SlotLayout, nfields: int) -> List[Any]:
+    """The columns of a batch made of ``spans`` (consecutive samples)."""
+    n = sum(sp.n for sp in spans)
+    first = spans[0]
+    fixed: dict = {}
+    if first.lease is not None:
+        lease = first.lease
+        aligned = all(sp.lease is lease for sp in spans) and all(
+            b.index == a.index + a.n for a, b in zip(spans, spans[1:]))
+        if aligned:  # zero-copy: the slot holds exactly these samples, in order
+            i = first.index
+            for e, arr in zip(layout.entries, lease.arrays):
+                fixed[(e.field, e.part)] = arr if (i, n) == (0, arr.shape[0]) else arr[i:i + n]
+        else:  # samples were skipped: the rows come from several places, copy them together
+            pieces = [_fixed(layout, sp) for sp in spans]
+            for key in pieces[0]:
+                fixed[key] = np.concatenate([p[key] for p in pieces])
     cols: List[Any] = []
     for f in range(nfields):
         spec = layout.specs[f]
-        if aligned and (f, None) in fixed:
+        if (f, None) in fixed:
             cols.append(fixed[(f, None)])
-        elif aligned and isinstance(spec, tuple):
-            cols.append(tuple(fixed[(f, p)] if (f, p) in fixed else collate([s.values[f][p] for s in samples])
+            continue
+        col = spans[0].columns[f] if len(spans) == 1 else list(chain.from_iterable(sp.columns[f] for sp in spans))
+        if isinstance(spec, tuple) and fixed:
+            cols.append(tuple(fixed[(f, p)] if (f, p) in fixed else collate([v[p] for v in col])
                               for p in range(len(spec))))
         else:
-            cols.append(collate([s.values[f] for s in samples]))
+            cols.append(collate(col))
     return cols
 
 
-def batches(samples: Iterator[Sample], batch_size: int, drop_last: bool, layout: SlotLayout,
+def _split(span: Span, k: int) -> tuple:
+    """``span``'s first ``k`` samples and the rest, as two spans."""
+    cols_a = [None if c is None else c[:k] for c in span.columns]
+    cols_b = [None if c is None else c[k:] for c in span.columns]
+    return (Span(span.seq, k, span.lease, span.index, cols_a),
+            Span(span.seq + k, span.n - k, span.lease, span.index + k, cols_b))
+
+
+def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: SlotLayout,
             nfields: int, kind: str, names: Optional[Sequence[str]]) -> Iterator[Any]:
-    """Group samples into batches of ``batch_size`` (the last one shorter unless ``drop_last``).
+    """Group spans into batches of ``batch_size`` samples (the last one shorter unless ``drop_last``).
 
     When the stream raises a data error (a sample that does not decode, broken framing), the samples
     before it are not lost: they come out as a short batch first, then the error is raised."""
     shape = shaper(kind, names)
-    buf: List[Sample] = []
+    buf: List[Span] = []
+    have = 0
     try:
-        for s in samples:
-            buf.append(s)
-            if len(buf) == batch_size:
-                cols = _columns(buf, layout, nfields)
-                buf = []
-                yield shape(tuple(cols))
+        for sp in spans:
+            while sp is not None:
+                room = batch_size - have
+                if sp.n > room:
+                    head, sp = _split(sp, room)
+                else:
+                    head, sp = sp, None
+                buf.append(head)
+                have += head.n
+                if have == batch_size:
+                    cols = _columns(buf, layout, nfields)
+                    buf, have = [], 0
+                    yield shape(tuple(cols))
     except (DecodeError, CorruptRecordError):
         if buf:
             cols = _columns(buf, layout, nfields)

@@ -28,12 +28,12 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from ..decoders.base import spec_of
+from ..decoders.base import ArraySpec, spec_of
 from ..decoders.basic import Raw
 from ..errors import PipelineError
 from ..recordio import DEFAULT_MAX_RECORD_BYTES
 from ..sources import resolve
-from .batching import batches, shaper
+from .batching import batches, unbatched
 from .children import close_quietly, main_is_importable, register_for_fork
 from .pool import WorkerPool
 from .run import Run, _ended
@@ -261,6 +261,7 @@ class ParallelReader:
         sh.field_names = list(self._names)
         sh.passthrough = passthrough
         sh.layout = layout
+        sh.travels = _travels(passthrough, layout)
         self._state = State.NEW
         self._epoch = 0
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
@@ -287,7 +288,8 @@ class ParallelReader:
             sh.slots = SlotPool(sh.layout, sh.prefix, initial)
             if not all(sh.passthrough):
                 cfg = WorkerConfig(decoders=sh.cfg.decoders, specs=sh.layout.specs,
-                                   passthrough=sh.passthrough, layout=sh.layout, ring_name=sh.ring.name,
+                                   passthrough=sh.passthrough, travels=sh.travels,
+                                   layout=sh.layout, ring_name=sh.ring.name,
                                    prefix=sh.prefix, seed=self.seed, poll_interval=sh.cfg.poll_interval)
                 sh.pool = WorkerPool(ctx, cfg, self.workers, sh.lifeline_r)
                 sh.pool.start()
@@ -340,11 +342,9 @@ class ParallelReader:
     def _iterate(self, run: Run) -> Iterator[Any]:
         sh, st = self._sh, self._sh.stats
         if self.batch_size is None:
-            chunks = run.delivered_chunks()
-            shape = shaper(self._kind, self._names)
-            items = (shape(s.values) for chunk in chunks for s in chunk)
+            items = unbatched(run.spans(), sh.layout, self._kind, self._names)
         else:
-            items = batches(run.samples(), self.batch_size, self.drop_last, sh.layout,
+            items = batches(run.spans(), self.batch_size, self.drop_last, sh.layout,
                             len(sh.cfg.decoders), self._kind, self._names)
         last = start = time.perf_counter()
         first = True
@@ -466,6 +466,12 @@ def _check_picklable(decoders: List[Any], names: Sequence[str], method: str) -> 
                             f"processes cannot import ({method} start method): a script read from standard "
                             f"input, python -c, a notebook or another interactive session. Move it to a "
                             f"module, or use start_method='fork'.")
+
+
+def _travels(passthrough: List[bool], layout: SlotLayout) -> List[bool]:
+    """Per field, whether (some of) its values travel back from the workers in result frames: not a
+    passthrough field, and not one whose values all live in output slots."""
+    return [not p and not isinstance(spec, ArraySpec) for p, spec in zip(passthrough, layout.specs)]
 
 
 def _count(name: str, value: Any, minimum: int = 1) -> int:

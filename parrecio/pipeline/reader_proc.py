@@ -82,6 +82,7 @@ class _Stats:
     read_time: float = 0.0
     wait_source_time: float = 0.0
     wait_consumer_time: float = 0.0
+    cpu_time: float = 0.0         # CPU seconds of this process since reader_main began
 
 
 @dataclass
@@ -106,6 +107,7 @@ class _Reader:
         self.mem = memoryview(self.seg.buf)
         self.ring = RingWriter(self.seg.size, self._wait_for_release)
         self.stats = _Stats()
+        self.cpu0 = time.process_time()
         self.seq = 0          # next sequence number (groups of this shard)
         self.group_index = 0  # groups seen in the stream (all shards)
         self.pending = _Pending()
@@ -372,6 +374,7 @@ class _Reader:
         st = self.stats
         st.groups = self.seq
         self.flush()
+        st.cpu_time = time.process_time() - self.cpu0
         self.data.send(ReaderEnd(self.seq, dict(st.__dict__), error))
 
 

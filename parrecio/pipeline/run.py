@@ -51,19 +51,24 @@ from .wire import Frame
 
 log = logging.getLogger("parrecio")
 
-__all__ = ["Run", "Sample"]
+__all__ = ["Run", "Span"]
 
 
-class Sample(NamedTuple):
-    """A delivered sample: its sequence number and field values (fixed-shape ones are views of
-    ``lease``'s slot at ``index``)."""
+class Span(NamedTuple):
+    """Consecutive delivered samples ``seq .. seq + n - 1`` of one chunk, as columns.
+
+    ``columns[f]`` is the list of the ``n`` values of field ``f`` that travelled back from the workers
+    (or were copied out of the ring), or ``None`` when the field's values are all in the output slot:
+    rows ``index .. index + n - 1`` of ``lease.arrays``.  For a field with a tuple spec, the column holds
+    tuples with ``None`` at the positions that live in the slot."""
     seq: int
-    values: tuple
+    n: int
     lease: Optional[Lease]
     index: int
+    columns: list
 
 
-_new = tuple.__new__  # Sample without NamedTuple's argument handling: this is the per-sample hot path
+_new = tuple.__new__  # a Span without NamedTuple's argument handling
 
 
 @dataclass
@@ -78,11 +83,11 @@ class _Slot:
 @dataclass
 class _ChunkState:
     chunk: Chunk
-    results: list
+    columns: list                       # per field: the list of values that travel back, or None
     missing: int
     pos0: Optional[int] = None          # output position of the first group (fixed-shape outputs)
     dispatched: bool = False
-    has_error: bool = False             # some result is a RemoteError
+    errors: Dict[int, RemoteError] = field(default_factory=dict)   # group -> why it failed
     attempts: Dict[int, int] = field(default_factory=dict)   # group -> times its worker died
 
     @property
@@ -121,6 +126,8 @@ class Run:
         self.stats = shared.stats
         self.owner_pid = os.getpid()
         self.thread = threading.current_thread()  # the thread that iterates this pass
+        self.copied = [f for f, p in enumerate(shared.passthrough) if p]  # payloads the consumer copies
+        self.travels = shared.travels  # fields whose values travel back from the workers
         self._start_reader()
 
     # -- reader process ----------------------------------------------------------------------------
@@ -151,17 +158,16 @@ class Run:
             ctrl_r.close()
 
     # -- the loop ----------------------------------------------------------------------------------
-    def delivered_chunks(self) -> Iterator[List[Sample]]:
-        """Every sample of the pass in stream order, a chunk's worth at a time (materialized: bytes
-        copied out of the ring, fixed-shape values leased).  Raises the first error under
-        ``on_error="raise"`` after the samples before it."""
+    def spans(self) -> Iterator[Span]:
+        """Every sample of the pass in stream order, as spans (bytes copied out of the ring,
+        fixed-shape values leased).  Raises the first error under ``on_error="raise"`` after the
+        samples before it."""
         st = self.stats
         try:
             while True:
                 while self.chunks and self.chunks[0].complete:
-                    out, err = self._deliver(self.chunks.popleft())
-                    if out:
-                        yield out
+                    spans, err = self._deliver(self.chunks.popleft())
+                    yield from spans
                     if err is not None:
                         raise err
                     if self.aborted:
@@ -177,11 +183,6 @@ class Run:
                 st.wait_workers_time += time.perf_counter() - t0
         finally:
             self.shutdown()
-
-    def samples(self) -> Iterator[Sample]:
-        """Every sample of the pass, in stream order, one at a time."""
-        for chunk in self.delivered_chunks():
-            yield from chunk
 
     def _step(self, timeout: float) -> None:
         """Dispatch what can be, then wait up to ``timeout`` s for a message or a death and handle it."""
@@ -227,7 +228,7 @@ class Run:
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, Chunk):
             self.received_pos = msg.ring_end
-            cs = _ChunkState(msg, [None] * msg.n, msg.n)
+            cs = _ChunkState(msg, [[None] * msg.n if t else None for t in self.travels], msg.n)
             self.stats.chunks += 1
             if all(self.sh.passthrough):
                 cs.missing = 0  # nothing to decode: the consumer copies the payloads out itself
@@ -316,39 +317,37 @@ class Run:
             return
         self.stats.add_worker(frame.pid, frame.cpu, task.n)
         if frame.split:
-            values = self._unsplit(frame)
+            columns, errors = self._unsplit(frame)
         else:
             try:
-                values = frame.values()
+                columns, errors = frame.values()
             except Exception:  # some value does not unpickle here: re-run, each value pickled alone
                 self.resplit.append((cs, task.start, task.n))
                 return
-        for j, v in enumerate(values):
-            cs.results[task.start + j] = v
-            if type(v) is RemoteError:
-                cs.has_error = True
+        lo, hi = task.start, task.start + task.n
+        for dst, col in zip(cs.columns, columns):
+            if dst is not None:
+                dst[lo:hi] = col
+        for j, err in errors.items():
+            cs.errors[lo + j] = err
         cs.missing -= task.n
 
-    def _unsplit(self, frame: Frame) -> list:
-        """The values of a split frame: each pickled on its own, one that cannot be unpickled here
-        replaced by the error that says so."""
-        values = []
-        for item in pickle.loads(frame.body):
-            if isinstance(item, bytes):  # a RemoteError
-                values.append(pickle.loads(item))
-                continue
-            vals: list = []
-            for f, b in enumerate(item):
+    def _unsplit(self, frame: Frame) -> tuple:
+        """The columns and errors of a split frame: each value pickled on its own, one that cannot be
+        unpickled here replaced by the error that says so."""
+        columns, errors = pickle.loads(frame.body)
+        for f, col in enumerate(columns):
+            for j, b in enumerate(col or ()):
+                if j in errors or b is None:
+                    continue
                 try:
-                    vals.append(pickle.loads(b))
+                    col[j] = pickle.loads(b)
                 except Exception as exc:
                     err = DecodeError(f"the value decoded by {self.cfg.decoders[f]!r} cannot be unpickled "
                                       f"in the consumer: {type(exc).__name__}: {exc}")
                     err.__cause__ = exc
-                    vals = RemoteError(err, f)
-                    break
-            values.append(vals if isinstance(vals, RemoteError) else tuple(vals))
-        return values
+                    errors[j] = RemoteError(err, f)
+        return columns, errors
 
     def _orphaned(self, task: Task) -> None:
         """The worker running ``task`` died: re-run its groups, each alone on an idle worker.  A group
@@ -363,111 +362,107 @@ class Run:
             if task.isolated and tries >= 2:
                 exc = PipelineError("a decoder process died twice while decoding this sample "
                                     "(poison record: it crashes or exhausts its decoder)")
-                cs.results[j] = RemoteError(exc)
-                cs.has_error = True
+                cs.errors[j] = RemoteError(exc)
                 cs.missing -= 1
             else:
                 self.retry.append((cs, j, 1))
 
     # -- delivery ----------------------------------------------------------------------------------
-    def _deliver(self, cs: _ChunkState) -> Tuple[List[Sample], Optional[BaseException]]:
-        """The samples of a complete chunk, and the error to raise after them (if any); then release
-        its ring space."""
+    def _deliver(self, cs: _ChunkState) -> Tuple[List[Span], Optional[BaseException]]:
+        """The spans of a complete chunk, and the error to raise after them (if any); then release its
+        ring space."""
         sh, c = self.sh, cs.chunk
-        mem, seg = sh.ring_mem, None
-        if c.segment is not None and any(sh.passthrough):
-            seg = Segment.attach(c.segment)
-            mem = memoryview(seg.buf)
         try:
-            if cs.pos0 is None and not cs.has_error:
-                out, err = self._deliver_plain(cs, mem), None
-            else:
-                out, err = self._deliver_each(cs, mem)
+            spans, err = self._spans(cs)
         finally:
-            if mem is not sh.ring_mem:
-                mem.release()
-            if seg is not None:
-                seg.close()
-        self.stats.samples += len(out)
-        self.delivered += len(out)
-        if cs.dispatched:
-            self.in_pipeline -= 1
-        oneoff = 0
-        if c.segment is not None:
-            unlink(c.segment)
-            oneoff = sum(c.lens)
-        try:
-            self.released_pos = max(self.released_pos, c.ring_end)
-            self.ctrl.send(Release(c.ring_end, oneoff))
-        except (BrokenPipeError, OSError):
-            pass  # the reader has finished
-        return out, err
+            if cs.dispatched:
+                self.in_pipeline -= 1
+            oneoff = 0
+            if c.segment is not None:
+                unlink(c.segment)
+                oneoff = sum(c.lens)
+            try:
+                self.released_pos = max(self.released_pos, c.ring_end)
+                self.ctrl.send(Release(c.ring_end, oneoff))
+            except (BrokenPipeError, OSError):
+                pass  # the reader has finished
+        delivered = sum(sp.n for sp in spans)
+        self.stats.samples += delivered
+        self.delivered += delivered
+        return spans, err
 
-    def _deliver_plain(self, cs: _ChunkState, mem: memoryview) -> List[Sample]:
-        """The common case, in bulk: no fixed-shape outputs, no errors."""
-        c, nf, pt = cs.chunk, self.nf, self.sh.passthrough
-        seq0 = c.first_seq
-        if not any(pt):
-            values = cs.results
-        else:
-            payloads = [bytes(mem[o:o + n]) for o, n in zip(c.ring_offs, c.lens)]
-            if nf == 1:
-                values = [(b,) for b in payloads]
-            elif all(pt):
-                values = [tuple(payloads[j * nf:(j + 1) * nf]) for j in range(c.n)]
-            else:
-                values = [tuple(payloads[j * nf + f] if pt[f] else r[f] for f in range(nf))
-                          for j, r in enumerate(cs.results)]
-        return [_new(Sample, (seq0 + j, v, None, 0)) for j, v in enumerate(values)]
-
-    def _deliver_each(self, cs: _ChunkState, mem: memoryview) -> Tuple[List[Sample], Optional[BaseException]]:
-        """Sample by sample: fixed-shape outputs (slot positions, leases) or errors in the chunk."""
+    def _spans(self, cs: _ChunkState) -> Tuple[List[Span], Optional[BaseException]]:
+        """Cut the chunk into spans: at each failed group, and where the output slot changes."""
         sh, c, nf = self.sh, cs.chunk, self.nf
+        columns = list(cs.columns)
+        if self.copied:
+            self._copy_out(cs, columns)
+        n, seq0 = c.n, c.first_seq
+        if cs.pos0 is None and not cs.errors:  # the common case without fixed-shape outputs
+            return [_new(Span, (seq0, n, None, 0, columns))], None
         S = sh.layout.slot_size
-        source = self.streams.get(c.stream_id, sh.source.name)
-        out: List[Sample] = []
-        for j in range(c.n):
-            seq = c.first_seq + j
-            r = cs.results[j]
-            lease, index = None, 0
-            if cs.pos0 is not None:
-                k, index = divmod(cs.pos0 + j, S)
-                slot = self.slots[k]
-                slot.remaining -= 1
-                if not isinstance(r, RemoteError):
+        spans: List[Span] = []
+        a = 0
+        for e in sorted(cs.errors) + [n]:
+            j = a
+            while j < e:  # groups a..e-1 succeeded: one span per slot they touch
+                lease, index, b = None, 0, e
+                if cs.pos0 is not None:
+                    k, index = divmod(cs.pos0 + j, S)
+                    b = min(e, j + S - index)
+                    slot = self.slots[k]
                     if slot.lease is None:
                         slot.lease = sh.slots.lease(slot.phys)
                     lease = slot.lease
-                if slot.remaining == 0:
-                    self._slot_done(k)
-            if isinstance(r, RemoteError):
-                name = sh.field_names[r.field] if 0 <= r.field < nf else "group"
-                err = r.as_decode_error(f"field {name!r} ({sh.cfg.decoders[r.field]!r})"
-                                        if 0 <= r.field < nf else "decoder process",
-                                        seq, c.stream_offs[j], source)
-                if self.cfg.on_error == "raise":
-                    self._abandon_slots(cs, j + 1)
-                    return out, err
-                self.stats.skipped += 1
-                log.warning("parrecio: skipped %s", err)
-                continue
-            values = list(r) if r is not None else [None] * nf
-            for f in range(nf):
-                if sh.passthrough[f]:
-                    off = c.ring_offs[j * nf + f]
-                    values[f] = bytes(mem[off:off + c.lens[j * nf + f]])
-            if lease is not None:
-                values = list(sh.layout.merge(tuple(values), lease.arrays, index))
-            out.append(_new(Sample, (seq, tuple(values), lease, index)))
-        return out, None
+                    slot.remaining -= b - j
+                    if slot.remaining == 0:
+                        self._slot_done(k)
+                cols = columns if (j, b) == (0, n) else [None if col is None else col[j:b] for col in columns]
+                spans.append(_new(Span, (seq0 + j, b - j, lease, index, cols)))
+                j = b
+            if e == n:
+                break
+            if cs.pos0 is not None:
+                self._abandon_slots(cs, e, e + 1)
+            err = self._error_at(cs, e)
+            if self.cfg.on_error == "raise":
+                self._abandon_slots(cs, e + 1, n)
+                return spans, err
+            self.stats.skipped += 1
+            log.warning("parrecio: skipped %s", err)
+            a = e + 1
+        return spans, None
 
-    def _abandon_slots(self, cs: _ChunkState, start: int) -> None:
-        """Positions of groups ``start..`` of the chunk will never be delivered (the pass ends with an
-        error): count them as done so that their slots are finished."""
+    def _error_at(self, cs: _ChunkState, j: int) -> BaseException:
+        """The DecodeError of group ``j`` of the chunk, naming the sample, its offset and its stream."""
+        sh, c, r = self.sh, cs.chunk, cs.errors[j]
+        source = self.streams.get(c.stream_id, sh.source.name)
+        nf = self.nf
+        what = (f"field {sh.field_names[r.field]!r} ({sh.cfg.decoders[r.field]!r})" if 0 <= r.field < nf
+                else "decoder process")
+        return r.as_decode_error(what, c.first_seq + j, c.stream_offs[j], source)
+
+    def _copy_out(self, cs: _ChunkState, columns: list) -> None:
+        """The passthrough fields' columns: their payloads copied out of the ring (or one-off segment)."""
+        c, nf, sh = cs.chunk, self.nf, self.sh
+        seg = Segment.attach(c.segment) if c.segment is not None else None
+        mem = memoryview(seg.buf) if seg is not None else sh.ring_mem
+        try:
+            offs, lens = c.ring_offs, c.lens
+            for f in self.copied:
+                columns[f] = [bytes(mem[o:o + k]) for o, k in zip(offs[f::nf], lens[f::nf])]
+        finally:
+            if seg is not None:
+                mem.release()
+                seg.close()
+
+    def _abandon_slots(self, cs: _ChunkState, start: int, stop: int) -> None:
+        """Positions of groups ``start..stop-1`` of the chunk will never be delivered (failed, or the
+        pass ends with an error): count them as done so that their slots are finished."""
         if cs.pos0 is None:
             return
         S = self.sh.layout.slot_size
-        for j in range(start, cs.chunk.n):
+        for j in range(start, stop):
             k = (cs.pos0 + j) // S
             slot = self.slots.get(k)
             if slot is not None:
@@ -553,7 +548,7 @@ class Run:
             while self.data.poll():
                 msg = self.data.recv()
                 if isinstance(msg, Chunk):
-                    self.chunks.append(_ChunkState(msg, [], 0))
+                    self.chunks.append(_ChunkState(msg, [], 0))  # only its one-off segment matters
                 elif isinstance(msg, ReaderEnd) and self.end is None:
                     self.end = msg
                     self.stats.add_reader(msg.stats)

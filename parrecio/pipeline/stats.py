@@ -17,6 +17,7 @@ class Stats:
     - ``wait_consumer_time``: the reader process waiting for ring space, i.e. for the consumer;
     - ``wait_workers_time``: the consumer waiting inside ``next()`` for decoded samples (decode-bound);
     - ``user_time``: the consumer's time outside ``next()`` (your training step);
+    - ``reader_cpu``: CPU seconds of the reader process (all passes);
     - ``decode_cpu``: CPU seconds per worker pid spent decoding;
     - ``wall_time``: time from the first ``next()`` of each pass to its end, summed over passes;
     - ``startup_time``: of that, the time until each pass's first sample (processes starting, the first
@@ -40,6 +41,7 @@ class Stats:
     wait_consumer_time: float = 0.0
     wait_workers_time: float = 0.0
     user_time: float = 0.0
+    reader_cpu: float = 0.0
     wall_time: float = 0.0
     startup_time: float = 0.0
     workers: int = 0
@@ -57,6 +59,7 @@ class Stats:
         self.read_time += rs.get("read_time", 0.0)
         self.wait_source_time += rs.get("wait_source_time", 0.0)
         self.wait_consumer_time += rs.get("wait_consumer_time", 0.0)
+        self.reader_cpu += rs.get("cpu_time", 0.0)
 
     def add_worker(self, pid: int, cpu: float, n: int) -> None:
         """Count ``n`` groups decoded by worker ``pid`` in ``cpu`` seconds."""

@@ -20,11 +20,13 @@ from __future__ import annotations
 import os
 import pickle
 import struct
-from typing import List, Optional
+from typing import Any, List, Optional
+
+import numpy as np
 
 from .messages import TaskDone
 
-__all__ = ["send_result", "FrameReader", "Frame"]
+__all__ = ["send_result", "FrameReader", "Frame", "pack_column", "unpack_column"]
 
 _HEADER = struct.Struct("<QqdqB")  # body length, task id, cpu seconds, pid, split
 
@@ -37,9 +39,51 @@ class Frame:
     def __init__(self, task_id: int, cpu: float, pid: int, split: bool, body: memoryview) -> None:
         self.task_id, self.cpu, self.pid, self.split, self.body = task_id, cpu, pid, split, body
 
-    def values(self) -> list:
-        """The task's values (``TaskDone.values``); raises whatever unpickling the body raises."""
-        return pickle.loads(self.body)
+    def values(self) -> tuple:
+        """The task's ``(columns, errors)`` (``TaskDone.values``, columns unpacked); raises whatever
+        unpickling the body raises."""
+        columns, errors = pickle.loads(self.body)
+        return [unpack_column(c) for c in columns], errors
+
+
+class _Packed:
+    """A column of n arrays of one dtype and one trailing shape, sent as one array and their lengths:
+    one pickled array instead of n (a ragged ``(k, 5)`` boxes array per sample costs ~1.5 us to
+    unpickle; a slice of the packed array, ~0.1 us)."""
+
+    __slots__ = ("data", "lens")
+
+    def __init__(self, data: np.ndarray, lens: np.ndarray) -> None:
+        self.data, self.lens = data, lens
+
+    def __reduce__(self):
+        return _Packed, (self.data, self.lens)
+
+
+def pack_column(col: Optional[list]) -> Any:
+    """``col`` as it travels: a :class:`_Packed` when every value is an ndarray (ndim >= 1) of one dtype
+    and trailing shape -- the ragged arrays of a field -- else the list itself."""
+    if not col or type(col[0]) is not np.ndarray:
+        return col
+    first = col[0]
+    dtype, tail = first.dtype, first.shape[1:]
+    if first.ndim == 0 or dtype.hasobject:
+        return col
+    for v in col:
+        if type(v) is not np.ndarray or v.dtype != dtype or v.shape[1:] != tail or v.ndim == 0:
+            return col
+    lens = np.fromiter((len(v) for v in col), np.int64, len(col))
+    return _Packed(np.concatenate(col), lens)
+
+
+def unpack_column(col: Any) -> Optional[list]:
+    """The list of values of a column made by :func:`pack_column` (packed arrays come back as views of
+    one array)."""
+    if type(col) is not _Packed:
+        return col
+    data, ends = col.data, np.cumsum(col.lens).tolist()
+    starts = [0] + ends[:-1]
+    return [data[a:b] for a, b in zip(starts, ends)]
 
 
 def send_result(fd: int, msg: TaskDone, body: bytes, split: bool) -> None:

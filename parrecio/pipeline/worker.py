@@ -32,7 +32,7 @@ from ..decoders.base import OutputSpec, write_into
 from .messages import RemoteError, Stop, Task, TaskDone
 from .shm import Segment, sweep
 from .slots import SlotLayout
-from .wire import send_result
+from .wire import pack_column, send_result
 
 __all__ = ["WorkerConfig", "worker_main", "seed_worker"]
 
@@ -43,6 +43,7 @@ class WorkerConfig:
     decoders: List[Any]          # one per field
     specs: List[OutputSpec]      # output_spec per field
     passthrough: List[bool]      # fields the consumer copies out itself
+    travels: List[bool]          # fields whose values (or part of them) travel back in the result frame
     layout: SlotLayout
     ring_name: str
     prefix: str                  # shm name prefix of this reader, swept if the consumer dies
@@ -93,69 +94,72 @@ _NO_OUTS: List[Any] = []
 
 
 def _run_task(cfg: WorkerConfig, task: Task, ring: Segment, slots: Dict[str, tuple]) -> TaskDone:
+    """Decode the task's groups.  The values that travel back form columns (one list per field whose
+    values are not all in output slots), and the failures a ``{group: RemoteError}`` dict."""
     cpu0 = time.process_time()
     seg = ring if task.segment == cfg.ring_name else Segment.attach(task.segment)
     mem = memoryview(seg.buf).toreadonly()
     dests = _expand_dest(task, cfg.layout, slots)
-    nf = len(cfg.decoders)
-    values: list = []
+    nf, n = len(cfg.decoders), task.n
+    decoded = [f for f in range(nf) if not cfg.passthrough[f]]
+    columns: List[Optional[list]] = [[None] * n if cfg.travels[f] else None for f in range(nf)]
+    errors: Dict[int, RemoteError] = {}
+    decoders, specs, offs, lens = cfg.decoders, cfg.specs, task.ring_offs, task.lens
     try:
-        for j in range(task.n):
+        for j in range(n):
             outs = dests[j] or _NO_OUTS
-            vals: List[Any] = [None] * nf
             base = j * nf
             f = -1
             try:
-                for f in range(nf):
-                    if cfg.passthrough[f]:
-                        continue
-                    off = task.ring_offs[base + f]
-                    payload = mem[off:off + task.lens[base + f]]
+                for f in decoded:
+                    off = offs[base + f]
+                    payload = mem[off:off + lens[base + f]]
                     try:
-                        spec = cfg.specs[f]
-                        if spec is None:
-                            vals[f] = cfg.decoders[f](payload)
-                        else:
-                            vals[f] = write_into(cfg.decoders[f], payload, spec, outs[f])
+                        spec = specs[f]
+                        v = decoders[f](payload) if spec is None else write_into(decoders[f], payload, spec,
+                                                                                 outs[f])
                     finally:
                         payload.release()
-                values.append(tuple(vals))
+                    col = columns[f]
+                    if col is not None:
+                        col[j] = v
             except (Exception, KeyboardInterrupt, SystemExit) as exc:
                 # A decode error is data: it is raised at its sequence number.  KeyboardInterrupt and
                 # SystemExit raised *by a decoder* are its errors too, not requests to end this process.
-                values.append(RemoteError(exc, f))
+                errors[j] = RemoteError(exc, f)
+                for col in columns:
+                    if col is not None:
+                        col[j] = None
     finally:
         mem.release()
         if seg is not ring:
             seg.close()
-    return TaskDone(task.task_id, values, time.process_time() - cpu0, os.getpid())
+    return TaskDone(task.task_id, (columns, errors), time.process_time() - cpu0, os.getpid())
 
 
 def _pickled(done: TaskDone, split: bool, decoders: List[Any]) -> tuple:
-    """``(body, split)``: the values pickled as one list, or -- when asked to (``split``), or when a
-    value cannot be pickled -- each field value pickled on its own, a value that cannot be replaced by
-    the error that says so."""
+    """``(body, split)``: the columns (arrays packed, see :func:`pack_column`) and errors pickled as one
+    object, or -- when asked to (``split``), or when a value cannot be pickled -- each value pickled on
+    its own, a value that cannot be replaced by the error that says so."""
+    columns, errors = done.values
     if not split:
         try:
-            return pickle.dumps(done.values, pickle.HIGHEST_PROTOCOL), False
+            return pickle.dumps(([pack_column(c) for c in columns], errors), pickle.HIGHEST_PROTOCOL), False
         except Exception:
             pass  # some value does not pickle: find it
-    out: list = []
-    for vals in done.values:
-        if isinstance(vals, RemoteError):
-            out.append(pickle.dumps(vals, pickle.HIGHEST_PROTOCOL))
-            continue
-        fields = []
-        for f, v in enumerate(vals):
+    out: List[Optional[list]] = [None if c is None else [None] * len(c) for c in columns]
+    errors = dict(errors)
+    for f, col in enumerate(columns):
+        for j, v in enumerate(col or ()):
+            if j in errors:
+                continue
             try:
-                fields.append(pickle.dumps(v, pickle.HIGHEST_PROTOCOL))
+                out[f][j] = pickle.dumps(v, pickle.HIGHEST_PROTOCOL)
             except Exception as exc:
                 err = TypeError(f"the value decoded by {decoders[f]!r} cannot be pickled to travel back "
                                 f"to the consumer: {type(exc).__name__}: {exc}")
-                fields = pickle.dumps(RemoteError(err, f), pickle.HIGHEST_PROTOCOL)
-                break
-        out.append(fields)
-    return pickle.dumps(out, pickle.HIGHEST_PROTOCOL), True
+                errors[j] = RemoteError(err, f)
+    return pickle.dumps((out, errors), pickle.HIGHEST_PROTOCOL), True
 
 
 def _expand_dest(task: Task, layout: SlotLayout, slots: Dict[str, tuple]) -> List[Optional[list]]:
