@@ -37,7 +37,8 @@ class Chunk:
     """Groups ``first_seq .. first_seq + n - 1``, all from stream ``stream_id``.
 
     ``ring_offs``/``lens`` are ``n * nfields`` int64 (group-major) byte offsets into ``segment`` (the
-    input ring when ``segment`` is None, else a one-off segment for a group too big for the ring) and
+    input ring when ``segment`` is None, a regular file read in place when it starts with ``file:``
+    (:mod:`parrecio.pipeline.mapped`), else a one-off segment for a group too big for the ring) and
     payload lengths; ``stream_offs`` the stream byte offset of each group's first record.  After the
     chunk is delivered the ring may be released up to ``ring_end`` (a monotonic byte position).
     """
@@ -66,6 +67,7 @@ class Release:
     ``oneoff_bytes``: the size of a one-off segment it delivered and removed (0 for none)."""
     pos: int
     oneoff_bytes: int = 0
+    mapped_bytes: int = 0   # payload bytes of a delivered chunk read in place from a mapped file
 
 
 @dataclass

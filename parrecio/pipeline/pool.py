@@ -57,6 +57,7 @@ class WorkerPool:
         self.replaced = 0
         self.deaths_without_progress = 0  # reset by every result: bounds a crash-at-start loop
         self.clock = 0.0                  # seconds the consumer has spent waiting on the pool
+        self.version = 0                  # changes whenever waitables() does
         self._ids = itertools.count()
         self._generations = itertools.count()  # every worker ever started gets its own seed
 
@@ -65,6 +66,7 @@ class WorkerPool:
         self.workers = [self._spawn(i) for i in range(self.n)]
 
     def _spawn(self, index: int) -> _Worker:
+        self.version += 1
         task_r, task_w = self.ctx.Pipe(duplex=False)
         res_r, res_w = self.ctx.Pipe(duplex=False)
         try:
@@ -153,6 +155,8 @@ class WorkerPool:
                 done.append((task, frame))
         if w.inbox.received != before:
             w.progress = self.clock
+        if w.inbox.eof:
+            self.version += 1  # its result pipe leaves the waitables
 
     @staticmethod
     def _discard(w: _Worker) -> None:

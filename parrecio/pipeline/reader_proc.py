@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import select
+import stat
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -37,11 +38,16 @@ from typing import Any, Optional
 
 from ..errors import CorruptRecordError, ParrecioError
 from ..recordio import RecordReader
+from .mapped import map_stream
 from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
 from .ring import RingWriter
 from .shm import Segment, sweep
 
 __all__ = ["ReaderConfig", "reader_main"]
+
+AUTO_GROUPS = 64              # adaptive chunks: at least this many groups (a typical batch) ...
+AUTO_MIN_BYTES = 64 << 10     # ... and, for small records, more until their payloads reach this ...
+AUTO_MAX_GROUPS = 2048        # ... but never more groups than this
 
 
 @dataclass
@@ -54,7 +60,7 @@ class ReaderConfig:
     max_record_bytes: int
     ring_name: str
     prefix: str                 # shm name prefix for one-off segments; swept if the consumer dies
-    chunk_groups: int           # groups per Chunk message
+    chunk_groups: Optional[int]  # groups per Chunk message; None: adaptive (see _Reader.__init__)
     chunk_bytes: int            # ... or fewer when their payloads reach this many bytes
     oneoff_budget: int = 0      # bytes of one-off segments in flight (one group is always let through)
     num_shards: int = 1
@@ -64,6 +70,8 @@ class ReaderConfig:
     shuffle_buffer: int = 1024      # groups held by the shuffle buffer
     seed: int = 0                   # the permutation of epoch e comes from (seed, e)
     index_paths: tuple = ()         # ((rec_path, idx_path), ...) for shuffle == "index"
+    map_files: bool = True          # regular files: frame them in place, workers read the page cache
+    mapped_budget: int = 256 << 20  # bytes of mapped groups in flight (one group is always let through)
 
 
 class _Stopped(Exception):
@@ -95,6 +103,7 @@ class _Pending:
     ring_offs: array = field(default_factory=lambda: array("q"))
     lens: array = field(default_factory=lambda: array("q"))
     stream_offs: array = field(default_factory=lambda: array("q"))
+    segment: Optional[str] = None   # None: the ring; else a mapped file (see parrecio.pipeline.mapped)
 
 
 class _Reader:
@@ -114,6 +123,16 @@ class _Reader:
         self.group_end = 0        # ring position after the last complete group: what a chunk may release
         self.n_oneoff = 0
         self.oneoff_inflight = 0  # bytes of one-off segments sent and not yet released
+        self.mapped_inflight = 0  # bytes of mapped groups sent and not yet released
+        # A chunk is one message to a worker and one result back: ~50-100 us of the consumer's time, so
+        # it should carry enough work.  Adaptive sizing: at least AUTO_GROUPS groups, and small records
+        # keep filling it up to AUTO_MIN_BYTES (at most AUTO_MAX_GROUPS groups).  An explicit
+        # chunk_groups is exact.
+        if cfg.chunk_groups is None:
+            self.min_groups, self.max_groups, self.min_bytes = AUTO_GROUPS, AUTO_MAX_GROUPS, AUTO_MIN_BYTES
+        else:
+            self.min_groups = self.max_groups = cfg.chunk_groups
+            self.min_bytes = 0
 
     # -- control ---------------------------------------------------------------------------------
     def _handle_ctrl(self) -> None:
@@ -122,6 +141,7 @@ class _Reader:
             if isinstance(msg, Release):
                 self.ring.release(msg.pos)
                 self.oneoff_inflight -= msg.oneoff_bytes
+                self.mapped_inflight -= msg.mapped_bytes
             elif isinstance(msg, Stop):
                 raise _Stopped()
 
@@ -148,7 +168,9 @@ class _Reader:
         p = self.pending
         if p.n:
             self.data.send(Chunk(p.first_seq, p.n, p.stream_id, p.ring_offs, p.lens, p.stream_offs,
-                                 self.group_end))
+                                 self.group_end, segment=p.segment))
+            if p.segment is not None:
+                self.mapped_inflight += p.nbytes  # the consumer releases sum(lens) of the chunk
             self.pending = _Pending(stream_id=p.stream_id, first_seq=self.seq)
         self._handle_ctrl()
 
@@ -166,14 +188,19 @@ class _Reader:
             placed.append((off, len(b)))
         self._emit_placed(stream_id, placed, first_offset)
 
-    def _emit_placed(self, stream_id: int, parts: list, first_offset: int) -> None:
-        """A complete group whose records are all in the ring: add it to the pending chunk."""
+    def _emit_placed(self, stream_id: int, parts: list, first_offset: int,
+                     segment: Optional[str] = None) -> None:
+        """A complete group whose records are all in the ring (``segment`` None) or all in the mapped
+        file ``segment``: add it to the pending chunk."""
         p = self.pending
-        if p.n and p.stream_id != stream_id:  # a chunk names one stream (shuffling mixes them)
-            self.flush()
+        if p.n and (p.stream_id != stream_id or p.segment != segment):  # a chunk names one stream and
+            self.flush()                                                 # one segment
+            p = self.pending
+        if segment is not None and self.mapped_inflight:
+            self._wait_for_mapped(sum(n for _, n in parts) + p.nbytes)
             p = self.pending
         if p.n == 0:
-            p.stream_id, p.first_seq = stream_id, self.seq
+            p.stream_id, p.first_seq, p.segment = stream_id, self.seq, segment
         for off, n in parts:
             p.ring_offs.append(off)
             p.lens.append(n)
@@ -182,8 +209,20 @@ class _Reader:
         p.n += 1
         self.seq += 1
         self.group_end = self.ring.head
-        if p.n >= self.cfg.chunk_groups or p.nbytes >= self.cfg.chunk_bytes:
+        if p.n >= self.max_groups or p.nbytes >= self.cfg.chunk_bytes or (
+                p.n >= self.min_groups and p.nbytes >= self.min_bytes):
             self.flush()
+
+    def _wait_for_mapped(self, nbytes: int) -> None:
+        """Pause while mapped groups in flight would exceed their budget with ``nbytes`` more (the
+        page cache costs no shared memory, but descriptors in flight must stay bounded)."""
+        if self.mapped_inflight + nbytes <= self.cfg.mapped_budget:
+            return
+        self.flush()
+        t0 = time.perf_counter()
+        while self.mapped_inflight and self.mapped_inflight + nbytes > self.cfg.mapped_budget:
+            self._watch([], self.cfg.poll_interval)
+        self.stats.wait_consumer_time += time.perf_counter() - t0
 
     def _emit_oneoff(self, stream_id: int, payloads: list, first_offset: int) -> None:
         """A group too big for the ring gets a segment of its own (a chunk of one group), once the
@@ -300,8 +339,33 @@ class _Reader:
         ring is rewound to the group's start, and the group is held here (``held``) for a one-off
         segment.  Shuffled groups are always held (they wait in the shuffle buffer)."""
         cfg, st = self.cfg, self.stats
-        reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
-                              max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
+        mapped = map_stream(stream.file) if cfg.map_files else None
+        if mapped is None:
+            reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
+                                  max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
+            try:
+                self._frame(stream_id, stream, reader, None)
+            finally:
+                reader.close()
+            return
+        mm, segment, start = mapped
+        reader = RecordReader.over(mm, start, join=cfg.join, on_corrupt=cfg.on_error,
+                                   max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
+        t0 = time.perf_counter()
+        try:
+            self._frame(stream_id, stream, reader, (mm, segment, start))
+        finally:
+            self.stats.read_time += time.perf_counter() - t0
+            reader.close()
+            try:
+                mm.close()
+            except BufferError:  # a view escaped (an exception's traceback): the mapping goes with it
+                pass
+
+    def _frame(self, stream_id: int, stream, reader: RecordReader, mapped: Optional[tuple]) -> None:
+        """The records of one stream -> groups -> chunks (see :meth:`_read_stream`)."""
+        cfg, st = self.cfg, self.stats
+        mm, segment, start = mapped if mapped is not None else (None, None, 0)
         nf, num_shards, shard = cfg.nfields, cfg.num_shards, cfg.shard_index
         shuffling = cfg.shuffle == "buffer"
         ring, mem = self.ring, self.mem
@@ -319,7 +383,7 @@ class _Reader:
                     skipped_seen = reader.skipped_records
                     if parts:
                         st.skipped_groups += 1
-                        if not held and keep:
+                        if not held and keep and mm is None:
                             ring.rewind(floor)
                         parts, held = [], shuffling
                 n = len(view)
@@ -334,6 +398,13 @@ class _Reader:
                     parts.append(None)
                 elif held:
                     parts.append(bytes(view))
+                elif mm is not None:
+                    if view.obj is mm:  # in place: its payload starts 8 bytes after its frame
+                        parts.append((start + offset + 8, n))
+                    else:  # a multipart record, joined in a new buffer: hold the group
+                        parts = [bytes(mm[o:o + k]) for o, k in parts]
+                        parts.append(bytes(view))
+                        held = True
                 else:
                     off = place(n, floor)
                     if off < 0:  # the group outgrows half the ring: take it out, hold it here
@@ -353,7 +424,7 @@ class _Reader:
                     elif held:
                         self._emit_group(stream_id, parts, first_offset)
                     else:
-                        self._emit_placed(stream_id, parts, first_offset)
+                        self._emit_placed(stream_id, parts, first_offset, segment)
                     parts, held = [], shuffling
         finally:
             st.records += records
@@ -361,7 +432,7 @@ class _Reader:
         st.skipped_records += reader.skipped_records
         st.skipped_bytes += reader.skipped_bytes
         if parts:
-            if not held and keep:
+            if not held and keep and mm is None:
                 ring.rewind(floor)
             msg = (f"stream ended inside a group: {len(parts)} of {nf} records "
                    f"(the stream's record count is not a multiple of the group size)")
@@ -393,6 +464,8 @@ class _Watched:
             self._regular = _is_regular(self._fd)
         except (AttributeError, OSError, ValueError):
             self._fd, self._regular = None, True
+        if self._fd is not None and not self._regular:
+            _enlarge_pipe(self._fd)
         self.name = getattr(file, "name", None)
         # Bytes the raw reader holds above the fd (a stream whose first bytes were read to check them)
         self._pending = getattr(self._file, "pending", _nothing_pending)
@@ -432,12 +505,27 @@ class _Watched:
         pass  # the reader process closes the stream itself
 
 
+def _enlarge_pipe(fd: int) -> None:
+    """Grow a pipe's (FIFO's) kernel buffer to the largest an unprivileged process may set
+    (``/proc/sys/fs/pipe-max-size``, 1 MiB by default): with the default 64 KiB the writer and this
+    process take turns every 64 KiB, and a FIFO loop reads at about half the speed."""
+    try:
+        import fcntl
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            size = int(f.read())
+        if fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < size:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (ImportError, AttributeError, OSError, ValueError):
+        pass  # not Linux, or the limit is lower for us (the other end set it, or a per-user quota)
+
+
 def _nothing_pending() -> int:
     return 0
 
 
 def _is_regular(fd: int) -> bool:
-    import stat
     return stat.S_ISREG(os.fstat(fd).st_mode)
 
 

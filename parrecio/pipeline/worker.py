@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ..decoders.base import OutputSpec, write_into
+from .mapped import MappedFiles, is_mapped
 from .messages import RemoteError, Stop, Task, TaskDone
 from .shm import Segment, sweep
 from .slots import SlotLayout
@@ -65,6 +66,7 @@ def worker_main(cfg: WorkerConfig, generation: int, task_conn, result_conn, life
     seed_worker(cfg.seed, generation)
     ring = Segment.attach(cfg.ring_name)
     slots: Dict[str, tuple] = {}
+    mapped = MappedFiles()
     result_fd = result_conn.fileno()
     try:
         while True:
@@ -77,7 +79,7 @@ def worker_main(cfg: WorkerConfig, generation: int, task_conn, result_conn, life
             msg = task_conn.recv()
             if isinstance(msg, Stop):
                 return
-            done = _run_task(cfg, msg, ring, slots)
+            done = _run_task(cfg, msg, ring, slots, mapped)
             body, split = _pickled(done, msg.split, cfg.decoders)
             send_result(result_fd, done, body, split)
     except (EOFError, OSError):
@@ -87,23 +89,36 @@ def worker_main(cfg: WorkerConfig, generation: int, task_conn, result_conn, life
     finally:
         for seg, _ in slots.values():
             seg.close()
+        mapped.close()
         ring.close()
 
 
 _NO_OUTS: List[Any] = []
 
 
-def _run_task(cfg: WorkerConfig, task: Task, ring: Segment, slots: Dict[str, tuple]) -> TaskDone:
+def _run_task(cfg: WorkerConfig, task: Task, ring: Segment, slots: Dict[str, tuple],
+              mapped: MappedFiles) -> TaskDone:
     """Decode the task's groups.  The values that travel back form columns (one list per field whose
     values are not all in output slots), and the failures a ``{group: RemoteError}`` dict."""
     cpu0 = time.process_time()
-    seg = ring if task.segment == cfg.ring_name else Segment.attach(task.segment)
-    mem = memoryview(seg.buf).toreadonly()
-    dests = _expand_dest(task, cfg.layout, slots)
     nf, n = len(cfg.decoders), task.n
-    decoded = [f for f in range(nf) if not cfg.passthrough[f]]
     columns: List[Optional[list]] = [[None] * n if cfg.travels[f] else None for f in range(nf)]
     errors: Dict[int, RemoteError] = {}
+    try:
+        if task.segment == cfg.ring_name:
+            seg, buf = ring, ring.buf
+        elif is_mapped(task.segment):
+            seg, buf = ring, mapped.get(task.segment)  # cached: the mapping stays (seg is not closed)
+        else:
+            seg = Segment.attach(task.segment)
+            buf = seg.buf
+    except Exception as exc:  # the file changed under us, or cannot be opened again: each group fails
+        err = RemoteError(exc)
+        return TaskDone(task.task_id, (columns, {j: err for j in range(n)}), time.process_time() - cpu0,
+                        os.getpid())
+    mem = memoryview(buf).toreadonly()
+    dests = _expand_dest(task, cfg.layout, slots)
+    decoded = [f for f in range(nf) if not cfg.passthrough[f]]
     decoders, specs, offs, lens = cfg.decoders, cfg.specs, task.ring_offs, task.lens
     try:
         for j in range(n):

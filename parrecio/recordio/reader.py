@@ -105,6 +105,34 @@ class RecordReader:
         #: ``(offset, nbytes)`` of each dropped region, the first :data:`MAX_CORRUPT_REGIONS` only.
         self.corrupt_regions: List[Tuple[int, int]] = []
 
+    @classmethod
+    def over(cls, buffer: Any, start: int = 0, *, join: str = "mxnet", on_corrupt: str = "raise",
+             max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+             source_name: Optional[str] = None) -> "RecordReader":
+        """A reader of the records in ``buffer[start:]`` -- an ``mmap`` of a regular file, ``bytes`` or a
+        ``bytearray`` -- that frames them in place: :meth:`iter_views` yields views of ``buffer`` itself
+        (for single-part records), nothing is copied.  Offsets count from ``start``."""
+        self = cls.__new__(cls)
+        self.join = check_join(join)
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, not {on_corrupt!r}")
+        self.on_corrupt = on_corrupt
+        self.max_record_bytes = int(max_record_bytes)
+        self.chunk_size = DEFAULT_CHUNK_SIZE
+        self._file, self._owns, self.source_name = buffer, False, source_name
+        self._read_into = None
+        self._buf, self._mv = buffer, memoryview(buffer)
+        self._base = -start  # stream offset of buffer[0]: offsets count from `start`
+        self._end = len(buffer)
+        self._resume = 0
+        self._eof = True     # the whole stream is there: the buffer is never refilled
+        self._pin = None
+        self._iterating = False
+        self._error = None
+        self.skipped_records = self.skipped_bytes = 0
+        self.corrupt_regions = []
+        return self
+
     # -- iteration ---------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Record]:
@@ -280,6 +308,11 @@ class RecordReader:
         f, self._file = self._file, None
         if f is not None and self._owns:
             f.close()
+        if f is not None and self._read_into is None:  # over(): let the caller close its mapping
+            try:
+                self._mv.release()
+            except BufferError:  # a view is still alive: the buffer goes when it does
+                pass
 
     @property
     def closed(self) -> bool:
