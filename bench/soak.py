@@ -116,7 +116,7 @@ def main() -> int:
                     break
             gc.collect()
             time.sleep(0.2)  # let a broken-off run's processes and segments settle
-            shm_bytes, shm_n, slots = shm_usage(reader._sh.prefix)  # this reader's segments only
+            shm_bytes, shm_n, slots = shm_usage(reader._res.prefix)  # this reader's segments only
             per_epoch.append({
                 "epoch": epoch, "samples": samples, "broke_at_batch": stop_at, "held": len(held),
                 "seconds": round(time.perf_counter() - t0, 2),

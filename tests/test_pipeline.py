@@ -182,11 +182,11 @@ def test_slots_are_recycled_when_views_die(stream, no_leaks):
     path, recs, _ = stream
     with ParallelReader(path, fields=Fixed(), workers=2, batch_size=8) as reader:
         next(iter(reader))
-        initial = len(reader._sh.slots.segments)
+        initial = len(reader._res.slots.segments)
         for _ in range(3):
             for batch in reader:
                 pass
-        n_slots = len(reader._sh.slots.segments)
+        n_slots = len(reader._res.slots.segments)
     # bounded by what is in flight, not by the stream's length (50 batches x 3): no growth at all
     assert n_slots == initial < 50
 

@@ -109,7 +109,7 @@ def test_killed_consumer_leaves_nothing_behind(stream):
         r = ParallelReader({str(path)!r}, fields=Sleepy(20.0), workers=2, batch_size=4)
         it = iter(r)
         next(it)
-        print(r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+        print(r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
         time.sleep(60)
         """)], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().split()
@@ -127,7 +127,7 @@ def test_ctrl_c_on_a_stalled_fifo_returns_promptly(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _script(f"""
         r = ParallelReader({str(fifo)!r}, workers=1)
         it = iter(r)
-        print(r._sh.prefix, r._sh.run.reader.pid, flush=True)
+        print(r._res.prefix, r._res.run.reader.pid, flush=True)
         try:
             next(it)
         except KeyboardInterrupt:
@@ -183,7 +183,7 @@ def test_reader_process_death_is_reported(tmp_path, no_leaks):
     with ParallelReader(path, fields=Sleepy(20.0), workers=1, batch_size=2, ring_bytes=1 << 16) as reader:
         it = iter(reader)
         next(it)
-        os.kill(reader._sh.run.reader.pid, signal.SIGKILL)
+        os.kill(reader._res.run.reader.pid, signal.SIGKILL)
         with pytest.raises(PipelineError, match="reader process died.*SIGKILL"):
             for _ in it:
                 pass

@@ -144,7 +144,7 @@ def test_01_killed_consumer_of_big_groups_leaves_nothing(tmp_path):
         from pipeline_helpers import Fixed
         r = ParallelReader({str(path)!r}, fields=[Raw(), Fixed(), Raw()], workers=2, ring_bytes=1 << 20)
         it = iter(r)
-        print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+        print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
         for _ in range(13):  # past groups 2 and 10, each larger than the ring
             next(it)
         print("took", flush=True)
@@ -195,7 +195,7 @@ def test_02_oneoff_segments_in_flight_are_bounded(tmp_path, no_leaks, ring_bytes
         with deadline(90):
             with ParallelReader(path, workers=1, ring_bytes=ring_bytes) as reader:
                 it = iter(reader)
-                prefix = reader._sh.prefix
+                prefix = reader._res.prefix
                 th = threading.Thread(target=sampler, args=(prefix,), daemon=True)
                 th.start()
                 for i, s in enumerate(it):
@@ -321,7 +321,7 @@ def test_05_stopped_consumer_does_not_kill_workers(tmp_path):
             for i, b in enumerate(r):
                 out.append(b.copy())
                 if i == 0:
-                    print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+                    print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
                 time.sleep(0.05)
             replaced = r.stats.workers_replaced
         got = np.concatenate(out)
@@ -416,7 +416,7 @@ def test_07_killed_consumer_while_the_fifo_stalls_after_releases(tmp_path):
         time.sleep(1.0)  # the reader has read all there is and waits on the stalled FIFO
         for _ in range(3):
             next(it)  # each delivery sends the waiting reader a Release
-        print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+        print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
         time.sleep(60)
         """)
     proc = start(script)
@@ -521,7 +521,7 @@ def test_09_signal_to_the_process_group(tmp_path, stream, sig):
         r = ParallelReader({str(path)!r}, fields=Sleepy(20.0), workers=2, batch_size=4)
         it = iter(r)
         next(it)
-        print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+        print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
         for _ in it:
             pass
         time.sleep(60)
@@ -566,9 +566,9 @@ def test_10_forked_child_that_exits_does_not_disturb_the_pass(tmp_path):
             for i, b in enumerate(r):
                 out.append(b.copy())
                 if i == 0:
-                    print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+                    print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
                 if i == 3:
-                    print("reader-alive", r._sh.run.reader.is_alive(), flush=True)
+                    print("reader-alive", r._res.run.reader.is_alive(), flush=True)
                     sys.stdout.flush()
                     sys.stderr.flush()
                     pid = os.fork()
@@ -615,7 +615,7 @@ def test_10_killed_consumer_with_a_live_forked_child(tmp_path, stream):
         if pid == 0:
             time.sleep(60)  # a child that lives on
             os._exit(0)
-        print("pids", r._sh.prefix, r._sh.run.reader.pid, *r.worker_pids, flush=True)
+        print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
         print("child", pid, flush=True)
         next(it)
         time.sleep(60)
@@ -731,7 +731,7 @@ def test_12_killed_while_waiting_for_the_pipe_mode_fifo(tmp_path, sig):
     script = write_script(tmp_path, "consumer.py", f"""
         r = ParallelReader("train", sm_input_dir={str(root)!r}, workers=1)
         it = iter(r)
-        print("pids", r._sh.prefix, r._sh.run.reader.pid, flush=True)
+        print("pids", r._res.prefix, r._res.run.reader.pid, flush=True)
         next(it)
         """)
     proc = start(script, cwd=str(tmp_path))

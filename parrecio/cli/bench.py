@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated decoders, one per record of a group, e.g. image,json (default: "
                              "guessed from the first records: jpeg/png -> image, json -> json, else raw)")
     parser.add_argument("--workers", type=int, nargs="+", default=None, metavar="N",
-                        help="decoder processes; several values run one after the other (default: CPU count)")
+                        help="decoder processes (0: decode in this process); several values run one after the other "
+                             "(default: CPU count)")
     parser.add_argument("--batch-size", type=int, default=64, metavar="B", help="batch size (default 64)")
     parser.add_argument("--size", type=int, default=224, metavar="S", help="image side in pixels (default 224)")
     parser.add_argument("--epochs", type=int, default=1, help="passes per run (default 1)")
@@ -247,6 +248,7 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
         wait_for_fifo(pipe, 0)
     paused = 0.0  # seconds spent waiting for later epochs' FIFOs, taken out of the measured times
     t_start = time.perf_counter()
+    cpu_start = time.process_time()  # this process is the consumer (and the decoder with workers=0)
     t_first = None
     first_samples = 0
     telemetry = None
@@ -278,6 +280,7 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
                 if args.samples is not None and stats.samples - base >= args.samples:
                     break
         t_end = time.perf_counter() - paused
+        consumer_cpu = time.process_time() - cpu_start
         if telemetry is None or t_end - t_tel > 0.5:
             telemetry = _telemetry(get_telemetry) or telemetry
         progress.clear()
@@ -306,7 +309,35 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
             "decode_cpu_per_worker_percent": round(100 * decode_cpu / (workers * busy), 1) if busy > 0 else 0.0,
             "skipped": getattr(stats, "skipped", 0), "stages": stages,
             "bottleneck": verdict, "bottleneck_from": origin, "telemetry": telemetry,
+            "cpu_us_per_sample": _per_sample(samples, getattr(stats, "reader_cpu", 0.0), consumer_cpu, decode_cpu),
         }
+
+
+def _per_sample(samples: int, reader: float, consumer: float, decode: float) -> Dict[str, float]:
+    """CPU microseconds per sample of the reader process, this process (the consumer) and the decoders
+    (all workers together), over the whole run."""
+    if not samples:
+        return {}
+    return {"reader": round(reader / samples * 1e6, 2), "consumer": round(consumer / samples * 1e6, 2),
+            "decode": round(decode / samples * 1e6, 2)}
+
+
+def inline_advice(runs: List[Dict[str, Any]]) -> Optional[str]:
+    """When decoding a sample costs less CPU than moving it between processes, say that ``--workers 0``
+    (decoding in the consuming process) is likely fastest; when a workers=0 run was the fastest, say so."""
+    if not runs:
+        return None
+    best = max(runs, key=lambda r: r["samples_per_s"])
+    if best["workers"] == 0 and len(runs) > 1:
+        return ("workers=0 (decoding in this process, no child processes) was the fastest: decoding costs "
+                "less than moving the samples between processes")
+    for r in runs:
+        cpu = r.get("cpu_us_per_sample") or {}
+        if r["workers"] and cpu and cpu["decode"] < cpu["reader"] + cpu["consumer"]:
+            return (f"decoding costs {cpu['decode']:.1f} us of CPU per sample, less than moving a sample "
+                    f"between processes ({cpu['reader']:.1f} us in the reader process + "
+                    f"{cpu['consumer']:.1f} us here): try --workers 0 (decoding in this process)")
+    return None
 
 
 def _telemetry(fn) -> Optional[dict]:
@@ -327,8 +358,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.size < 1 or args.epochs < 1:
         raise ParrecioError("--batch-size, --size and --epochs must be >= 1")
     workers_list = args.workers or [_default_workers()]
-    if any(w < 1 for w in workers_list):
-        raise ParrecioError("--workers values must be >= 1")
+    if any(w < 0 for w in workers_list):
+        raise ParrecioError("--workers values must be >= 0 (0: decode in this process)")
     if args.channel == "-" and (len(workers_list) > 1 or args.epochs > 1):
         raise ParrecioError("stdin can be read only once: give one --workers value and --epochs 1")
     pipe = pipe_channel(args.channel)
@@ -359,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.clear()
     doc = {"channel": args.channel, "fields": names, "fields_guessed": guessed, "batch_size": args.batch_size,
-           "size": args.size, "epochs": args.epochs, "runs": runs}
+           "size": args.size, "epochs": args.epochs, "runs": runs, "advice": inline_advice(runs)}
     if args.json:
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
     else:
@@ -382,6 +413,9 @@ def format_runs(runs: List[Dict[str, Any]]) -> str:
         best = max(runs, key=lambda r: r["samples_per_s"])
         lines.append(f"best: {best['samples_per_s']:.1f} samples/s with {best['workers']} workers; bottleneck "
                      f"there: {best['bottleneck']} -- {ADVICE.get(best['bottleneck'], '')}")
+        advice = inline_advice(runs)
+        if advice:
+            lines.append(advice)
     lines.append("(read: reader process reading; wait src: waiting on the stream; wait dec: the loop waiting "
                  "for decoded batches; wait you: the reader waiting for ring space; dec cpu: decoding, all workers)")
     return "\n".join(lines) + "\n"

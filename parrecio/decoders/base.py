@@ -5,8 +5,15 @@ object (``bytes``, ``memoryview`` or a numpy ``uint8`` array; in the pipeline it
 ``memoryview`` of shared memory, valid only during the call: a decoder must not keep it).  Decoders
 raise :class:`parrecio.DecodeError` for payloads they refuse; any other exception is wrapped in one.
 
-Two optional attributes let the pipeline write results straight into shared memory instead of pickling
-them back to the consumer:
+Optional attributes tell the pipeline how to treat a decoder:
+
+``passthrough = True``
+    The value is the payload itself, as ``bytes`` (:class:`~parrecio.decoders.Raw`): the pipeline never
+    sends such a field to a decoder process; the consumer copies the payload out of shared memory when
+    it delivers the sample.  :func:`is_passthrough` is the one place that reads it.
+
+The next two let the pipeline write results straight into shared memory instead of pickling them back
+to the consumer:
 
 ``output_spec``
     An :class:`ArraySpec` when every value is a numpy array of one fixed shape and dtype (an image decoded
@@ -29,7 +36,7 @@ from typing import Any, Optional, Protocol, Tuple, Union, runtime_checkable
 
 import numpy as np
 
-__all__ = ["ArraySpec", "Decoder", "OutputSpec", "write_into", "spec_of"]
+__all__ = ["ArraySpec", "Decoder", "OutputSpec", "write_into", "spec_of", "is_passthrough"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,11 @@ class Decoder(Protocol):
     """Structural type of a decoder: a callable on a bytes-like payload."""
 
     def __call__(self, payload: Any) -> Any: ...
+
+
+def is_passthrough(decoder: Any) -> bool:
+    """Whether the field's value is its payload as ``bytes``, never decoded (``decoder.passthrough``)."""
+    return bool(getattr(decoder, "passthrough", False))
 
 
 def spec_of(decoder: Any) -> OutputSpec:

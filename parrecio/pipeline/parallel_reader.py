@@ -9,38 +9,38 @@
       v
     samples or batches, in stream order                   (parrecio.pipeline.batching)
 
-The long-lived parts (decoder processes, input ring, output slots, lifeline) live in :class:`_Shared`,
-which a ``weakref.finalize`` cleans up even when the user never calls ``close()``; the object itself
-only holds configuration and the lifecycle state.
+Every setting is checked once and frozen in a :class:`~parrecio.pipeline.config.PipelineConfig`; the
+long-lived parts (decoder processes, input ring, output slots, lifeline, the source) live in
+:class:`~parrecio.pipeline.resources.Resources`, which a ``weakref.finalize`` cleans up even when the
+user never calls ``close()``; the reader object itself holds only the lifecycle state.  With
+``workers=0`` a pass is an :class:`~parrecio.pipeline.inline.InlineRun` in this process instead.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-import math
 import multiprocessing
 import numbers
 import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from ..decoders.base import ArraySpec, spec_of
+from ..decoders.base import ArraySpec, is_passthrough, spec_of
 from ..decoders.basic import Raw
 from ..errors import PipelineError
 from ..recordio import DEFAULT_MAX_RECORD_BYTES
 from ..sources import resolve
 from .batching import batches, unbatched
-from .children import close_quietly, main_is_importable, register_for_fork
-from .pool import WorkerPool
+from .children import main_is_importable
+from .config import PipelineConfig
+from .inline import InlineRun
+from .resources import Resources
 from .run import Run, _ended
-from .shm import Segment, new_prefix
-from .slots import SlotLayout, SlotPool
+from .slots import SlotLayout
 from .stats import Stats
-from .worker import WorkerConfig
 
 log = logging.getLogger("parrecio")
 
@@ -59,93 +59,6 @@ class State(enum.Enum):
     IDLE = "idle"        # processes and shared memory up, no pass running
     RUNNING = "running"  # a pass is being iterated
     CLOSED = "closed"
-
-
-@dataclass
-class _Config:
-    decoders: List[Any]
-    join: str
-    on_error: str
-    max_record_bytes: int
-    chunk_groups: int
-    chunk_bytes: int
-    oneoff_budget: int
-    prefetch: int
-    num_shards: int
-    shard_index: int
-    poll_interval: float
-    drain_timeout: float
-    task_timeout: Optional[float]
-    shuffle: Optional[str]
-    shuffle_buffer: int
-    seed: int
-    index_paths: tuple
-
-
-class _Shared:
-    """What outlives a pass: processes, shared memory, counters.  Cleaned up by :meth:`close`.
-
-    ``lock`` is held by the thread that iterates while it is inside the pipeline (never while the user's
-    loop body runs), and by :meth:`close` and a new pass: the pipeline is driven by one thread at a time."""
-
-    def __init__(self) -> None:
-        self.pool: Optional[WorkerPool] = None
-        self.ring: Optional[Segment] = None
-        self.ring_mem: Optional[memoryview] = None
-        self.slots: Optional[SlotPool] = None
-        self.lifeline_r = self.lifeline_w = None
-        self.run: Optional[Run] = None
-        self.source: Any = None
-        self.closed = False
-        self.closing = False   # set by close() from any thread; the iterating thread leaves at once
-        self.lock = threading.RLock()
-        self.owner_pid = os.getpid()
-        register_for_fork(self)
-
-    def close(self) -> None:
-        if self.closed or os.getpid() != self.owner_pid:
-            return
-        self.closing = True
-        # Wait for the iterating thread to step out of the pipeline (it does within poll_interval);
-        # past that, clean up anyway: close() must return whatever the other threads do.
-        locked = self.lock.acquire(timeout=10.0)
-        try:
-            self._close()
-        finally:
-            if locked:
-                self.lock.release()
-
-    def _close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.run is not None:
-            self.run.abort()
-            self.run = None
-        if self.pool is not None:
-            self.pool.stop()
-        if self.ring is not None:
-            self.ring.unlink()
-            if self.ring_mem is not None:
-                self.ring_mem.release()
-            self.ring.close()
-        if self.slots is not None:
-            self.slots.close()
-        close_quietly(self.lifeline_w, self.lifeline_r)
-        if self.source is not None:
-            self.source.release()
-
-    def forget_after_fork(self) -> None:
-        """In the child of an ``os.fork()`` of the consumer: this process owns none of the pipeline.
-        Close its copies of the consumer's pipe ends (the lifeline's write end above all: held here, it
-        would keep the children of a killed parent alive) and forget the processes.  The lifeline's read
-        end stays open: a child started with the ``fork`` method is such a child too, and watches it."""
-        self.closed = True
-        if self.run is not None:
-            self.run.forget_after_fork()
-        if self.pool is not None:
-            self.pool.forget_after_fork()
-        close_quietly(self.lifeline_w)
 
 
 def _default_workers() -> int:
@@ -167,7 +80,10 @@ class ParallelReader:
             sequence gives tuples, a mapping ``name -> decoder`` gives dicts, a single decoder gives its
             value, ``None`` gives each record's payload as ``bytes``.  A decoder is any picklable callable
             ``payload -> value`` (see :mod:`parrecio.decoders`).
-        workers: decoder processes (default: the CPUs this process may use).
+        workers: decoder processes (default: the CPUs this process may use).  ``0`` decodes in this
+            process: no child processes, no shared memory, decoders need not be picklable and ``pdb``
+            works in them; the fastest mode when decoding is cheaper than moving the data between
+            processes.  The output (values, order, errors, shuffles, shards) is the same for any value.
         batch_size: ``None`` yields one sample at a time; an int yields batches of columns (a column is
             one stacked numpy array when the values are arrays of one shape and dtype, else a list).
         drop_last: drop the last batch when it is shorter than ``batch_size``.
@@ -180,7 +96,8 @@ class ParallelReader:
             (the others are skipped by the reader process, never decoded).  ``num_shards="env"`` takes
             both from the ``WORLD_SIZE`` and ``RANK`` environment variables (torch.distributed style).
         ring_bytes: size of the input ring in bytes (shared memory); bounds payload bytes in flight.
-        chunk_groups: groups per message to a worker (amortizes per-message cost).
+        chunk_groups: groups per message to a worker (amortizes per-message cost); default ``None``:
+            adaptive, at least 64 groups, more for small records (up to 64 KiB of payload, 2048 groups).
         prefetch: tasks queued per worker.
         slot_samples: samples per output slot when ``batch_size`` is None.
         max_record_bytes: larger records are refused as corrupt (a hostile length word).
@@ -201,7 +118,7 @@ class ParallelReader:
     def __init__(self, channel: Any, *, fields: Fields = None, workers: Optional[int] = None,
                  batch_size: Optional[int] = None, drop_last: bool = False, on_error: str = "raise",
                  join: Optional[str] = None, num_shards: Union[int, str] = 1, shard_index: int = 0,
-                 ring_bytes: int = 64 << 20, chunk_groups: int = 32, prefetch: int = 2,
+                 ring_bytes: int = 64 << 20, chunk_groups: Optional[int] = None, prefetch: int = 2,
                  slot_samples: int = 64, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  start_method: Optional[str] = None, seed: int = 0, poll_interval: float = 1.0,
                  shuffle: bool = False, shuffle_buffer: int = 1024, task_timeout: Optional[float] = 600.0,
@@ -217,9 +134,9 @@ class ParallelReader:
         shard_index = _count("shard_index", shard_index, minimum=0)
         if not shard_index < num_shards:
             raise ValueError(f"need 0 <= shard_index < num_shards, got {shard_index} and {num_shards}")
-        workers = _default_workers() if workers is None else _count("workers", workers)
+        workers = _default_workers() if workers is None else _count("workers", workers, minimum=0)
         ring_bytes = _count("ring_bytes", ring_bytes, minimum=MIN_RING_BYTES)
-        chunk_groups = _count("chunk_groups", chunk_groups)
+        chunk_groups = None if chunk_groups is None else _count("chunk_groups", chunk_groups)
         prefetch = _count("prefetch", prefetch)
         slot_samples = _count("slot_samples", slot_samples)
         max_record_bytes = _count("max_record_bytes", max_record_bytes)
@@ -230,75 +147,36 @@ class ParallelReader:
         methods = multiprocessing.get_all_start_methods()
         if start_method is not None and start_method not in methods:
             raise ValueError(f"start_method must be one of {methods} or None, not {start_method!r}")
-        self._kind, self._names, decoders = _normalize_fields(fields)
-        self.batch_size = batch_size
-        self.drop_last = bool(drop_last)
-        self.workers = workers
-        self.seed = seed
-        self._ring_bytes = ring_bytes
-        self._slot_size = self.batch_size or slot_samples
-        self._start_method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
-        if self._start_method != "fork":
-            _check_picklable(decoders, self._names, self._start_method)
-        passthrough = [bool(getattr(d, "passthrough", False)) for d in decoders]
-        specs = [None if p else spec_of(d) for d, p in zip(decoders, passthrough)]
-        layout = SlotLayout(specs, self._slot_size)
+        kind, names, decoders = _normalize_fields(fields)
+        start_method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
+        if workers and start_method != "fork":  # workers=0: decoders stay in this process
+            _check_picklable(decoders, names, start_method)
+        passthrough = tuple(is_passthrough(d) for d in decoders)
+        layout = SlotLayout([None if p else spec_of(d) for d, p in zip(decoders, passthrough)],
+                            batch_size or slot_samples)
         # From here on something may need cleaning up: the finalizer exists before the source does
         # (resolving "-" dups stdin, a file object may get a pump thread).
-        self._sh = sh = _Shared()
-        self._finalizer = weakref.finalize(self, sh.close)
-        sh.source = resolve(channel, **source_options)
-        index_paths = _index_paths(sh.source)
-        shuffle_mode = None if not shuffle else "index" if index_paths else "buffer"
-        sh.cfg = _Config(decoders=decoders, join=join or sh.source.default_join, on_error=on_error,
-                         max_record_bytes=max_record_bytes, chunk_groups=chunk_groups,
-                         chunk_bytes=max(1 << 20, ring_bytes // 8), oneoff_budget=ring_bytes,
-                         prefetch=prefetch, num_shards=num_shards, shard_index=shard_index,
-                         poll_interval=poll_interval, drain_timeout=2.0, task_timeout=task_timeout,
-                         shuffle=shuffle_mode, shuffle_buffer=shuffle_buffer, seed=seed,
-                         index_paths=index_paths)
-        sh.stats = Stats(workers=workers)
-        sh.field_names = list(self._names)
-        sh.passthrough = passthrough
-        sh.layout = layout
-        sh.travels = _travels(passthrough, layout)
+        self._res = res = Resources()
+        self._finalizer = weakref.finalize(self, res.close)
+        res.source = source = resolve(channel, **source_options)
+        index_paths = _index_paths(source)
+        res.cfg = PipelineConfig(
+            decoders=tuple(decoders), names=tuple(names), kind=kind, passthrough=passthrough, layout=layout,
+            travels=tuple(_travels(passthrough, layout)), batch_size=batch_size, drop_last=bool(drop_last),
+            join=join or source.default_join, on_error=on_error, max_record_bytes=max_record_bytes,
+            num_shards=num_shards, shard_index=shard_index,
+            shuffle=None if not shuffle else "index" if index_paths else "buffer",
+            shuffle_buffer=shuffle_buffer, seed=seed, index_paths=index_paths, workers=workers,
+            start_method=start_method, ring_bytes=ring_bytes, chunk_groups=chunk_groups,
+            chunk_bytes=max(1 << 20, ring_bytes // 8), oneoff_budget=ring_bytes, mapped_budget=4 * ring_bytes,
+            prefetch=prefetch, poll_interval=poll_interval, drain_timeout=2.0, task_timeout=task_timeout)
+        res.stats.workers = workers
         self._state = State.NEW
         self._epoch = 0
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
         self._pass_samples: Optional[int] = None  # samples of the last complete pass
 
     # -- lifecycle -----------------------------------------------------------------------------------
-    def _start(self) -> None:
-        sh = self._sh
-        ctx = multiprocessing.get_context(self._start_method)
-        if self._start_method == "forkserver":
-            ctx.set_forkserver_preload(["parrecio.pipeline.worker", "parrecio.pipeline.reader_proc"])
-        sh.ctx = ctx
-        sh.prefix = new_prefix()
-        try:
-            sh.lifeline_r, sh.lifeline_w = ctx.Pipe(duplex=False)
-            sh.ring = Segment.create(sh.prefix + "ring", self._ring_bytes)
-            sh.ring_mem = memoryview(sh.ring.buf)
-            if sh.layout.has_fixed:
-                per_slot = self._slot_size
-                inflight = self.workers * (sh.cfg.prefetch + 1) * sh.cfg.chunk_groups
-                initial = math.ceil(inflight / per_slot) + 2
-            else:
-                initial = 0
-            sh.slots = SlotPool(sh.layout, sh.prefix, initial)
-            if not all(sh.passthrough):
-                cfg = WorkerConfig(decoders=sh.cfg.decoders, specs=sh.layout.specs,
-                                   passthrough=sh.passthrough, travels=sh.travels,
-                                   layout=sh.layout, ring_name=sh.ring.name,
-                                   prefix=sh.prefix, seed=self.seed, poll_interval=sh.cfg.poll_interval)
-                sh.pool = WorkerPool(ctx, cfg, self.workers, sh.lifeline_r)
-                sh.pool.start()
-        except BaseException:
-            sh._close()
-            self._state = State.CLOSED
-            raise
-        self._state = State.IDLE
-
     def close(self) -> None:
         """Stop every process and remove the shared memory.  Arrays already handed out stay valid.
         Idempotent; returns within a few seconds whatever the other processes do."""
@@ -317,41 +195,61 @@ class ParallelReader:
 
         A new pass in the thread that iterates ends the previous pass (resuming that one raises); a pass
         from another thread while one runs is refused."""
-        sh = self._sh
-        with sh.lock:
-            if self._state is State.CLOSED or sh.closing:
+        res = self._res
+        with res.lock:
+            if self._state is State.CLOSED or res.closing:
                 raise PipelineError("this ParallelReader is closed")
-            if sh.run is not None:  # a previous pass was left unfinished: end it first
-                other = sh.run.thread
+            if res.run is not None:  # a previous pass was left unfinished: end it first
+                other = res.run.thread
                 if other is not threading.current_thread() and other.is_alive():
                     raise PipelineError(
                         f"this ParallelReader is being iterated by another thread ({other.name}): one "
                         f"pass at a time; finish or close that pass first, or give each thread its "
                         f"own reader")
-                sh.run.abort()
-                sh.run = None
-            sh.source.check_epoch(self._epoch)
-            if self._state is State.NEW:
-                self._start()
-            run = sh.run = Run(sh, self._epoch)
+                res.run.abort()
+                res.run = None
+            res.source.check_epoch(self._epoch)
+            if not res.started:
+                try:
+                    res.start()
+                except BaseException:
+                    self._state = State.CLOSED
+                    raise
+            run = res.run = (InlineRun if self.workers == 0 else Run)(res, self._epoch)
             self._epoch += 1
-            sh.stats.epochs += 1
+            res.stats.epochs += 1
             self._state = State.RUNNING
+        if self.workers == 0:  # decoded in this process; no lock or clock per item: run checks run.aborted
+            return run.items(self.batch_size, self.drop_last, res.cfg.kind, res.cfg.names, self._inline_ended)
         return self._iterate(run)
 
+    def _inline_ended(self, run: InlineRun, seconds: float) -> None:
+        """The end of a ``workers=0`` pass (:mod:`parrecio.pipeline.inline`): what ``_iterate`` does in
+        its ``finally``."""
+        res = self._res
+        with res.lock:
+            res.stats.wall_time += seconds
+            if run.completed:
+                self._pass_samples = run.delivered
+            run.shutdown()
+            if res.run is run:
+                res.run = None
+                if self._state is State.RUNNING:
+                    self._state = State.IDLE
+
     def _iterate(self, run: Run) -> Iterator[Any]:
-        sh, st = self._sh, self._sh.stats
+        res, st = self._res, self._res.stats
         if self.batch_size is None:
-            items = unbatched(run.spans(), sh.layout, self._kind, self._names)
+            items = unbatched(run.spans(), res.cfg.layout, res.cfg.kind, res.cfg.names)
         else:
-            items = batches(run.spans(), self.batch_size, self.drop_last, sh.layout,
-                            len(sh.cfg.decoders), self._kind, self._names)
+            items = batches(run.spans(), self.batch_size, self.drop_last, res.cfg.layout,
+                            res.cfg.nfields, res.cfg.kind, res.cfg.names)
         last = start = time.perf_counter()
         first = True
         try:
             while True:
-                with sh.lock:  # inside the pipeline; released while the user's loop body runs
-                    if run.aborted or sh.closing:  # this pass was ended by close() or a new iteration
+                with res.lock:  # inside the pipeline; released while the user's loop body runs
+                    if run.aborted or res.closing:  # this pass was ended by close() or a new iteration
                         raise _ended()
                     item = next(items, _END)
                 if item is _END:
@@ -366,14 +264,14 @@ class ParallelReader:
                 st.user_time += last - t0
                 st.wall_time += last - t0
         finally:
-            with sh.lock:
+            with res.lock:
                 st.wall_time += time.perf_counter() - last
                 items.close()
                 if run.completed:
                     self._pass_samples = run.delivered
                 run.shutdown()
-                if sh.run is run:
-                    sh.run = None
+                if res.run is run:
+                    res.run = None
                     if self._state is State.RUNNING:
                         self._state = State.IDLE
 
@@ -382,9 +280,9 @@ class ParallelReader:
         file has one, else from the previous complete pass; ``TypeError`` when not known yet (a stream
         read for the first time, stdin, a Pipe-mode channel before its first epoch ends)."""
         n = self._pass_samples
-        if n is None and self._sh.cfg.index_paths:
+        if n is None and self._res.cfg.index_paths:
             from ..recordio import read_index
-            cfg = self._sh.cfg
+            cfg = self._res.cfg
             groups = sum(len(read_index(idx)) // len(cfg.decoders) for _, idx in cfg.index_paths)
             n = max(0, -(-(groups - cfg.shard_index) // cfg.num_shards))
         if n is None:
@@ -398,24 +296,24 @@ class ParallelReader:
     @property
     def worker_pids(self) -> List[int]:
         """Process ids of the decoder processes (empty before the first iteration)."""
-        return self._sh.pool.pids if self._sh.pool is not None else []
+        return self._res.pool.pids if self._res.pool is not None else []
 
     @property
     def stats(self) -> Stats:
         """Counters and per-stage times, totals over every pass so far (see :class:`Stats`)."""
-        return self._sh.stats
+        return self._res.stats
 
     def telemetry(self) -> dict:
         """A snapshot of the running pipeline: per-process CPU (percent of one core since the previous
         call) and resident memory, fill levels of the input ring, tasks and output slots, and the
         bottleneck verdict of :attr:`stats`."""
         import psutil
-        sh = self._sh
+        res = self._res
         procs = {}
-        if sh.pool is not None:
-            procs.update({f"worker {w.index}": w.proc.pid for w in sh.pool.workers})
-        if sh.run is not None:
-            procs["reader"] = sh.run.reader.pid
+        if res.pool is not None:
+            procs.update({f"worker {w.index}": w.proc.pid for w in res.pool.workers})
+        if res.run is not None:
+            procs["reader"] = res.run.reader.pid
         usage = {}
         for name, pid in procs.items():
             proc = self._procs.get(pid)
@@ -426,16 +324,38 @@ class ParallelReader:
                                "rss_bytes": proc.memory_info().rss}
             except psutil.Error:
                 usage[name] = {"pid": pid, "cpu_percent": None, "rss_bytes": None}
-        run = sh.run
+        run = res.run
         queues = {
-            "ring_bytes": self._ring_bytes,
+            "ring_bytes": res.cfg.ring_bytes,
             "ring_used_bytes": run.ring_in_use() if run is not None else 0,
-            "tasks_in_flight": sh.pool.load() if sh.pool is not None else 0,
+            "tasks_in_flight": res.pool.load() if res.pool is not None else 0,
             "chunks_waiting": len(run.chunks) if run is not None else 0,
-            "slots": len(sh.slots.segments) if sh.slots is not None else 0,
-            "slots_free": len(sh.slots.free) if sh.slots is not None else 0,
+            "slots": len(res.slots.segments) if res.slots is not None else 0,
+            "slots_free": len(res.slots.free) if res.slots is not None else 0,
         }
-        return {"processes": usage, "queues": queues, "bottleneck": sh.stats.bottleneck}
+        return {"processes": usage, "queues": queues, "bottleneck": res.stats.bottleneck}
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        return self._res.cfg.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._res.cfg.drop_last
+
+    @property
+    def workers(self) -> int:
+        """Decoder processes (0: decoding in this process)."""
+        return self._res.cfg.workers
+
+    @property
+    def seed(self) -> int:
+        return self._res.cfg.seed
+
+    @property
+    def config(self) -> PipelineConfig:
+        """Every setting, checked and frozen."""
+        return self._res.cfg
 
     @property
     def state(self) -> State:
@@ -443,10 +363,10 @@ class ParallelReader:
 
     @property
     def source(self) -> Any:
-        return self._sh.source
+        return self._res.source
 
     def __repr__(self) -> str:
-        return (f"ParallelReader({self._sh.source.name!r}, fields={self._sh.cfg.decoders!r}, "
+        return (f"ParallelReader({self._res.source.name!r}, fields={self._res.cfg.decoders!r}, "
                 f"workers={self.workers}, batch_size={self.batch_size}, state={self._state.value})")
 
 

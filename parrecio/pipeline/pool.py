@@ -24,9 +24,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import PipelineError
 from .children import child_entry, close_quietly, describe_exit, forget_processes, start
+from .config import PipelineConfig
 from .messages import Stop, Task
 from .wire import Frame, FrameReader
-from .worker import WorkerConfig, worker_main
+from .worker import WorkerJob, worker_main
 
 log = logging.getLogger("parrecio")
 
@@ -46,12 +47,13 @@ class _Worker:
 
 
 class WorkerPool:
-    """``n`` decoder processes started from ``ctx`` (a multiprocessing context)."""
+    """``cfg.workers`` decoder processes started from ``ctx`` (a multiprocessing context)."""
 
-    def __init__(self, ctx, cfg: WorkerConfig, n: int, lifeline_r) -> None:
+    def __init__(self, ctx, cfg: PipelineConfig, job: WorkerJob, lifeline_r) -> None:
         self.ctx = ctx
         self.cfg = cfg
-        self.n = n
+        self.job = job
+        self.n = cfg.workers
         self.lifeline_r = lifeline_r
         self.workers: List[_Worker] = []
         self.replaced = 0
@@ -71,7 +73,7 @@ class WorkerPool:
         res_r, res_w = self.ctx.Pipe(duplex=False)
         try:
             proc = self.ctx.Process(target=child_entry, name=f"parrecio-worker-{index}", daemon=True,
-                                    args=(self.cfg.prefix, self.lifeline_r, worker_main, self.cfg,
+                                    args=(self.job.prefix, self.lifeline_r, worker_main, self.cfg, self.job,
                                           next(self._generations), task_r, res_w, self.lifeline_r))
             start(proc)
         except BaseException:

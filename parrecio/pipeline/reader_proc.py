@@ -38,40 +38,26 @@ from typing import Any, Optional
 
 from ..errors import CorruptRecordError, ParrecioError
 from ..recordio import RecordReader
+from .config import PipelineConfig
 from .mapped import map_stream
 from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
 from .ring import RingWriter
 from .shm import Segment, sweep
 
-__all__ = ["ReaderConfig", "reader_main"]
+__all__ = ["ReaderJob", "reader_main"]
 
 AUTO_GROUPS = 64              # adaptive chunks: at least this many groups (a typical batch) ...
 AUTO_MIN_BYTES = 64 << 10     # ... and, for small records, more until their payloads reach this ...
 AUTO_MAX_GROUPS = 2048        # ... but never more groups than this
 
 
-@dataclass
-class ReaderConfig:
+@dataclass(frozen=True)
+class ReaderJob:
+    """What one pass's reader process reads, beside the settings (:class:`PipelineConfig`)."""
     source: Any                 # a parrecio.sources Source (picklable)
     epoch: int
-    nfields: int                # records per group
-    join: str                   # "mxnet" | "concat"
-    on_error: str               # "raise" | "skip"
-    max_record_bytes: int
-    ring_name: str
+    ring_name: str              # the input ring's shared-memory segment
     prefix: str                 # shm name prefix for one-off segments; swept if the consumer dies
-    chunk_groups: Optional[int]  # groups per Chunk message; None: adaptive (see _Reader.__init__)
-    chunk_bytes: int            # ... or fewer when their payloads reach this many bytes
-    oneoff_budget: int = 0      # bytes of one-off segments in flight (one group is always let through)
-    num_shards: int = 1
-    shard_index: int = 0
-    poll_interval: float = 1.0  # seconds between liveness checks while waiting
-    shuffle: Optional[str] = None   # None | "buffer" (a shuffle buffer of groups) | "index" (.idx files)
-    shuffle_buffer: int = 1024      # groups held by the shuffle buffer
-    seed: int = 0                   # the permutation of epoch e comes from (seed, e)
-    index_paths: tuple = ()         # ((rec_path, idx_path), ...) for shuffle == "index"
-    map_files: bool = True          # regular files: frame them in place, workers read the page cache
-    mapped_budget: int = 256 << 20  # bytes of mapped groups in flight (one group is always let through)
 
 
 class _Stopped(Exception):
@@ -107,12 +93,13 @@ class _Pending:
 
 
 class _Reader:
-    def __init__(self, cfg: ReaderConfig, data_conn, ctrl_conn, lifeline) -> None:
+    def __init__(self, cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifeline) -> None:
         self.cfg = cfg
+        self.job = job
         self.data = data_conn
         self.ctrl = ctrl_conn
         self.lifeline = lifeline
-        self.seg = Segment.attach(cfg.ring_name)
+        self.seg = Segment.attach(job.ring_name)
         self.mem = memoryview(self.seg.buf)
         self.ring = RingWriter(self.seg.size, self._wait_for_release)
         self.stats = _Stats()
@@ -128,10 +115,11 @@ class _Reader:
         # it should carry enough work.  Adaptive sizing: at least AUTO_GROUPS groups, and small records
         # keep filling it up to AUTO_MIN_BYTES (at most AUTO_MAX_GROUPS groups).  An explicit
         # chunk_groups is exact.
-        if cfg.chunk_groups is None:
+        groups = cfg.reader_chunk_groups()
+        if groups is None:
             self.min_groups, self.max_groups, self.min_bytes = AUTO_GROUPS, AUTO_MAX_GROUPS, AUTO_MIN_BYTES
         else:
-            self.min_groups = self.max_groups = cfg.chunk_groups
+            self.min_groups = self.max_groups = groups
             self.min_bytes = 0
 
     # -- control ---------------------------------------------------------------------------------
@@ -149,7 +137,7 @@ class _Reader:
         """Wait until one of ``extra`` is ready, handling control messages and consumer death."""
         ready = wait(extra + [self.ctrl, self.lifeline], timeout)
         if self.lifeline in ready:
-            sweep(self.cfg.prefix)
+            sweep(self.job.prefix)
             raise _Stopped()
         if self.ctrl in ready:
             self._handle_ctrl()
@@ -234,7 +222,7 @@ class _Reader:
             while self.oneoff_inflight and self.oneoff_inflight + total > self.cfg.oneoff_budget:
                 self._watch([], self.cfg.poll_interval)
             self.stats.wait_consumer_time += time.perf_counter() - t0
-        seg = Segment.create(f"{self.cfg.prefix}r{os.getpid()}x{self.n_oneoff}", total)
+        seg = Segment.create(f"{self.job.prefix}r{os.getpid()}x{self.n_oneoff}", total)
         self.n_oneoff += 1
         offs, lens, pos = array("q"), array("q"), 0
         for b in payloads:
@@ -253,13 +241,13 @@ class _Reader:
         cfg = self.cfg
         if cfg.shuffle is not None:
             import numpy as np
-            self.rng = np.random.default_rng([cfg.seed, cfg.epoch])
+            self.rng = np.random.default_rng([cfg.seed, self.job.epoch])
             self.shuffle_buf: list = []
         if cfg.shuffle == "index":
             self._run_indexed()
             self.flush()
             return
-        for stream_id, stream in enumerate(cfg.source.streams(cfg.epoch)):
+        for stream_id, stream in enumerate(self.job.source.streams(self.job.epoch)):
             self.flush()
             self.data.send(StreamStart(stream_id, stream.name))
             try:
@@ -338,8 +326,8 @@ class _Reader:
         (``floor``); if the group outgrows half the ring, the records placed so far are copied out, the
         ring is rewound to the group's start, and the group is held here (``held``) for a one-off
         segment.  Shuffled groups are always held (they wait in the shuffle buffer)."""
-        cfg, st = self.cfg, self.stats
-        mapped = map_stream(stream.file) if cfg.map_files else None
+        cfg = self.cfg
+        mapped = map_stream(stream.file)
         if mapped is None:
             reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
                                   max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
@@ -529,11 +517,11 @@ def _is_regular(fd: int) -> bool:
     return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
-def reader_main(cfg: ReaderConfig, data_conn, ctrl_conn, lifeline) -> None:
+def reader_main(cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifeline) -> None:
     """Entry point of the reader process (started through :func:`parrecio.pipeline.children.child_entry`)."""
     r = None
     try:
-        r = _Reader(cfg, data_conn, ctrl_conn, lifeline)
+        r = _Reader(cfg, job, data_conn, ctrl_conn, lifeline)
         try:
             r.run()
             r.finish(None)
@@ -548,7 +536,7 @@ def reader_main(cfg: ReaderConfig, data_conn, ctrl_conn, lifeline) -> None:
     except (EOFError, OSError):
         # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after).
         if lifeline.poll(cfg.poll_interval):
-            sweep(cfg.prefix)
+            sweep(job.prefix)
     finally:
         if r is not None:
             r.mem.release()

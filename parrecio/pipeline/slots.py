@@ -19,14 +19,14 @@ import ctypes
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..decoders.base import ArraySpec, OutputSpec
 from .shm import Segment
 
-__all__ = ["SlotLayout", "SlotPool", "Lease"]
+__all__ = ["SlotLayout", "SlotPool", "Lease", "SlotTracker"]
 
 _ALIGN = 64
 
@@ -166,3 +166,93 @@ class SlotPool:
             seg.close()
         self.segments = []
         self.free.clear()
+
+
+@dataclass
+class _Logical:
+    """Logical slot ``k`` of a pass (positions ``k*S .. k*S+S-1``) and the physical slot it uses."""
+    phys: int
+    remaining: int           # positions not yet delivered or given up
+    assigned: int = 0        # positions handed to groups so far
+    lease: Optional[Lease] = None
+
+
+class SlotTracker:
+    """The output positions of one pass.  Sample ``p`` (in the order groups are reserved) is written at
+    position ``p``: row ``p % S`` of logical slot ``p // S``, which holds a physical slot of the pool from
+    its first reservation until every one of its positions was delivered or given up."""
+
+    def __init__(self, pool: SlotPool) -> None:
+        self.pool = pool
+        self.size = pool.layout.slot_size
+        self.slots: Dict[int, _Logical] = {}
+        self.next_pos = 0
+
+    def reserve(self, n: int, may_grow: bool) -> Optional[int]:
+        """Positions for ``n`` groups: the first one, or None when no physical slot is free (the user
+        holds them, or they are still being filled) and ``may_grow`` is False."""
+        S, p0 = self.size, self.next_pos
+        ks = range(p0 // S, (p0 + n - 1) // S + 1)
+        for k in ks:
+            if k not in self.slots:
+                phys = self.pool.acquire(may_grow)
+                if phys is None:
+                    return None
+                self.slots[k] = _Logical(phys, S)
+        for k in ks:
+            self.slots[k].assigned += min(p0 + n, (k + 1) * S) - max(p0, k * S)
+        self.next_pos = p0 + n
+        return p0
+
+    def dest(self, pos: int, n: int) -> List[Tuple[str, int, int]]:
+        """Where ``n`` groups from position ``pos`` go: ``(slot segment, first group, row, count)``
+        runs, one per slot they touch."""
+        S, out, j = self.size, [], 0
+        while j < n:
+            k, i = divmod(pos + j, S)
+            count = min(S - i, n - j)
+            out.append((self.pool.segments[self.slots[k].phys].name, j, i, count))
+            j += count
+        return out
+
+    def deliver(self, pos: int, n: int) -> Tuple["Lease", int]:
+        """Positions ``pos .. pos + n - 1`` (within one slot) are handed to the user: the slot's lease
+        and the row of ``pos``."""
+        k, i = divmod(pos, self.size)
+        slot = self.slots[k]
+        if slot.lease is None:
+            slot.lease = self.pool.lease(slot.phys)
+        lease = slot.lease
+        self._done(k, slot, n)
+        return lease, i
+
+    def give_up(self, pos: int, n: int) -> None:
+        """Positions ``pos .. pos + n - 1`` will never be delivered (failed, or the pass ended)."""
+        for p in range(pos, pos + n):
+            k = p // self.size
+            slot = self.slots.get(k)
+            if slot is not None:
+                self._done(k, slot, 1)
+
+    def _done(self, k: int, slot: _Logical, n: int) -> None:
+        slot.remaining -= n
+        if slot.remaining <= 0:
+            del self.slots[k]
+            slot.lease = None  # the user's views keep the memory; the pool frees it when they are gone
+            self.pool.finish(slot.phys)
+
+    def finish(self) -> None:
+        """The pass delivered everything: the last slot was only partly used."""
+        for k in list(self.slots):
+            slot = self.slots[k]
+            self._done(k, slot, self.size - slot.assigned)
+
+    def close(self) -> None:
+        """The pass is over, whatever was delivered: every slot back to the pool."""
+        for k in list(self.slots):
+            slot = self.slots.pop(k)
+            slot.lease = None
+            self.pool.finish(slot.phys)
+
+    def __len__(self) -> int:
+        return len(self.slots)

@@ -28,28 +28,23 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ..decoders.base import OutputSpec, write_into
+from ..decoders.base import write_into
+from .config import PipelineConfig
 from .mapped import MappedFiles, is_mapped
 from .messages import RemoteError, Stop, Task, TaskDone
 from .shm import Segment, sweep
 from .slots import SlotLayout
 from .wire import pack_column, send_result
 
-__all__ = ["WorkerConfig", "worker_main", "seed_worker"]
+__all__ = ["WorkerJob", "worker_main", "seed_worker"]
 
 
-@dataclass
-class WorkerConfig:
-    """What every worker needs, sent once at start (decoders are pickled here, never per task)."""
-    decoders: List[Any]          # one per field
-    specs: List[OutputSpec]      # output_spec per field
-    passthrough: List[bool]      # fields the consumer copies out itself
-    travels: List[bool]          # fields whose values (or part of them) travel back in the result frame
-    layout: SlotLayout
-    ring_name: str
-    prefix: str                  # shm name prefix of this reader, swept if the consumer dies
-    seed: int
-    poll_interval: float = 1.0   # seconds between liveness checks while idle
+@dataclass(frozen=True)
+class WorkerJob:
+    """What a decoder process works on, beside the settings (:class:`PipelineConfig`, sent once at
+    start: decoders are pickled there, never per task)."""
+    ring_name: str              # the input ring's shared-memory segment
+    prefix: str                 # shm name prefix of this reader, swept if the consumer dies
 
 
 def seed_worker(seed: int, generation: int) -> None:
@@ -61,10 +56,11 @@ def seed_worker(seed: int, generation: int) -> None:
     np.random.seed(ss.generate_state(8, np.uint32))
 
 
-def worker_main(cfg: WorkerConfig, generation: int, task_conn, result_conn, lifeline) -> None:
+def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn, result_conn,
+                lifeline) -> None:
     """Entry point of a decoder process (``generation`` numbers it among all workers of the reader)."""
     seed_worker(cfg.seed, generation)
-    ring = Segment.attach(cfg.ring_name)
+    ring = Segment.attach(job.ring_name)
     slots: Dict[str, tuple] = {}
     mapped = MappedFiles()
     result_fd = result_conn.fileno()
@@ -72,20 +68,20 @@ def worker_main(cfg: WorkerConfig, generation: int, task_conn, result_conn, life
         while True:
             ready = wait([task_conn, lifeline], cfg.poll_interval)
             if lifeline in ready:  # the consumer is gone: clean up after it
-                sweep(cfg.prefix)
+                sweep(job.prefix)
                 return
             if task_conn not in ready:
                 continue
             msg = task_conn.recv()
             if isinstance(msg, Stop):
                 return
-            done = _run_task(cfg, msg, ring, slots, mapped)
+            done = _run_task(cfg, job, msg, ring, slots, mapped)
             body, split = _pickled(done, msg.split, cfg.decoders)
             send_result(result_fd, done, body, split)
     except (EOFError, OSError):
         # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after).
         if lifeline.poll(cfg.poll_interval):
-            sweep(cfg.prefix)
+            sweep(job.prefix)
     finally:
         for seg, _ in slots.values():
             seg.close()
@@ -96,7 +92,7 @@ def worker_main(cfg: WorkerConfig, generation: int, task_conn, result_conn, life
 _NO_OUTS: List[Any] = []
 
 
-def _run_task(cfg: WorkerConfig, task: Task, ring: Segment, slots: Dict[str, tuple],
+def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, slots: Dict[str, tuple],
               mapped: MappedFiles) -> TaskDone:
     """Decode the task's groups.  The values that travel back form columns (one list per field whose
     values are not all in output slots), and the failures a ``{group: RemoteError}`` dict."""
@@ -105,7 +101,7 @@ def _run_task(cfg: WorkerConfig, task: Task, ring: Segment, slots: Dict[str, tup
     columns: List[Optional[list]] = [[None] * n if cfg.travels[f] else None for f in range(nf)]
     errors: Dict[int, RemoteError] = {}
     try:
-        if task.segment == cfg.ring_name:
+        if task.segment == job.ring_name:
             seg, buf = ring, ring.buf
         elif is_mapped(task.segment):
             seg, buf = ring, mapped.get(task.segment)  # cached: the mapping stays (seg is not closed)
@@ -119,7 +115,7 @@ def _run_task(cfg: WorkerConfig, task: Task, ring: Segment, slots: Dict[str, tup
     mem = memoryview(buf).toreadonly()
     dests = _expand_dest(task, cfg.layout, slots)
     decoded = [f for f in range(nf) if not cfg.passthrough[f]]
-    decoders, specs, offs, lens = cfg.decoders, cfg.specs, task.ring_offs, task.lens
+    decoders, specs, offs, lens = cfg.decoders, cfg.layout.specs, task.ring_offs, task.lens
     try:
         for j in range(n):
             outs = dests[j] or _NO_OUTS

@@ -1,0 +1,124 @@
+"""The consumer's side of the reader process of one pass: start it, take its messages, give back ring
+space, stop it.  (:mod:`parrecio.pipeline.pool` is the same for the decoder processes.)
+
+::
+
+    consumer                                   reader process (parrecio.pipeline.reader_proc)
+    ReaderHandle.receive()   <--data pipe---   StreamStart, Chunk, ..., ReaderEnd
+    ReaderHandle.release()   ---ctrl pipe-->   Release(ring position, one-off bytes, mapped bytes)
+    ReaderHandle.stop()      ---ctrl pipe-->   Stop; then join, or SIGKILL after a second
+
+The reader process is started per pass (an epoch of a SageMaker Pipe-mode channel is a new FIFO, read by
+a new process).  Its death is noticed through its sentinel, which the consumer waits on beside the data
+pipe (:meth:`waitables`); a reader that died before its ``ReaderEnd`` is a :class:`PipelineError` naming
+how it died.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, List
+
+from ..errors import PipelineError
+from .children import child_entry, close_quietly, describe_exit, forget_processes, start
+from .messages import ReaderEnd, Release, Stop
+from .config import PipelineConfig
+from .reader_proc import ReaderJob, reader_main
+from .shm import sweep
+
+__all__ = ["ReaderHandle"]
+
+
+class ReaderHandle:
+    """A started reader process for one pass, and the two pipes to it."""
+
+    def __init__(self, ctx: Any, cfg: PipelineConfig, job: ReaderJob, lifeline_r: Any) -> None:
+        data_r, data_w = ctx.Pipe(duplex=False)
+        ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
+        self.data, self.ctrl = data_r, ctrl_w
+        self.prefix = job.prefix
+        self.source_name = job.source.name
+        self.ended = False  # its ReaderEnd was received: it sends nothing more
+        try:
+            self.proc = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
+                                    args=(job.prefix, lifeline_r, reader_main, cfg, job, data_w, ctrl_r,
+                                          lifeline_r))
+            start(self.proc)
+        except BaseException:
+            close_quietly(data_r, data_w, ctrl_r, ctrl_w)
+            raise
+        finally:
+            close_quietly(data_w, ctrl_r)  # the child has its own copies (or none: it did not start)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def is_alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def waitables(self) -> List[Any]:
+        """What to wait on for its messages and its death (nothing once it has ended)."""
+        return [] if self.ended else [self.data, self.proc.sentinel]
+
+    def receive(self) -> List[Any]:
+        """The messages that are there now (never blocks).  Raises PipelineError if the process died,
+        or closed its pipe, before its ``ReaderEnd``."""
+        msgs: List[Any] = []
+        eof = False
+        try:
+            while not self.ended and self.data.poll():
+                msg = self.data.recv()
+                msgs.append(msg)
+                if isinstance(msg, ReaderEnd):
+                    self.ended = True
+        except (EOFError, OSError):
+            eof = True  # its end of the pipe is closed: it will send nothing more
+        if not self.ended and (eof or not self.proc.is_alive()):
+            self.proc.join(1.0)
+            raise PipelineError(f"the reader process died ({describe_exit(self.proc.exitcode)}) "
+                                f"before the end of the stream {self.source_name!r}")
+        return msgs
+
+    def release(self, pos: int, oneoff_bytes: int = 0, mapped_bytes: int = 0) -> None:
+        """Everything before ring position ``pos`` was delivered (plus a one-off segment's or a mapped
+        chunk's bytes): the reader may reuse it."""
+        try:
+            self.ctrl.send(Release(pos, oneoff_bytes, mapped_bytes))
+        except (BrokenPipeError, OSError):
+            pass  # the reader has finished
+
+    def stop(self) -> List[Any]:
+        """Stop the process (Stop, then SIGKILL after a second) and remove the one-off segments it made
+        but never sent.  Returns the messages it sent meanwhile (their one-off segments are the
+        caller's to remove).  Idempotent."""
+        try:
+            self.ctrl.send(Stop())
+        except (BrokenPipeError, OSError):
+            pass
+        msgs: List[Any] = []
+        deadline = time.monotonic() + 1.0
+        while self.proc.is_alive() and time.monotonic() < deadline:
+            msgs += self._drain()
+            self.proc.join(0.02)
+        if self.proc.is_alive():
+            self.proc.kill()  # not terminate(): on SIGTERM a child first waits to see if we died too
+            self.proc.join(1.0)
+        msgs += self._drain()
+        sweep(f"{self.prefix}r{self.proc.pid}x")
+        close_quietly(self.data, self.ctrl)
+        return msgs
+
+    def _drain(self) -> List[Any]:
+        msgs: List[Any] = []
+        try:
+            while self.data.poll():
+                msgs.append(self.data.recv())
+        except (EOFError, OSError):
+            pass
+        return msgs
+
+    def forget_after_fork(self) -> None:
+        """In the child of an ``os.fork()`` of the consumer: let go of the process silently."""
+        forget_processes([self.proc])
+        close_quietly(self.data, self.ctrl)

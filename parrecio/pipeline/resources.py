@@ -1,0 +1,135 @@
+"""What a ParallelReader owns between passes, and the one place that frees it.
+
+::
+
+    Resources(cfg, source)                       created with the reader (nothing started yet)
+      .start()  -> lifeline pipe, input ring, output slots, decoder processes (workers >= 1)
+      .run      -> the pass being iterated (a Run, or an InlineRun for workers=0), if any
+      .close()  -> ends the pass, stops the processes, unlinks the shared memory, releases the source
+
+Every attribute exists from ``__init__``.  A ``weakref.finalize`` on the ParallelReader calls
+:meth:`Resources.close`, so everything is freed even when the user never calls ``close()``: the
+finalizer holds this object, never the reader.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import threading
+from typing import Any, Optional
+
+from .children import close_quietly, register_for_fork
+from .config import PipelineConfig
+from .pool import WorkerPool
+from .shm import Segment, new_prefix
+from .slots import SlotPool
+from .stats import Stats
+from .worker import WorkerJob
+
+__all__ = ["Resources"]
+
+
+class Resources:
+    """Processes, shared memory and the source of one ParallelReader.
+
+    ``lock`` is held by the thread that iterates while it is inside the pipeline (never while the user's
+    loop body runs), and by :meth:`close` and a new pass: the pipeline is driven by one thread at a time."""
+
+    def __init__(self) -> None:
+        # cfg and source are set by the ParallelReader right after: the finalizer must exist before the
+        # source is resolved (resolving "-" dups stdin; a file object may get a pump thread)
+        self.cfg: Optional[PipelineConfig] = None
+        self.source: Any = None                   # released by close()
+        self.stats = Stats()
+        self.ctx: Any = None                      # the multiprocessing context
+        self.prefix = ""                          # shared-memory names of this reader start with it
+        self.lifeline_r: Any = None               # EOF in every child when this process dies
+        self.lifeline_w: Any = None
+        self.ring: Optional[Segment] = None       # the input ring
+        self.ring_mem: Optional[memoryview] = None
+        self.slots: Optional[SlotPool] = None     # output slots
+        self.pool: Optional[WorkerPool] = None    # decoder processes (None: workers=0, or nothing to decode)
+        self.run: Any = None                      # the pass being iterated
+        self.started = False
+        self.closed = False
+        self.closing = False                      # set by close() from any thread: the iterating thread leaves
+        self.lock = threading.RLock()
+        self.owner_pid = os.getpid()
+        register_for_fork(self)
+
+    def start(self) -> None:
+        """Start what the passes share: nothing for ``workers=0``; else the lifeline, the ring, the
+        output slots and (when some field is decoded) the decoder processes.  On failure everything
+        started is closed again."""
+        cfg = self.cfg
+        self.started = True
+        if cfg.workers == 0:
+            return
+        ctx = self.ctx = multiprocessing.get_context(cfg.start_method)
+        if cfg.start_method == "forkserver":
+            ctx.set_forkserver_preload(["parrecio.pipeline.worker", "parrecio.pipeline.reader_proc"])
+        self.prefix = new_prefix()
+        try:
+            self.lifeline_r, self.lifeline_w = ctx.Pipe(duplex=False)
+            self.ring = Segment.create(self.prefix + "ring", cfg.ring_bytes)
+            self.ring_mem = memoryview(self.ring.buf)
+            initial = 0
+            if cfg.layout.has_fixed:  # enough slots for what is in flight, and two being delivered
+                inflight = cfg.workers * (cfg.prefetch + 1) * (cfg.reader_chunk_groups() or cfg.slot_size)
+                initial = math.ceil(inflight / cfg.slot_size) + 2
+            self.slots = SlotPool(cfg.layout, self.prefix, initial)
+            if not all(cfg.passthrough):
+                self.pool = WorkerPool(ctx, cfg, WorkerJob(self.ring.name, self.prefix), self.lifeline_r)
+                self.pool.start()
+        except BaseException:
+            self._close()
+            raise
+
+    def close(self) -> None:
+        """End the pass, stop every process, remove the shared memory, release the source.  Idempotent;
+        callable from any thread; returns within a few seconds whatever the other threads do."""
+        if self.closed or os.getpid() != self.owner_pid:
+            return
+        self.closing = True
+        # Wait for the iterating thread to step out of the pipeline (it does within poll_interval);
+        # past that, clean up anyway: close() must return whatever the other threads do.
+        locked = self.lock.acquire(timeout=10.0)
+        try:
+            self._close()
+        finally:
+            if locked:
+                self.lock.release()
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.run is not None:
+            self.run.abort()
+            self.run = None
+        if self.pool is not None:
+            self.pool.stop()
+        if self.ring is not None:
+            self.ring.unlink()
+            if self.ring_mem is not None:
+                self.ring_mem.release()
+            self.ring.close()
+        if self.slots is not None:
+            self.slots.close()
+        close_quietly(self.lifeline_w, self.lifeline_r)
+        if self.source is not None:
+            self.source.release()
+
+    def forget_after_fork(self) -> None:
+        """In the child of an ``os.fork()`` of the consumer: this process owns none of the pipeline.
+        Close its copies of the consumer's pipe ends (the lifeline's write end above all: held here, it
+        would keep the children of a killed parent alive) and forget the processes.  The lifeline's read
+        end stays open: a child started with the ``fork`` method is such a child too, and watches it."""
+        self.closed = True
+        if self.run is not None:
+            self.run.forget_after_fork()
+        if self.pool is not None:
+            self.pool.forget_after_fork()
+        close_quietly(self.lifeline_w)
