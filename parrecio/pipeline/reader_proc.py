@@ -356,6 +356,9 @@ class _Reader:
         mm, segment, start = mapped if mapped is not None else (None, None, 0)
         nf, num_shards, shard = cfg.nfields, cfg.num_shards, cfg.shard_index
         shuffling = cfg.shuffle == "buffer"
+        if mm is not None and nf == 1 and num_shards == 1 and not shuffling:
+            self._frame_flat(stream_id, reader, mm, segment, start)
+            return
         ring, mem = self.ring, self.mem
         place = ring.place
         parts: list = []  # (ring offset, length) while placed; bytes once held; None when sharded out
@@ -428,6 +431,57 @@ class _Reader:
                 self.flush()
                 raise CorruptRecordError(msg, first_offset, source=stream.name)
             st.skipped_groups += 1
+
+    def _frame_flat(self, stream_id: int, reader: RecordReader, mm: Any, segment: str, start: int) -> None:
+        """The hot loop of the commonest small-record case: a mapped file, one record per group, no
+        shards, no shuffle.  Each record is three array appends to the pending chunk; the chunk's
+        counters live in locals and are written back before anything else looks at them."""
+        cfg, st = self.cfg, self.stats
+        max_groups, min_groups, min_bytes, chunk_bytes = (self.max_groups, self.min_groups, self.min_bytes,
+                                                          cfg.chunk_bytes)
+        records = nbytes = k = nb = 0
+        p: Optional[_Pending] = None
+        try:
+            for offset, view in reader.iter_views():
+                n = len(view)
+                records += 1
+                nbytes += n
+                if view.obj is not mm:  # a multipart record, joined in a new buffer: through the ring
+                    if p is not None:
+                        p.n, p.nbytes, p = k, nb, None
+                        self.seq = self.pending.first_seq + k
+                    self._emit_group(stream_id, [bytes(view)], offset)
+                    continue
+                if p is None:  # open (or continue) the pending chunk
+                    p = self.pending
+                    if p.n and (p.stream_id != stream_id or p.segment != segment):
+                        self.flush()
+                        p = self.pending
+                    if self.mapped_inflight:
+                        self._wait_for_mapped(p.nbytes + min(chunk_bytes, cfg.mapped_budget // 2))
+                        p = self.pending
+                    if p.n == 0:
+                        p.stream_id, p.first_seq, p.segment = stream_id, self.seq, segment
+                    k, nb = p.n, p.nbytes
+                    add_off, add_len, add_stream_off = p.ring_offs.append, p.lens.append, p.stream_offs.append
+                add_off(start + offset + 8)  # its payload starts 8 bytes after its frame
+                add_len(n)
+                add_stream_off(offset)
+                k += 1
+                nb += n
+                if k >= max_groups or nb >= chunk_bytes or (k >= min_groups and nb >= min_bytes):
+                    p.n, p.nbytes, p = k, nb, None
+                    self.seq = self.pending.first_seq + k
+                    self.flush()
+        finally:
+            if p is not None:
+                p.n, p.nbytes = k, nb
+                self.seq = p.first_seq + k
+            st.records += records
+            st.bytes += nbytes
+            self.group_index += records
+        st.skipped_records += reader.skipped_records
+        st.skipped_bytes += reader.skipped_bytes
 
     def finish(self, error: Optional[BaseException]) -> None:
         st = self.stats
