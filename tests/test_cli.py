@@ -282,6 +282,19 @@ def test_bench_json(data, manifest_rec):
         assert r["samples_per_s"] > 0 and "wait_workers_time" in r["stages"]
 
 
+def test_bench_workers_0_beside_workers_1(data, manifest_rec):
+    """--workers 0 decodes in the bench process: it has no per-worker decode share (it crashed with a
+    ZeroDivisionError before), its decoding shows as consumer CPU, and both runs see every sample."""
+    doc = json.loads(cli("bench", manifest_rec, "--workers", 0, 1, "--batch-size", 4, "--size", 32,
+                         "--json").stdout)
+    inline, one = doc["runs"]
+    assert (inline["workers"], one["workers"]) == (0, 1)
+    assert inline["samples"] == one["samples"] == 8 and inline["bytes"] == one["bytes"]
+    assert inline["decode_cpu_per_worker_percent"] is None and one["decode_cpu_per_worker_percent"] >= 0
+    assert inline["cpu_us_per_sample"]["decode"] == 0 and inline["cpu_us_per_sample"]["reader"] == 0
+    assert inline["cpu_us_per_sample"]["consumer"] > 0
+
+
 def test_bench_text_with_fields(images_rec):
     proc = cli("bench", images_rec, "--fields", "imagerecord", "--workers", 1, "--batch-size", 2,
                "--size", 16)

@@ -306,7 +306,9 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
             "startup_s": round((t_first - t_start) if t_first is not None else wall, 4),
             "samples_per_s": round(rate, 2), "mb_per_s": round(mbps, 3),
             "overall_samples_per_s": round(samples / wall, 2) if wall > 0 else 0.0,
-            "decode_cpu_per_worker_percent": round(100 * decode_cpu / (workers * busy), 1) if busy > 0 else 0.0,
+            # workers=0: the decoding is this process's own CPU (in cpu_us_per_sample["consumer"])
+            "decode_cpu_per_worker_percent": (round(100 * decode_cpu / (workers * busy), 1)
+                                              if busy > 0 and workers else None),
             "skipped": getattr(stats, "skipped", 0), "stages": stages,
             "bottleneck": verdict, "bottleneck_from": origin, "telemetry": telemetry,
             "cpu_us_per_sample": _per_sample(samples, getattr(stats, "reader_cpu", 0.0), consumer_cpu, decode_cpu),

@@ -57,9 +57,10 @@ class ReaderHandle:
     def is_alive(self) -> bool:
         return self.proc.is_alive()
 
-    def waitables(self) -> List[Any]:
-        """What to wait on for its messages and its death (nothing once it has ended)."""
-        return [] if self.ended else [self.data, self.proc.sentinel]
+    def waitables(self, data: bool = True) -> List[Any]:
+        """What to wait on for its messages (unless ``data`` is False) and its death (nothing once it
+        has ended)."""
+        return [] if self.ended else [self.data, self.proc.sentinel] if data else [self.proc.sentinel]
 
     def receive(self) -> List[Any]:
         """The messages that are there now (never blocks).  Raises PipelineError if the process died,

@@ -120,6 +120,7 @@ class Run:
         self.owner_pid = os.getpid()
         self.thread = threading.current_thread()  # the thread that iterates this pass
         self.poller = Poller()
+        self._watch_data = True     # whether the wait includes the reader's data pipe (see _step)
         self.mapped = MappedFiles()  # files read in place, for passthrough fields
         self.copied = [f for f, p in enumerate(cfg.passthrough) if p]  # payloads the consumer copies
         try:
@@ -161,7 +162,11 @@ class Run:
         """Dispatch what can be, then wait up to ``timeout`` s for a message or a death and handle it."""
         self._dispatch()
         pool = self.res.pool
-        self.poller.watch((pool.version if pool is not None else -1, self.end is None), self._waitables)
+        # While chunks wait for a worker, more of them are of no use: leave the reader's messages in
+        # their pipe (its sentinel stays watched) instead of waking up for each one.
+        self._watch_data = pool is None or not self.undispatched
+        self.poller.watch((pool.version if pool is not None else -1, self.end is None, self._watch_data),
+                          self._waitables)
         t0 = time.monotonic()
         ready = self.poller.wait(timeout)
         if self.res.closing:  # close() from another thread: leave the pipeline to it
@@ -186,7 +191,7 @@ class Run:
 
     def _waitables(self) -> List[Any]:
         objs: List[Any] = self.res.pool.waitables() if self.res.pool is not None else []
-        return objs + self.reader.waitables()
+        return objs + self.reader.waitables(self._watch_data)
 
     def _receive(self) -> None:
         for msg in self.reader.receive():
