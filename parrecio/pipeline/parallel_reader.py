@@ -96,14 +96,17 @@ class ParallelReader:
             (the others are skipped by the reader process, never decoded).  ``num_shards="env"`` takes
             both from the ``WORLD_SIZE`` and ``RANK`` environment variables (torch.distributed style).
         ring_bytes: size of the input ring in bytes (shared memory); bounds payload bytes in flight.
-        chunk_groups: groups per message to a worker (amortizes per-message cost); default ``None``:
-            adaptive, at least 64 groups, more for small records (up to 64 KiB of payload, 2048 groups).
-        prefetch: tasks queued per worker.
+        chunk_groups: groups per task sent to a decoder process (amortizes the per-task cost of ~0.1-0.5
+            ms in the consumer); default ``None``: adaptive -- with fixed-shape outputs two output slots
+            (two batches), else at least 64 groups and more for small records (up to 64 KiB of payload,
+            2048 groups); at least 1024 groups with ``fields=None``.
+        prefetch: tasks in flight per decoder process (one being decoded, the others queued).
         slot_samples: samples per output slot when ``batch_size`` is None.
         max_record_bytes: larger records are refused as corrupt (a hostile length word).
         start_method: ``"forkserver"`` (default where available), ``"spawn"`` or ``"fork"``.
-        seed: base seed; worker ``i`` seeds ``random`` and ``numpy.random`` with ``seed + i``, and the
-            shuffle of epoch ``e`` is drawn from ``(seed, e)``: reproducible for a given seed and epoch.
+        seed: base seed.  Decoder process number ``g`` (counting replacements) seeds ``random`` and
+            ``numpy.random`` from ``SeedSequence(seed, spawn_key=(g,))``, and the shuffle of epoch ``e``
+            is drawn from ``(seed, e)``: reproducible for a given seed and epoch.
         shuffle: shuffle the groups every epoch.  When every file has an ``.idx`` beside it, a global
             permutation of all groups, read by their offsets; otherwise (streams, FIFOs, stdin) a shuffle
             buffer of ``shuffle_buffer`` groups in the reader process (memory: that many groups of

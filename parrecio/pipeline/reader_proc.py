@@ -5,13 +5,21 @@
     source (file, FIFO, stdin, SageMaker channel)
        |  RecordReader: frames -> records (multipart joined)
        v
-    [ reader process ] --records--> groups of len(fields) --payloads--> input ring (shared memory)
-       |                                                  --Chunk (offsets, lengths)--> consumer
+    [ reader process ] --records--> groups of len(fields) --(offset, length)--> Chunk --> consumer
+       |
        ^-- Release(pos) / Stop from the consumer
 
-It owns the source because a FIFO can be read once, by one process.  It forms groups (one sample each),
-copies payloads into the ring and sends one small ``Chunk`` message per ``chunk_groups`` groups.  A
-pending chunk is sent early whenever the next read would block, so a slow stream still flows.  When
+It owns the source because a FIFO can be read once, by one process.  It forms groups (one sample each)
+and sends one small ``Chunk`` message per chunk of groups, with each payload's place:
+
+- a regular file is mapped and framed in place; payloads are described by their file offsets, and the
+  workers read them from the page cache (:mod:`parrecio.pipeline.mapped`);
+- a stream (FIFO, stdin, a file object) is read straight into windows of the input ring and framed
+  there (:mod:`parrecio.pipeline.ring_windows`): the kernel's copy is the only one;
+- what cannot stay where it was read -- multipart records, groups in the shuffle buffer, groups too big
+  for the ring -- is copied into the ring, or into a one-off segment (``stats.reader_copied_bytes``).
+
+A pending chunk is sent early whenever the next read would block, so a slow stream still flows.  When
 the ring is full it waits for the consumer to release space: a slow consumer pauses the reader.
 
 The group is the unit of capacity: a chunk ends at its last complete group, and a group that does not
@@ -33,7 +41,6 @@ import stat
 import time
 from array import array
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from typing import Any, Optional
 
 from ..errors import CorruptRecordError, ParrecioError
@@ -41,7 +48,9 @@ from ..recordio import RecordReader
 from .config import PipelineConfig
 from .mapped import map_stream
 from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
+from .poller import Poller
 from .ring import RingWriter
+from .ring_windows import RingWindows
 from .shm import Segment, sweep
 
 __all__ = ["ReaderJob", "reader_main"]
@@ -77,6 +86,7 @@ class _Stats:
     wait_source_time: float = 0.0
     wait_consumer_time: float = 0.0
     cpu_time: float = 0.0         # CPU seconds of this process since reader_main began
+    copied_bytes: int = 0         # payload bytes this process wrote into shared memory (0: all in place)
 
 
 @dataclass
@@ -103,11 +113,14 @@ class _Reader:
         self.mem = memoryview(self.seg.buf)
         self.ring = RingWriter(self.seg.size, self._wait_for_release)
         self.stats = _Stats()
+        self.poller = Poller()
         self.cpu0 = time.process_time()
         self.seq = 0          # next sequence number (groups of this shard)
         self.group_index = 0  # groups seen in the stream (all shards)
         self.pending = _Pending()
         self.group_end = 0        # ring position after the last complete group: what a chunk may release
+        self.sent_end = 0         # the group_end of the last chunk sent
+        self.windows: Optional[RingWindows] = None  # the stream being read into the ring, if it is
         self.n_oneoff = 0
         self.oneoff_inflight = 0  # bytes of one-off segments sent and not yet released
         self.mapped_inflight = 0  # bytes of mapped groups sent and not yet released
@@ -135,7 +148,10 @@ class _Reader:
 
     def _watch(self, extra: list, timeout: float) -> list:
         """Wait until one of ``extra`` is ready, handling control messages and consumer death."""
-        ready = wait(extra + [self.ctrl, self.lifeline], timeout)
+        # one poll set, registered again only when ``extra`` changes (a wait per FIFO read when the
+        # stream is slower than we are: multiprocessing's wait() would build a selector each time)
+        self.poller.watch(tuple(extra), lambda: extra + [self.ctrl, self.lifeline])
+        ready = self.poller.wait(timeout)
         if self.lifeline in ready:
             sweep(self.job.prefix)
             raise _Stopped()
@@ -144,7 +160,7 @@ class _Reader:
         return ready
 
     def _wait_for_release(self, needed_tail: int) -> int:
-        self.flush()
+        self.flush(release=True)
         t0 = time.perf_counter()
         while self.ring.tail < needed_tail:
             self._watch([], self.cfg.poll_interval)
@@ -152,15 +168,23 @@ class _Reader:
         return self.ring.tail
 
     # -- chunks ----------------------------------------------------------------------------------
-    def flush(self) -> None:
+    def flush(self, release: bool = False) -> None:
+        """Send the pending chunk.  With ``release``, send an empty one when nothing is pending but the
+        watermark rose since the last chunk (ring space that only garbage holds, see
+        :mod:`parrecio.pipeline.ring_windows`): the consumer releases it in order."""
         p = self.pending
-        if p.n:
-            self.data.send(Chunk(p.first_seq, p.n, p.stream_id, p.ring_offs, p.lens, p.stream_offs,
-                                 self.group_end, segment=p.segment))
+        if p.n or (release and self.group_end > self.sent_end):
+            self.data.send(Chunk(p.first_seq if p.n else self.seq, p.n, p.stream_id, p.ring_offs, p.lens,
+                                 p.stream_offs, self.group_end, segment=p.segment))
+            self.sent_end = self.group_end
             if p.segment is not None:
                 self.mapped_inflight += p.nbytes  # the consumer releases sum(lens) of the chunk
             self.pending = _Pending(stream_id=p.stream_id, first_seq=self.seq)
         self._handle_ctrl()
+
+    def _advance(self, pos: int) -> None:
+        """Everything below ring position ``pos`` (and the head) is framed and sent, or garbage."""
+        self.group_end = max(self.group_end, min(pos, self.ring.head))
 
     def _emit_group(self, stream_id: int, payloads: list, first_offset: int) -> None:
         """A complete group held in this process (shuffled, read by index, or too big for the ring):
@@ -174,6 +198,7 @@ class _Reader:
             off = ring.place(len(b), floor)
             self.mem[off:off + len(b)] = b
             placed.append((off, len(b)))
+        self.stats.copied_bytes += sum(n for _, n in placed)
         self._emit_placed(stream_id, placed, first_offset)
 
     def _emit_placed(self, stream_id: int, parts: list, first_offset: int,
@@ -196,7 +221,7 @@ class _Reader:
         p.stream_offs.append(first_offset)
         p.n += 1
         self.seq += 1
-        self.group_end = self.ring.head
+        self.group_end = self.ring.head if self.windows is None else self.windows.watermark()
         if p.n >= self.max_groups or p.nbytes >= self.cfg.chunk_bytes or (
                 p.n >= self.min_groups and p.nbytes >= self.min_bytes):
             self.flush()
@@ -230,10 +255,12 @@ class _Reader:
             offs.append(pos)
             lens.append(len(b))
             pos += len(b)
+        self.stats.copied_bytes += total
         seg.close()  # the consumer owns it from now on and unlinks it after delivery
         self.oneoff_inflight += total  # the consumer releases sum(lens) of the chunk: the same number
         self.data.send(Chunk(self.seq, 1, stream_id, offs, lens, array("q", [first_offset]),
                              self.group_end, segment=seg.name))
+        self.sent_end = self.group_end
         self.seq += 1
 
     # -- the stream ------------------------------------------------------------------------------
@@ -329,12 +356,19 @@ class _Reader:
         cfg = self.cfg
         mapped = map_stream(stream.file)
         if mapped is None:
-            reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
-                                  max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
+            # Read straight into the ring, unless every group is copied out anyway (the shuffle buffer)
+            self.windows = None if cfg.shuffle == "buffer" else RingWindows(self.ring, self.seg.buf, self.mem,
+                                                                            self._advance)
             try:
-                self._frame(stream_id, stream, reader, None)
+                reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
+                                      max_record_bytes=cfg.max_record_bytes, source_name=stream.name,
+                                      buffers=self.windows)
+                try:
+                    self._frame(stream_id, stream, reader, None)
+                finally:
+                    reader.close()
             finally:
-                reader.close()
+                self.windows = None
             return
         mm, segment, start = mapped
         reader = RecordReader.over(mm, start, join=cfg.join, on_corrupt=cfg.on_error,
@@ -361,22 +395,27 @@ class _Reader:
             return
         ring, mem = self.ring, self.mem
         place = ring.place
+        win = self.windows  # the stream is read into ring windows: records lie where they are read
+        ringobj = win.obj if win is not None else None
+        max_span = ring.max_span
         parts: list = []  # (ring offset, length) while placed; bytes once held; None when sharded out
         held = shuffling
         floor = 0         # ring position where the group being read starts
         first_offset = 0
         skipped_seen = 0
         keep = True
-        records = nbytes = 0
+        records = nbytes = copied = 0
         try:
             for offset, view in reader.iter_views():
                 if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
                     skipped_seen = reader.skipped_records
                     if parts:
                         st.skipped_groups += 1
-                        if not held and keep and mm is None:
+                        if not held and keep and mm is None and win is None:
                             ring.rewind(floor)
                         parts, held = [], shuffling
+                        if win is not None:
+                            win.floor = None
                 n = len(view)
                 records += 1
                 nbytes += n
@@ -385,6 +424,9 @@ class _Reader:
                     floor = ring.head
                     if num_shards > 1:
                         keep = self.group_index % num_shards == shard
+                    if win is not None:  # where the group lies in the ring (if it does: in a window)
+                        floor = offset + win.shift if view.obj is ringobj else None
+                        win.floor = floor if keep else None
                 if not keep:
                     parts.append(None)
                 elif held:
@@ -396,6 +438,14 @@ class _Reader:
                         parts = [bytes(mm[o:o + k]) for o, k in parts]
                         parts.append(bytes(view))
                         held = True
+                elif win is not None:
+                    if view.obj is ringobj and offset + 8 + n + win.shift - floor <= max_span:
+                        parts.append((offset + 8 + win.delta, n))  # in place, 8 bytes after its frame
+                    else:  # joined in a new buffer, read into a private one, or the group outgrows half
+                        parts = [bytes(mem[o:o + k]) for o, k in parts]  # the ring: hold the group
+                        parts.append(bytes(view))
+                        held = True
+                        win.floor = None
                 else:
                     off = place(n, floor)
                     if off < 0:  # the group outgrows half the ring: take it out, hold it here
@@ -406,10 +456,16 @@ class _Reader:
                     else:
                         mem[off:off + n] = view
                         parts.append((off, n))
+                        copied += n
                 if len(parts) == nf:
                     self.group_index += 1
+                    if win is not None:  # framed up to the end of this record (a joined one: its start)
+                        win.floor = None
+                        win.unframed = offset + win.shift + (8 + ((n + 3) & -4) if view.obj is ringobj else 0)
                     if not keep:
                         st.sharded_out += 1
+                        if win is not None:
+                            self._advance(win.watermark())  # its bytes are garbage: released with the next chunk
                     elif shuffling:
                         self._shuffled(stream_id, parts, first_offset)
                     elif held:
@@ -420,10 +476,11 @@ class _Reader:
         finally:
             st.records += records
             st.bytes += nbytes
+            st.copied_bytes += copied
         st.skipped_records += reader.skipped_records
         st.skipped_bytes += reader.skipped_bytes
         if parts:
-            if not held and keep and mm is None:
+            if not held and keep and mm is None and win is None:
                 ring.rewind(floor)
             msg = (f"stream ended inside a group: {len(parts)} of {nf} records "
                    f"(the stream's record count is not a multiple of the group size)")

@@ -76,8 +76,10 @@ class Resources:
             self.ring = Segment.create(self.prefix + "ring", cfg.ring_bytes)
             self.ring_mem = memoryview(self.ring.buf)
             initial = 0
-            if cfg.layout.has_fixed:  # enough slots for what is in flight, and two being delivered
-                inflight = cfg.workers * (cfg.prefetch + 1) * (cfg.reader_chunk_groups() or cfg.slot_size)
+            if cfg.layout.has_fixed:
+                # Enough slots for the tasks in flight (at most `prefetch` per worker) and two being
+                # delivered; the pool grows later only when the user holds every slot.
+                inflight = cfg.workers * cfg.prefetch * (cfg.reader_chunk_groups() or cfg.slot_size)
                 initial = math.ceil(inflight / cfg.slot_size) + 2
             self.slots = SlotPool(cfg.layout, self.prefix, initial)
             if not all(cfg.passthrough):

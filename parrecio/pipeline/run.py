@@ -202,7 +202,7 @@ class Run:
             self.received_pos = msg.ring_end
             cs = _ChunkState(msg, [[None] * msg.n if t else None for t in self.cfg.travels], msg.n)
             self.stats.chunks += 1
-            if all(self.cfg.passthrough):
+            if all(self.cfg.passthrough) or msg.n == 0:  # an empty chunk only releases ring space
                 cs.missing = 0  # nothing to decode: the consumer copies the payloads out itself
             else:
                 self.undispatched.append(cs)
@@ -341,6 +341,8 @@ class Run:
     def _spans(self, cs: _ChunkState) -> Tuple[List[Span], Optional[BaseException]]:
         """Cut the chunk into spans: at each failed group, and where the output slot changes."""
         c = cs.chunk
+        if c.n == 0:
+            return [], None
         columns = list(cs.columns)
         if self.copied:
             self._copy_out(cs, columns)

@@ -18,6 +18,9 @@ class Stats:
     - ``wait_workers_time``: the consumer waiting inside ``next()`` for decoded samples (decode-bound);
     - ``user_time``: the consumer's time outside ``next()`` (your training step);
     - ``reader_cpu``: CPU seconds of the reader process (all passes);
+    - ``reader_copied_bytes``: payload bytes the reader process copied into shared memory (0 when every
+      payload was handed to the decoders where it was read: regular files mapped, streams read straight
+      into the input ring; multipart records, shuffle buffers and oversized groups are copied);
     - ``decode_cpu``: CPU seconds per worker pid spent decoding;
     - ``wall_time``: time from the first ``next()`` of each pass to its end, summed over passes;
     - ``startup_time``: of that, the time until each pass's first sample (processes starting, the first
@@ -42,6 +45,7 @@ class Stats:
     wait_workers_time: float = 0.0
     user_time: float = 0.0
     reader_cpu: float = 0.0
+    reader_copied_bytes: int = 0
     wall_time: float = 0.0
     startup_time: float = 0.0
     workers: int = 0
@@ -60,6 +64,7 @@ class Stats:
         self.wait_source_time += rs.get("wait_source_time", 0.0)
         self.wait_consumer_time += rs.get("wait_consumer_time", 0.0)
         self.reader_cpu += rs.get("cpu_time", 0.0)
+        self.reader_copied_bytes += rs.get("copied_bytes", 0)
 
     def add_worker(self, pid: int, cpu: float, n: int) -> None:
         """Count ``n`` groups decoded by worker ``pid`` in ``cpu`` seconds."""

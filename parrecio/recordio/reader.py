@@ -13,6 +13,9 @@ MXNet ``MXRecordIO.read``).  :class:`RecordReader` reads the stream in large chu
 
 The buffer is compacted (the partial record moved to its start) or grown (to fit the largest record) only
 when a record does not fit; its size is ``max(chunk_size, largest record + 8)`` bytes, never the stream.
+A caller may provide the buffer instead (``buffers=``, a :class:`Buffers`): then the stream is read
+straight into memory it chooses -- the pipeline's shared-memory ring -- and single-part payloads are
+yielded as views of that memory, where they can stay (see :mod:`parrecio.pipeline.ring_windows`).
 With ``on_corrupt="skip"`` a corrupt record is dropped and the reader resyncs on the next 4-byte-aligned
 magic followed by a ``cflag`` of 0 or 1 (dmlc-core ``FindNextRecordIOHead``).
 """
@@ -28,7 +31,7 @@ from .framing import (DEFAULT_MAX_RECORD_BYTES, HEADER, HEADER_SIZE, LENGTH_MASK
                       find_next_head, read_record)
 from .paths import check_path_arg
 
-__all__ = ["Record", "RecordReader", "DEFAULT_CHUNK_SIZE", "MAX_CORRUPT_REGIONS", "ON_CORRUPT"]
+__all__ = ["Record", "RecordReader", "Buffers", "DEFAULT_CHUNK_SIZE", "MAX_CORRUPT_REGIONS", "ON_CORRUPT"]
 
 DEFAULT_CHUNK_SIZE = 4 << 20
 """Default read size and initial buffer size: 4 MiB."""
@@ -44,6 +47,24 @@ class Record(NamedTuple):
 
     offset: int
     payload: bytes
+
+
+class Buffers:
+    """Where a :class:`RecordReader` reads the stream to, when the caller chooses (``buffers=``).
+
+    :meth:`relocate` is called once before the first read and then whenever the unread part of the
+    stream no longer fits: it returns ``(buf, mv, off, cap)`` -- an object with ``find`` (``bytearray``,
+    ``mmap``), a ``memoryview`` of it, and the window ``mv[off:cap]`` that the reader may fill.  The
+    reader then copies the bytes it keeps (the record in progress, ``kept`` bytes from index ``lo`` of
+    the old buffer) to ``mv[off:]``, unless they are already there (same buffer, ``off == lo``).  Memory
+    outside the windows handed out is never written, and a window is never written again once the
+    reader moved on: views of it stay valid as long as the caller keeps that memory."""
+
+    def relocate(self, mv: Optional[memoryview], lo: int, kept: int, need: int,
+                 offset: int) -> Tuple[Any, memoryview, int, int]:
+        """A window of at least ``need`` bytes for the stream from stream ``offset`` on (``mv``: the
+        current buffer, None the first time)."""
+        raise NotImplementedError
 
 
 class RecordReader:
@@ -65,6 +86,8 @@ class RecordReader:
     :param chunk_size: bytes asked of the source per read, and the initial buffer size.  Default 4 MiB.
     :param source_name: how error messages name the stream; default the path, or the file object's
         ``.name``.
+    :param buffers: a :class:`Buffers` that provides the memory the stream is read into (default: a
+        buffer of the reader's own).
 
     Iterating yields :class:`Record` objects (``payload`` is ``bytes``); :meth:`iter_views` is the zero-copy
     variant.  The reader is single-pass: a new iteration continues where the last one stopped (after a
@@ -74,7 +97,7 @@ class RecordReader:
 
     def __init__(self, source: Source, *, join: str = "mxnet", on_corrupt: str = "raise",
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 source_name: Optional[str] = None) -> None:
+                 source_name: Optional[str] = None, buffers: Optional[Buffers] = None) -> None:
         self.join = check_join(join)
         if on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, not {on_corrupt!r}")
@@ -87,10 +110,15 @@ class RecordReader:
         self.chunk_size = int(chunk_size)
         self._file, self._owns, self.source_name = _open(source, source_name)
         self._read_into = _reader_of(self._file)
-        self._buf = bytearray(self.chunk_size)
-        self._mv = memoryview(self._buf)
-        self._base = 0  # stream offset of _buf[0]
-        self._end = 0  # valid bytes in _buf
+        self._buffers = buffers
+        if buffers is None:
+            self._buf = bytearray(self.chunk_size)
+            self._mv = memoryview(self._buf)
+            off, self._cap = 0, self.chunk_size
+        else:
+            self._buf, self._mv, off, self._cap = buffers.relocate(None, 0, 0, HEADER_SIZE, 0)
+        self._base = -off  # stream offset of _buf[0]
+        self._end = off  # end of the valid bytes in _buf; _cap: end of the part that may be filled
         self._resume = 0  # stream offset of the next record, saved when an iteration stops
         self._eof = False
         # Stream offset of the record being read: the buffer keeps it until the record is complete or
@@ -122,8 +150,9 @@ class RecordReader:
         self._file, self._owns, self.source_name = buffer, False, source_name
         self._read_into = None
         self._buf, self._mv = buffer, memoryview(buffer)
+        self._buffers = None
         self._base = -start  # stream offset of buffer[0]: offsets count from `start`
-        self._end = len(buffer)
+        self._end = self._cap = len(buffer)
         self._resume = 0
         self._eof = True     # the whole stream is there: the buffer is never refilled
         self._pin = None
@@ -267,26 +296,37 @@ class RecordReader:
 
         Bytes from the pinned record start on are kept too (bounded: the record's parts were checked
         against ``max_record_bytes`` before they were asked for)."""
-        cap = len(self._buf)
+        cap = self._cap
         lo = rel if self._pin is None else max(0, min(rel, self._pin - self._base))
         if rel + nbytes > cap:
             kept = self._end - lo
             need = rel - lo + nbytes
-            if need > cap:
-                new = bytearray(max(need, self.chunk_size, cap + cap // 4))
-                newmv = memoryview(new)
-                newmv[:kept] = self._mv[lo:self._end]
-                self._buf, self._mv = new, newmv
-            elif lo:
-                self._mv[:kept] = self._mv[lo:self._end]
-            self._base += lo
-            self._end = kept
-            rel -= lo
+            if self._buffers is not None:
+                old = self._mv
+                self._buf, self._mv, off, self._cap = self._buffers.relocate(old, lo, kept, need,
+                                                                            self._base + lo)
+                if self._mv is not old or off != lo:
+                    self._mv[off:off + kept] = old[lo:self._end]
+                self._base += lo - off
+                self._end = off + kept
+                rel += off - lo
+            else:
+                if need > cap:
+                    new = bytearray(max(need, self.chunk_size, cap + cap // 4))
+                    newmv = memoryview(new)
+                    newmv[:kept] = self._mv[lo:self._end]
+                    self._buf, self._mv, self._cap = new, newmv, len(new)
+                elif lo:
+                    self._mv[:kept] = self._mv[lo:self._end]
+                self._base += lo
+                self._end = kept
+                rel -= lo
         mv, need = self._mv, rel + nbytes
         end = self._end
+        cap = self._cap
         try:
             while end < need:
-                got = self._read_into(mv[end:])
+                got = self._read_into(mv[end:cap])
                 if got is None:  # a non-blocking source with nothing yet
                     time.sleep(0.001)
                     continue

@@ -1,0 +1,97 @@
+"""Streams read straight into the input ring: the kernel's copy is the only copy of a payload.
+
+::
+
+    FIFO, stdin, socket, file object --readinto--> [ window of the input ring ]   (reader process)
+                                                      |  RecordReader frames it in place
+                                                      v
+                                   (ring offset, length) per record --Chunk--> consumer --Task--> workers
+
+A :class:`~parrecio.recordio.reader.RecordReader` asks :class:`RingWindows` for the memory it reads
+into (its ``buffers=`` hook).  A window is a stretch of the ring reserved from the ring's head, at most
+1/8 of the ring; when the stream's next record does not fit in it, the reader asks for the next one and
+carries over the part of the record it has (a few bytes, or one record, per window).  Single-part
+payloads are then handed to the decoders where they lie; only what cannot lie there is copied:
+
+- a multipart record (joined in a new buffer) or a record larger than a window (read into a private
+  buffer): its group is *held* (copied out) and placed in the ring, or in a one-off segment, whole;
+- a group whose records would span more than half the ring: held too.
+
+What a chunk may release (``group_end``) is the *watermark*: the lowest ring position that later chunks
+or the framing still need -- the start of the records not framed yet, of the open group, or the head.
+Everything below it that no chunk uses (the rest of a window, sharded-out groups, skipped corruption) is
+garbage, and is released by the next chunk; when nothing is pending the reader sends an empty chunk to
+release it, so that a long stretch of such bytes never leaves the reader waiting for itself.
+
+Why waits end: a window is at most 1/8 of the ring and a group at most half of it, so the space a new
+window (or a held group) waits for always lies below the watermark of chunks already sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+from ..recordio.reader import Buffers
+from .ring import RingWriter
+
+__all__ = ["RingWindows"]
+
+MAX_WINDOW = 8 << 20   # bytes read ahead at most (and the longest record read in place): 1/8 of the ring
+
+
+class RingWindows(Buffers):
+    """The RecordReader buffer of one stream, as windows of the input ring ``buf`` (``mem`` its
+    memoryview).  ``advance(pos)`` raises the reader process's watermark to ring position ``pos``.
+
+    The framing loop keeps :attr:`floor` (where the open group's records lie in the ring, None when no
+    group is open or it was copied out) and :attr:`unframed` (the ring position of the first byte not
+    framed yet, after the last complete group) current; :attr:`delta` and :attr:`shift` turn a stream
+    offset into a segment offset and a ring position while a ring window is :attr:`active`."""
+
+    def __init__(self, ring: RingWriter, buf: Any, mem: memoryview,
+                 advance: Callable[[int], None]) -> None:
+        self.ring = ring
+        self.buf = buf
+        self.mem = mem
+        self.obj = mem.obj            # what a view of the ring has as .obj
+        self.advance = advance
+        self.window = max(4096, min(MAX_WINDOW, ring.size // 8))
+        self.active = False           # the reader's buffer is a window of the ring (not a private one)
+        self.win_pos = 0              # ring position of the window's start
+        self.win_off = 0              # its offset in the segment
+        self.win_end = 0              # ring position of its end
+        self.delta = 0                # stream offset + delta = segment offset (in the active window)
+        self.shift = 0                # stream offset + shift = ring position (in the active window)
+        self.floor: Optional[int] = None
+        self.unframed: Optional[int] = None
+
+    def watermark(self) -> int:
+        """What a chunk sent now may release: below the bytes not framed yet, and the head."""
+        u = self.unframed
+        return self.ring.head if u is None or not self.active else min(self.ring.head, u)
+
+    def relocate(self, mv: Optional[memoryview], lo: int, kept: int, need: int,
+                 offset: int) -> Tuple[Any, memoryview, int, int]:
+        ring = self.ring
+        head = ring.head
+        kept_pos = self.win_pos + (lo - self.win_off) if self.active and mv is self.mem else None
+        low = min(p for p in (kept_pos, self.floor, head) if p is not None)
+        self.advance(low)  # what lies below is framed and sent, or garbage: release it
+        size = max(need, self.window)
+        if size <= self.window:
+            if kept_pos is not None and head == self.win_end:
+                ring.head = kept_pos  # nothing was placed after the window: it may go on in place
+            off = ring.place(size, low)  # waits for ring space (sending what is pending first)
+            if off >= 0:
+                self.active = True
+                self.win_pos, self.win_off = ring.placed, off
+                self.win_end = ring.placed + size
+                self.delta, self.shift = off - offset, ring.placed - offset
+                self.unframed = ring.placed  # the bytes carried over (if any) start the window
+                return self.buf, self.mem, off, off + size
+            ring.head = head
+        # A record larger than a window, or a group that would outgrow half the ring: a private
+        # buffer; what is read there is copied into the ring (or a one-off segment) group by group.
+        self.active = False
+        private = bytearray(size)
+        return private, memoryview(private), 0, size
