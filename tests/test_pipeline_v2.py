@@ -266,6 +266,22 @@ def test_adaptive_chunks_for_small_records(tmp_path, no_leaks):
     assert fixed >= 20000 // 32 and adaptive <= fixed // 10
 
 
+@pytest.mark.parametrize("workers", [2, 3])
+def test_ramp_up_first_chunks_fill_one_slot_between_the_workers(tmp_path, workers, no_leaks):
+    """With fixed-shape outputs a chunk is two batches, but each worker's first chunk is only its share
+    of the first batch: the first batch waits for batch_size / workers decodes per worker."""
+    recs = payloads(100, seed=4)
+    path = tmp_path / "r.rec"
+    write_rec(path, recs)
+    want = np.stack([digest_array(x) for x in recs])
+    with ParallelReader(path, fields=Fixed(), workers=workers, batch_size=8) as r:
+        got = list(r)
+        assert np.array_equal(np.concatenate(got), want) and [len(b) for b in got] == [8] * 12 + [4]
+        first = workers * (8 // workers)                 # 8 (2 workers) or 6 (3 workers) samples
+        assert r.stats.chunks == workers + -(-(100 - first) // 16)
+        assert got[0].base is not None and not got[0].flags.owndata  # still a view of its slot
+
+
 def test_config_is_frozen_and_reader_cpu_is_counted(tmp_path, no_leaks):
     recs = payloads(3000, seed=2, max_len=2000)
     path = tmp_path / "c.rec"

@@ -98,10 +98,12 @@ class WorkerPool:
     def pick(self, max_inflight: int) -> Optional[_Worker]:
         """The least loaded worker with fewer than ``max_inflight`` tasks, or None.  A worker running
         an isolated task gets nothing else (were it to die, the task must be the only suspect)."""
-        best = min((w for w in self.workers
-                    if not w.killing and not any(t.isolated for t in w.inflight.values())),
-                   key=lambda w: len(w.inflight), default=None)
-        return best if best is not None and len(best.inflight) < max_inflight else None
+        best, load = None, max_inflight
+        for w in self.workers:  # a plain loop: called several times per task by the consumer
+            n = len(w.inflight)
+            if n < load and not w.killing and not (n and any(t.isolated for t in w.inflight.values())):
+                best, load = w, n
+        return best
 
     def submit(self, worker: _Worker, task: Task) -> None:
         """Send ``task`` to ``worker`` and count it in flight there."""

@@ -134,6 +134,12 @@ class _Reader:
         else:
             self.min_groups = self.max_groups = groups
             self.min_bytes = 0
+        # Ramp-up: the first chunk of each worker fills only its share of one output slot, so that the
+        # pass's first batch comes after slot_size / workers decodes per worker, not 2 * slot_size.
+        self.full_groups = (self.min_groups, self.max_groups)
+        self.ramp = cfg.workers if cfg.chunk_groups is None and cfg.layout.has_fixed and cfg.workers else 0
+        if self.ramp:
+            self.min_groups = self.max_groups = max(1, cfg.slot_size // cfg.workers)
 
     # -- control ---------------------------------------------------------------------------------
     def _handle_ctrl(self) -> None:
@@ -180,6 +186,10 @@ class _Reader:
             if p.segment is not None:
                 self.mapped_inflight += p.nbytes  # the consumer releases sum(lens) of the chunk
             self.pending = _Pending(stream_id=p.stream_id, first_seq=self.seq)
+            if self.ramp and p.n:
+                self.ramp -= 1
+                if not self.ramp:
+                    self.min_groups, self.max_groups = self.full_groups
         self._handle_ctrl()
 
     def _advance(self, pos: int) -> None:
@@ -530,6 +540,7 @@ class _Reader:
                     p.n, p.nbytes, p = k, nb, None
                     self.seq = self.pending.first_seq + k
                     self.flush()
+                    max_groups, min_groups = self.max_groups, self.min_groups  # the ramp-up may be over
         finally:
             if p is not None:
                 p.n, p.nbytes = k, nb
