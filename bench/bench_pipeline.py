@@ -5,7 +5,7 @@
 Prints one JSON document:
 
 - ``raw``: records/s and MB/s through ``ParallelReader(path, workers=2)`` with ``fields=None`` (raw
-  passthrough: the reader process copies payloads into the ring, the consumer turns them into ``bytes``)
+  passthrough: the reader process frames the mapped file, the consumer turns payloads into ``bytes``)
   for 100 B and 100 KB records, against a one-process ``RecordReader`` loop over the same file (files in
   a temp dir, page cache warm, best of 3 passes; the ParallelReader passes are epochs of one reader).
 - ``first_sample``: seconds from ``ParallelReader(...)`` to the first sample (``batch_size=None``) and to
