@@ -333,14 +333,22 @@ def test_shuffles_are_those_of_the_process_pipeline(tmp_path, index, num_shards,
     _write_groups(b, 75, index)
     if index:
         assert a.with_suffix(".idx").exists()
+    everything = [(b"img-%d" % i, b"lbl-%d" % i) for i in list(range(130)) + list(range(75))]
+    epochs = ([], [])
     for k in range(num_shards):
         (e0, e1), _, _, reader = check_equal([str(a), str(b)], epochs=2, fields=[Raw(), Raw()], shuffle=True,
                                              seed=11, shuffle_buffer=32, num_shards=num_shards, shard_index=k)
         assert reader._res.cfg.shuffle == ("index" if index else "buffer")
-        assert e0 != e1 and sorted(e0) == sorted(e1)
         assert all(x[4:] == y[4:] for x, y in e0)  # groups stay together
-        in_order = [(b"img-%d" % i, b"lbl-%d" % i) for i in list(range(130)) + list(range(75))][k::num_shards]
-        assert sorted(e0) == sorted(in_order) and e0 != in_order
+        in_order = everything[k::num_shards]
+        assert e0 != in_order and e0 != e1
+        if index:  # a global permutation, then the shard's slice: another part every epoch
+            assert num_shards == 1 or sorted(e0) != sorted(e1)
+        else:      # streams: the shard's part of the stream, through the shuffle buffer
+            assert sorted(e0) == sorted(e1) == sorted(in_order)
+        epochs[0].extend(e0)
+        epochs[1].extend(e1)
+    assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(everything)  # together: each group once
 
 
 def test_shuffle_with_batches_and_a_buffer_of_one(tmp_path, no_leaks):

@@ -214,3 +214,61 @@ def test_early_break_then_next_epoch(rec, no_leaks):
                 break
         full = [labels.tolist() for _, labels in loader]
     assert sum(full, []) == [i % 3 for i in range(N)]
+
+
+def test_dataloader_default_batch_size_is_refused_for_batched_readers(rec, no_leaks):
+    """DataLoader(ds) batches with batch_size=1 by default: over a batching reader that would silently
+    give [1, 8, ...] tensors.  It is refused with the fix in the message; an unbatched reader may be
+    batched by the DataLoader."""
+    with ParallelIterableDataset(rec, fields=fields(), workers=1, batch_size=BATCH) as ds:
+        with pytest.raises(TypeError, match=r"would batch them again .*DataLoader\(dataset, batch_size=None\)"):
+            next(iter(DataLoader(ds)))
+        images, labels = next(iter(DataLoader(ds, batch_size=None)))
+        assert images.shape == (BATCH, *SIZE, 3)
+    with ParallelIterableDataset(rec, fields=fields(), workers=1) as ds:
+        images, labels = next(iter(DataLoader(ds, batch_size=4)))
+        assert images.shape == (4, *SIZE, 3) and labels.tolist() == [0, 1, 2, 0]
+
+
+def test_dataset_forwards_set_epoch_and_state_dict(tmp_path, no_leaks):
+    path = tmp_path / "e.rec"
+    with RecordWriter(str(path), index=str(tmp_path / "e.idx")) as w:
+        for i in range(30):
+            w.write(b"%d" % i, key=i)
+    kw = dict(fields=Json(), workers=1, batch_size=4, shuffle=True, seed=5)
+    with ParallelIterableDataset(path, **kw) as ds:
+        ds.set_epoch(2)
+        loader = DataLoader(ds, batch_size=None)
+        it = iter(loader)
+        head = [next(it) for _ in range(3)]
+        state = ds.state_dict()
+        assert (state["epoch"], state["position"]) == (2, 12)
+    with ParallelIterableDataset(path, **kw) as ds:
+        ds.load_state_dict(state)
+        tail = list(DataLoader(ds, batch_size=None))
+    with ParallelIterableDataset(path, **kw) as ds:
+        ds.set_epoch(2)
+        whole = list(DataLoader(ds, batch_size=None))
+    assert [list(b) for b in head + tail] == [list(b) for b in whole]
+
+
+def test_torchrun_ddp_two_ranks_gloo_equal_steps(tmp_path, no_leaks):
+    """examples/ddp_train.py under torchrun with 2 processes (gloo, CPU): 101 samples, even_shards="pad",
+    a global shuffle per epoch: both ranks finish every epoch with equal step counts, together they see
+    every sample each epoch, and each rank's default workers is the CPUs divided by LOCAL_WORLD_SIZE."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           "2", os.path.join(root, "examples", "ddp_train.py"), "--data", str(tmp_path / "d"),
+                           "--epochs", "3", "--samples", "101", "--batch-size", "8"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["world"] == 2
+    assert report["steps"] == [[7, 7]] * 3           # ceil(ceil(101 / 2) / 8) steps each, every epoch
+    assert report["samples_seen"] == [True] * 3
+    assert report["workers_per_rank"] == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert (report["state"]["epoch"], report["state"]["position"]) == (3, 0)

@@ -26,6 +26,7 @@ subclass) do.
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Optional
@@ -69,6 +70,24 @@ def to_torch(batch: Any, *, pin_memory: bool = False) -> Any:
         return tensor.pin_memory() if pin else tensor
 
     return map_arrays(batch, convert)
+
+
+def _check_not_batched_again(reader: Any, caller: Any) -> None:
+    """``DataLoader(ds)`` with its default ``batch_size=1`` would batch the reader's batches again and
+    yield ``[1, 64, ...]`` tensors without a word: refuse it.  The DataLoader's fetcher is the caller
+    of ``iter(dataset)``; its ``auto_collation`` says whether it batches."""
+    if reader.batch_size is None:
+        return  # single samples: batching them in the DataLoader is what the user asked for
+    try:
+        from torch.utils.data._utils.fetch import _IterableDatasetFetcher
+    except ImportError:  # pragma: no cover - a torch without it: nothing to check against
+        return
+    fetcher = caller.f_locals.get("self") if caller is not None else None
+    if isinstance(fetcher, _IterableDatasetFetcher) and getattr(fetcher, "auto_collation", False):
+        raise TypeError(
+            f"this ParallelIterableDataset already yields batches of {reader.batch_size}, and the "
+            f"DataLoader would batch them again (its batch_size defaults to 1: [1, {reader.batch_size}, "
+            f"...] tensors): use DataLoader(dataset, batch_size=None)")
 
 
 def _check_not_in_worker() -> None:
@@ -168,8 +187,22 @@ def _make_dataset_class() -> type:
 
         def __iter__(self):
             _check_not_in_worker()
+            _check_not_batched_again(self.reader, sys._getframe(1))
             items = iter(self.reader)  # starts the pass now (processes on the first one)
             return self._epoch(items)
+
+        def set_epoch(self, epoch: int) -> None:
+            """The next pass is epoch ``epoch`` (:meth:`ParallelReader.set_epoch`): call it before each
+            epoch with the same value on every rank, as with ``DistributedSampler``."""
+            self.reader.set_epoch(epoch)
+
+        def state_dict(self) -> dict:
+            """:meth:`ParallelReader.state_dict`: the epoch and position after the last batch handed out."""
+            return self.reader.state_dict()
+
+        def load_state_dict(self, state: dict) -> None:
+            """:meth:`ParallelReader.load_state_dict`: the next pass is the rest of that epoch."""
+            self.reader.load_state_dict(state)
 
         def _epoch(self, items):
             try:

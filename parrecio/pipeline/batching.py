@@ -25,7 +25,7 @@ from ..errors import CorruptRecordError, DecodeError
 from .run import Span
 from .slots import SlotLayout
 
-__all__ = ["collate", "shaper", "batches", "unbatched"]
+__all__ = ["collate", "shaper", "batches", "unbatched", "position"]
 
 
 def collate(values: List[Any]) -> Any:
@@ -83,11 +83,12 @@ def unbatched(spans: Iterator[Span], layout: SlotLayout, kind: str,
                     cols[f] = _with_parts(cols[f], parts, len(spec), sp.n)
                 elif (f, None) in fixed:
                     cols[f] = list(fixed[(f, None)])
-        if nf == 1:
-            for v in cols[0]:
-                yield shape((v,))
+        if nf == 1:  # j: read by position(), nothing is stored per sample
+            col = cols[0]
+            for j in range(sp.n):
+                yield shape((col[j],))
         else:
-            for values in zip(*cols):
+            for j, values in enumerate(zip(*cols)):
                 yield shape(values)
 
 
@@ -152,15 +153,33 @@ def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: Slo
                 have += head.n
                 if have == batch_size:
                     cols = _columns(buf, layout, nfields)
+                    pos = buf[-1].seq + buf[-1].n  # read by position()
                     buf, have = [], 0
                     yield shape(tuple(cols))
     except (DecodeError, CorruptRecordError):
         if buf:
             cols = _columns(buf, layout, nfields)
+            pos = buf[-1].seq + buf[-1].n
             buf = []
             yield shape(tuple(cols))
         raise
     if buf and not drop_last:
         cols = _columns(buf, layout, nfields)
+        pos = buf[-1].seq + buf[-1].n
         buf = []
         yield shape(tuple(cols))
+
+
+def position(items: Iterator[Any]) -> Optional[int]:
+    """The stream position (sequence number) after the last sample that ``items`` -- a suspended
+    :func:`unbatched` or :func:`batches` generator -- has yielded; None before its first item or once
+    it is done.  Read from the generator's frame, so that the loops store nothing per sample."""
+    frame = getattr(items, "gi_frame", None)
+    if frame is None:
+        return None
+    loc = frame.f_locals
+    if "pos" in loc:
+        return loc["pos"]
+    if "j" in loc and "sp" in loc:
+        return loc["sp"].seq + loc["j"] + 1
+    return None

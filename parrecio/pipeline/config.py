@@ -42,6 +42,7 @@ class PipelineConfig:
     max_record_bytes: int
     num_shards: int
     shard_index: int
+    even_shards: Optional[str]         # None | "pad" | "drop": equal shard lengths (parrecio.pipeline.plan)
     shuffle: Optional[str]             # None | "buffer" | "index"
     shuffle_buffer: int                # groups
     seed: int
@@ -63,6 +64,12 @@ class PipelineConfig:
     @property
     def nfields(self) -> int:
         return len(self.decoders)
+
+    @property
+    def by_index(self) -> bool:
+        """Groups are read by their ``.idx`` offsets (a global shuffle, or equal shards of indexed
+        files), not by streaming the files."""
+        return bool(self.index_paths) and (self.shuffle == "index" or self.even_shards is not None)
 
     @property
     def slot_size(self) -> int:

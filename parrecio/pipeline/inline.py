@@ -52,6 +52,7 @@ from ..decoders.basic import Json
 from ..errors import CorruptRecordError, DecodeError
 from ..recordio import RecordReader
 from .batching import collate, shaper
+from .plan import EvenShards, indexed_order
 from .run import _ended
 
 log = logging.getLogger("parrecio")
@@ -114,10 +115,12 @@ class InlineRun:
 
     chunks = ()  # nothing waits between processes
 
-    def __init__(self, res: Any, epoch: int) -> None:
+    def __init__(self, res: Any, epoch: int, skip: int = 0) -> None:
         self.res = res            # the ParallelReader's Resources (only its source and stats are used)
         self.cfg = res.cfg
         self.epoch = epoch
+        self.skip = skip          # groups of this shard's order already delivered (a resumed epoch)
+        self.end_seq: Optional[int] = None  # the position reached, once the pass's generator is done
         self.nf = self.cfg.nfields
         self.stats = res.stats
         self.thread = threading.current_thread()
@@ -142,6 +145,15 @@ class InlineRun:
     # -- lifecycle (as Run) ------------------------------------------------------------------------
     def ring_in_use(self) -> int:
         return 0
+
+    def position(self) -> int:
+        """Groups of this shard's order consumed so far: delivered, or failed and skipped.  Read from
+        the pass's suspended generator (its ``seq``), so that the per-record loops store nothing."""
+        gen = self._gen() if self._gen is not None else None
+        frame = gen.gi_frame if gen is not None else None
+        if frame is not None and "seq" in frame.f_locals:
+            return frame.f_locals["seq"]
+        return self.end_seq if self.end_seq is not None else self.skip
 
     def abort(self) -> None:
         """End the pass from outside (close(), a new pass): the consumer's iterator raises if resumed."""
@@ -180,7 +192,8 @@ class InlineRun:
         generator holds it (the run is held by the owner: no reference cycle)."""
         cfg = self.cfg
         if (self.nf == 1 and kind == "single" and batch_size is None and cfg.shuffle is None
-                and cfg.num_shards == 1 and self.kinds[0] != _FIXED and self.kinds[0] != _TUPLE):
+                and cfg.num_shards == 1 and cfg.even_shards is None and not self.skip
+                and self.kinds[0] != _FIXED and self.kinds[0] != _TUPLE):
             gen = self._single(on_end)
         else:
             gen = self._general(batch_size, drop_last, kind, names, on_end)
@@ -233,6 +246,7 @@ class InlineRun:
             self.completed = True
         finally:
             streams.close()
+            self.end_seq = seq
             self.records += seq + failed
             self.nbytes += nbytes
             self._count(seq - skipped, skipped, on_end)
@@ -253,12 +267,16 @@ class InlineRun:
             new_arrays, new_lists, columns = self._batch_parts(batch_size, shape)
         arrays = lists = None
         row = 0           # samples in the batch being filled
-        seq = skipped = delivered = 0
+        seq = self.skip   # position in this shard's order (read by position())
+        skipped = delivered = 0
         err = None
         groups = self._groups()
         try:
             try:
                 for parts, offset, source in groups:
+                    if parts is None:  # a group the index lists but that cannot be read (skipped)
+                        seq += 1
+                        continue
                     if batched and arrays is None:
                         arrays, lists = new_arrays(), new_lists()
                     vals: List[Any] = [None] * nf
@@ -334,6 +352,7 @@ class InlineRun:
             self.completed = True
         finally:
             groups.close()
+            self.end_seq = seq
             self._count(delivered, skipped, on_end)
 
     # -- decoding helpers --------------------------------------------------------------------------
@@ -457,30 +476,49 @@ class InlineRun:
     def _groups(self) -> Iterator[Any]:
         """``(payloads, first_offset, source)`` per group of this shard, in delivery order, exactly as
         the reader process forms and orders them (:meth:`parrecio.pipeline.reader_proc._Reader.run`):
-        the same shard filter, the same draws from ``default_rng([seed, epoch])`` in the same order."""
+        the same shard filter, equal shards and draws from ``default_rng([seed, epoch])`` in the same
+        order, the same groups left out first in a resumed epoch.  ``(None, offset, source)`` stands
+        for a group the index lists but that cannot be read (skipped)."""
         cfg = self.cfg
-        rng = np.random.default_rng([cfg.seed, self.epoch]) if cfg.shuffle is not None else None
-        if cfg.shuffle == "index":
-            yield from self._indexed(rng)
+        if cfg.by_index:
+            yield from self._indexed()
             return
-        buf: list = []  # the shuffle buffer
+        rng = np.random.default_rng([cfg.seed, self.epoch]) if cfg.shuffle is not None else None
+        skip = self.skip
         streams = self._streams()
         try:
-            yield from self._stream_groups(streams, rng, buf)
+            groups = self._stream_groups(streams)
+            if cfg.shuffle == "buffer":
+                groups = self._shuffled(groups, rng)
+            for item in groups:
+                if skip:  # a resumed epoch: delivered before
+                    skip -= 1
+                    continue
+                yield item
         finally:
             streams.close()
-        if cfg.shuffle == "buffer":  # what is left in the buffer, in random order
-            for i in rng.permutation(len(buf)):
-                yield buf[i]
-            buf.clear()
 
-    def _stream_groups(self, streams: Iterator[Any], rng: Any, buf: list) -> Iterator[Any]:
-        """The groups of each stream in turn (:meth:`parrecio.pipeline.reader_proc._Reader._read_stream`);
-        through the shuffle buffer ``buf`` when shuffling."""
+    def _shuffled(self, groups: Iterator[Any], rng: Any) -> Iterator[Any]:
+        """Through a shuffle buffer of ``shuffle_buffer`` groups: once it is full, each new group swaps
+        with a random one, which goes out; at the end the rest in random order."""
+        capacity, buf = self.cfg.shuffle_buffer, []
+        for item in groups:
+            if len(buf) < capacity:
+                buf.append(item)
+                continue
+            i = int(rng.integers(len(buf)))
+            buf[i], item = item, buf[i]
+            yield item
+        for i in rng.permutation(len(buf)):
+            yield buf[i]
+
+    def _stream_groups(self, streams: Iterator[Any]) -> Iterator[Any]:
+        """This shard's groups of each stream in turn, in stream order
+        (:meth:`parrecio.pipeline.reader_proc._Reader._frame`), equal shards applied."""
         cfg, nf = self.cfg, self.nf
-        shuffling = cfg.shuffle == "buffer"
-        capacity = cfg.shuffle_buffer
         num_shards, shard = cfg.num_shards, cfg.shard_index
+        even = EvenShards(num_shards, shard, cfg.even_shards) if cfg.even_shards is not None else None
+        hold = cfg.shuffle == "buffer" or even is not None  # groups outlive the reader's next step
         group_index = 0   # groups seen in the stream (all shards)
         last = nf - 1
         for source, reader in streams:
@@ -502,24 +540,22 @@ class InlineRun:
                         first_offset = offset
                         if num_shards > 1:
                             keep = group_index % num_shards == shard
+                            if even is not None and not keep:
+                                keep = even.wants_copy(group_index)
                     if not keep:
                         parts.append(None)
-                    elif shuffling or len(parts) < last:
+                    elif hold or len(parts) < last:
                         parts.append(bytes(view))  # kept past this step of the reader
                     else:
                         parts.append(view)  # the group's last record: decoded before the next step
                     if len(parts) == nf:
+                        g = group_index
                         group_index += 1
-                        if not keep:
+                        if even is not None:
+                            self.sharded_out += g % num_shards != shard
+                            yield from even.group(g, (parts, first_offset, source) if keep else None)
+                        elif not keep:
                             self.sharded_out += 1
-                        elif shuffling:  # once the buffer is full, each new group swaps with a random one
-                            item = (parts, first_offset, source)
-                            if len(buf) < capacity:
-                                buf.append(item)
-                            else:
-                                i = int(rng.integers(len(buf)))
-                                buf[i], item = item, buf[i]
-                                yield item
                         else:
                             yield parts, first_offset, source
                         parts = []
@@ -532,37 +568,37 @@ class InlineRun:
                 if cfg.on_error == "raise":
                     raise CorruptRecordError(msg, first_offset, source=source)
                 self.skipped_groups += 1
+        if even is not None:
+            yield from even.end(group_index)
 
-    def _indexed(self, rng: Any) -> Iterator[Any]:
-        """A global permutation of the groups of every file, read by their ``.idx`` offsets (as
-        :meth:`parrecio.pipeline.reader_proc._Reader._run_indexed`)."""
+    def _indexed(self) -> Iterator[Any]:
+        """This shard's groups read by their ``.idx`` offsets, in the epoch's order
+        (:meth:`parrecio.pipeline.reader_proc._Reader._run_indexed`)."""
         from ..recordio import IndexedRecordReader
         cfg, nf = self.cfg, self.nf
         readers: list = []
-        groups: list = []
-        group_index = 0
+        offsets: list = []
         try:
-            for stream_id, (rec, idx) in enumerate(cfg.index_paths):
+            for rec, idx in cfg.index_paths:
                 r = IndexedRecordReader(rec, idx, join=cfg.join, max_record_bytes=cfg.max_record_bytes)
                 readers.append(r)
                 self._open.append(r)
-                offsets = sorted(r.offsets)
-                whole = len(offsets) // nf * nf
-                if whole < len(offsets):
-                    msg = (f"the index lists {len(offsets)} records, not a multiple of the group size "
+                offs = sorted(r.offsets)
+                whole = len(offs) // nf * nf
+                if whole < len(offs):
+                    msg = (f"the index lists {len(offs)} records, not a multiple of the group size "
                            f"{nf}: the last group is incomplete")
                     if cfg.on_error == "raise":
-                        raise CorruptRecordError(msg, offsets[whole], source=rec)
+                        raise CorruptRecordError(msg, offs[whole], source=rec)
                     self.skipped_groups += 1
-                for g in range(0, whole, nf):
-                    if group_index % cfg.num_shards == cfg.shard_index:
-                        groups.append((stream_id, offsets[g:g + nf]))
-                    else:
-                        self.sharded_out += 1
-                    group_index += 1
+                offsets.append(offs[:whole])
+            order = indexed_order([len(o) // nf for o in offsets], shuffle=cfg.shuffle is not None,
+                                  seed=cfg.seed, epoch=self.epoch, num_shards=cfg.num_shards,
+                                  shard_index=cfg.shard_index, even=cfg.even_shards)
+            self.sharded_out += max(0, sum(len(o) // nf for o in offsets) - len(order))
             st = self.stats
-            for i in rng.permutation(len(groups)):
-                stream_id, offs = groups[i]
+            for stream_id, g in order[self.skip:]:
+                offs = offsets[stream_id][g * nf:(g + 1) * nf]
                 t0 = time.perf_counter()
                 try:
                     payloads = [readers[stream_id].read_at(o) for o in offs]
@@ -571,6 +607,7 @@ class InlineRun:
                         raise
                     self.skipped_groups += 1
                     st.skipped_records += 1
+                    yield None, offs[0], cfg.index_paths[stream_id][0]
                     continue
                 finally:
                     st.read_time += time.perf_counter() - t0

@@ -33,10 +33,11 @@ from ..decoders.basic import Raw
 from ..errors import PipelineError
 from ..recordio import DEFAULT_MAX_RECORD_BYTES
 from ..sources import resolve
-from .batching import batches, unbatched
+from .batching import batches, position, unbatched
 from .children import main_is_importable
 from .config import PipelineConfig
 from .inline import InlineRun
+from .plan import EVEN_SHARDS, shard_length
 from .resources import Resources
 from .run import Run, _ended
 from .slots import SlotLayout
@@ -61,11 +62,27 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
+LOCAL_RANKS_ENV = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+
+def local_ranks() -> int:
+    """How many ranks of a distributed job share this host: ``LOCAL_WORLD_SIZE`` (torchrun, also on
+    SageMaker's ``torch_distributed``), ``OMPI_COMM_WORLD_LOCAL_SIZE`` (Open MPI, SageMaker's MPI and
+    smdistributed launchers) or ``MPI_LOCALNRANKS`` (MPICH); 1 when none is set."""
+    for name in LOCAL_RANKS_ENV:
+        value = os.environ.get(name, "")
+        if value.strip().isdigit() and int(value) >= 1:
+            return int(value)
+    return 1
+
+
 def _default_workers() -> int:
+    """The CPUs this process may use, divided among the ranks that share the host (at least 1)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS
-        return max(1, os.cpu_count() or 1)
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // local_ranks())
 
 
 class ParallelReader:
@@ -92,9 +109,18 @@ class ParallelReader:
             every sample before it was yielded; ``"skip"``: drop it, keep going, count it in ``stats``.
         join: multipart convention, ``"mxnet"`` or ``"concat"``; default: the source's (``"concat"`` for
             SageMaker Pipe-mode channels with the RecordIO wrapper, ``"mxnet"`` for everything else).
-        num_shards, shard_index: read only every ``num_shards``-th group, starting at ``shard_index``
-            (the others are skipped by the reader process, never decoded).  ``num_shards="env"`` takes
-            both from the ``WORLD_SIZE`` and ``RANK`` environment variables (torch.distributed style).
+        num_shards, shard_index: read only this rank's part of the groups (the others are skipped by the
+            reader process, never decoded): with ``.idx`` files and ``shuffle``, slice ``shard_index``
+            of the epoch's global permutation (``perm[shard_index::num_shards]``, as PyTorch's
+            DistributedSampler); otherwise every ``num_shards``-th group from ``shard_index`` on.
+            ``num_shards="env"`` takes both from the ``WORLD_SIZE`` and ``RANK`` environment variables
+            (torch.distributed style).
+        even_shards: ``None`` (default): shards differ by at most one group.  ``"pad"``: every shard
+            yields ``ceil(groups / num_shards)`` (the first groups of the order repeat to fill the last
+            row), ``"drop"``: ``floor(groups / num_shards)`` (the tail that does not divide evenly is
+            left out), so that every rank runs the same number of steps (DDP collectives).  For streams
+            the count is known only at their end: a rank holds back its group of each row until the
+            row is complete (drop) or keeps copies of the first row's groups to repeat (pad).
         ring_bytes: size of the input ring in bytes (shared memory); bounds payload bytes in flight.
         chunk_groups: groups per task sent to a decoder process (amortizes the per-task cost of ~0.1-0.5
             ms in the consumer); default ``None``: adaptive -- with fixed-shape outputs two output slots
@@ -121,6 +147,7 @@ class ParallelReader:
     def __init__(self, channel: Any, *, fields: Fields = None, workers: Optional[int] = None,
                  batch_size: Optional[int] = None, drop_last: bool = False, on_error: str = "raise",
                  join: Optional[str] = None, num_shards: Union[int, str] = 1, shard_index: int = 0,
+                 even_shards: Optional[str] = None,
                  ring_bytes: int = 64 << 20, chunk_groups: Optional[int] = None, prefetch: int = 2,
                  slot_samples: int = 64, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  start_method: Optional[str] = None, seed: int = 0, poll_interval: float = 1.0,
@@ -137,6 +164,8 @@ class ParallelReader:
         shard_index = _count("shard_index", shard_index, minimum=0)
         if not shard_index < num_shards:
             raise ValueError(f"need 0 <= shard_index < num_shards, got {shard_index} and {num_shards}")
+        if even_shards not in EVEN_SHARDS:
+            raise ValueError(f"even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
         workers = _default_workers() if workers is None else _count("workers", workers, minimum=0)
         ring_bytes = _count("ring_bytes", ring_bytes, minimum=MIN_RING_BYTES)
         chunk_groups = None if chunk_groups is None else _count("chunk_groups", chunk_groups)
@@ -167,7 +196,7 @@ class ParallelReader:
             decoders=tuple(decoders), names=tuple(names), kind=kind, passthrough=passthrough, layout=layout,
             travels=tuple(_travels(passthrough, layout)), batch_size=batch_size, drop_last=bool(drop_last),
             join=join or source.default_join, on_error=on_error, max_record_bytes=max_record_bytes,
-            num_shards=num_shards, shard_index=shard_index,
+            num_shards=num_shards, shard_index=shard_index, even_shards=even_shards,
             shuffle=None if not shuffle else "index" if index_paths else "buffer",
             shuffle_buffer=shuffle_buffer, seed=seed, index_paths=index_paths, workers=workers,
             start_method=start_method, ring_bytes=ring_bytes, chunk_groups=chunk_groups,
@@ -175,7 +204,10 @@ class ParallelReader:
             prefetch=prefetch, poll_interval=poll_interval, drain_timeout=2.0, task_timeout=task_timeout)
         res.stats.workers = workers
         self._state = State.NEW
-        self._epoch = 0
+        self._epoch = 0           # the next pass's epoch
+        self._skip = 0            # groups the next pass leaves out first (load_state_dict)
+        self._items: Any = None   # the running pass's sample/batch generator (for state_dict)
+        self._progress = (0, 0, False)  # (epoch, position, completed) where the last pass stopped
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
         self._pass_samples: Optional[int] = None  # samples of the last complete pass
 
@@ -218,8 +250,10 @@ class ParallelReader:
                 except BaseException:
                     self._state = State.CLOSED
                     raise
-            run = res.run = (InlineRun if self.workers == 0 else Run)(res, self._epoch)
+            run = res.run = (InlineRun if self.workers == 0 else Run)(res, self._epoch, self._skip)
+            self._progress = (self._epoch, self._skip, False)
             self._epoch += 1
+            self._skip = 0
             res.stats.epochs += 1
             self._state = State.RUNNING
         if self.workers == 0:  # decoded in this process; no lock or clock per item: run checks run.aborted
@@ -232,8 +266,7 @@ class ParallelReader:
         res = self._res
         with res.lock:
             res.stats.wall_time += seconds
-            if run.completed:
-                self._pass_samples = run.delivered
+            self._pass_ended(run, run.position())
             run.shutdown()
             if res.run is run:
                 res.run = None
@@ -247,6 +280,7 @@ class ParallelReader:
         else:
             items = batches(run.spans(), self.batch_size, self.drop_last, res.cfg.layout,
                             res.cfg.nfields, res.cfg.kind, res.cfg.names)
+        self._items = items
         last = start = time.perf_counter()
         first = True
         try:
@@ -269,14 +303,77 @@ class ParallelReader:
         finally:
             with res.lock:
                 st.wall_time += time.perf_counter() - last
+                pos = position(items)
+                self._items = None
                 items.close()
-                if run.completed:
-                    self._pass_samples = run.delivered
+                self._pass_ended(run, run.skip if pos is None else pos)
                 run.shutdown()
                 if res.run is run:
                     res.run = None
                     if self._state is State.RUNNING:
                         self._state = State.IDLE
+
+    def _pass_ended(self, run: Any, pos: int) -> None:
+        """Bookkeeping at the end of a pass: where it stopped, and its length when it was complete."""
+        if run.completed:
+            self._progress = (run.epoch, 0, True)
+            if not run.skip:
+                self._pass_samples = run.delivered
+        else:
+            self._progress = (run.epoch, pos, False)
+
+    # -- epochs and resuming -------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch of the pass being iterated, else of the next pass (the shuffle of epoch ``e`` is
+        drawn from ``(seed, e)``; for a SageMaker Pipe-mode channel, epoch ``e`` is its FIFO ``_e``)."""
+        run = self._res.run
+        return run.epoch if run is not None else self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch`` (as ``DistributedSampler.set_epoch``): every rank that
+        calls it with the same value gets its part of the same global order."""
+        self._epoch = _count("epoch", epoch, minimum=0)
+        self._skip = 0
+        self._progress = (self._epoch, 0, False)
+
+    def state_dict(self) -> dict:
+        """Where the data stream stands, as a small picklable dict: the epoch and the position in this
+        shard's order of that epoch after the last sample (or batch) you received -- or the start of
+        the next epoch once a pass was complete -- and the settings it depends on.  Give it to
+        :meth:`load_state_dict` of a new reader made with the same arguments to go on from there."""
+        cfg = self._res.cfg
+        run = self._res.run
+        if run is not None:  # mid-pass: after the last item handed out
+            pos = run.position() if isinstance(run, InlineRun) else position(self._items)
+            epoch, pos, done = run.epoch, run.skip if pos is None else pos, False
+        else:  # where the last pass stopped (or what set_epoch/load_state_dict set)
+            epoch, pos, done = self._progress
+        if done:
+            epoch, pos = epoch + 1, 0
+        return {"version": 1, "epoch": epoch, "position": pos, "seed": cfg.seed,
+                "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
+                "even_shards": cfg.even_shards, "shuffle": cfg.shuffle is not None,
+                "source": str(self._res.source.name)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next pass is the rest of that epoch, in the same order as
+        an uninterrupted run (the reader leaves out the groups delivered before; they are read but
+        never decoded).  Raises ``ValueError`` when the state comes from a reader with another seed,
+        sharding or shuffle, and ``PipelineError`` while a pass is being iterated."""
+        cfg = self._res.cfg
+        if self._res.run is not None:
+            raise PipelineError("load_state_dict() while a pass is being iterated: call it before "
+                                "the next `for` loop")
+        mine = {"seed": cfg.seed, "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
+                "even_shards": cfg.even_shards, "shuffle": cfg.shuffle is not None}
+        for key, value in mine.items():
+            if key in state and state[key] != value:
+                raise ValueError(f"state_dict was saved with {key}={state[key]!r}, this reader has "
+                                 f"{key}={value!r}: make the reader with the same arguments")
+        self._epoch = _count("epoch", state["epoch"], minimum=0)
+        self._skip = _count("position", state["position"], minimum=0)
+        self._progress = (self._epoch, self._skip, False)
 
     def __len__(self) -> int:
         """Samples (or batches, with ``batch_size``) per pass.  Known from the ``.idx`` files when every
@@ -287,7 +384,7 @@ class ParallelReader:
             from ..recordio import read_index
             cfg = self._res.cfg
             groups = sum(len(read_index(idx)) // len(cfg.decoders) for _, idx in cfg.index_paths)
-            n = max(0, -(-(groups - cfg.shard_index) // cfg.num_shards))
+            n = shard_length(groups, cfg.num_shards, cfg.shard_index, cfg.even_shards)
         if n is None:
             raise TypeError("the number of samples is not known before a first complete pass "
                             "(no .idx file next to every .rec file)")

@@ -47,6 +47,7 @@ from ..errors import CorruptRecordError, ParrecioError
 from ..recordio import RecordReader
 from .config import PipelineConfig
 from .mapped import map_stream
+from .plan import EvenShards, indexed_order
 from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
 from .poller import Poller
 from .ring import RingWriter
@@ -67,6 +68,7 @@ class ReaderJob:
     epoch: int
     ring_name: str              # the input ring's shared-memory segment
     prefix: str                 # shm name prefix for one-off segments; swept if the consumer dies
+    skip: int = 0               # groups of this shard's order to leave out first (a resumed epoch)
 
 
 class _Stopped(Exception):
@@ -115,12 +117,14 @@ class _Reader:
         self.stats = _Stats()
         self.poller = Poller()
         self.cpu0 = time.process_time()
-        self.seq = 0          # next sequence number (groups of this shard)
+        self.seq = job.skip   # next sequence number (groups of this shard's order; a resumed epoch
+        self.skip = job.skip  # starts past the groups it leaves out, which are never sent)
         self.group_index = 0  # groups seen in the stream (all shards)
         self.pending = _Pending()
         self.group_end = 0        # ring position after the last complete group: what a chunk may release
         self.sent_end = 0         # the group_end of the last chunk sent
         self.windows: Optional[RingWindows] = None  # the stream being read into the ring, if it is
+        self.even: Optional[EvenShards] = None      # equal shard lengths of a stream (set by run())
         self.n_oneoff = 0
         self.oneoff_inflight = 0  # bytes of one-off segments sent and not yet released
         self.mapped_inflight = 0  # bytes of mapped groups sent and not yet released
@@ -198,7 +202,11 @@ class _Reader:
 
     def _emit_group(self, stream_id: int, payloads: list, first_offset: int) -> None:
         """A complete group held in this process (shuffled, read by index, or too big for the ring):
-        into the ring if it fits in half of it, else into a one-off segment."""
+        into the ring if it fits in half of it, else into a one-off segment.  Left out while a resumed
+        epoch's delivered groups are skipped."""
+        if self.skip:
+            self.skip -= 1
+            return
         ring = self.ring
         if ring.span([len(b) for b in payloads]) > ring.max_span:
             self._emit_oneoff(stream_id, payloads, first_offset)
@@ -280,10 +288,12 @@ class _Reader:
             import numpy as np
             self.rng = np.random.default_rng([cfg.seed, self.job.epoch])
             self.shuffle_buf: list = []
-        if cfg.shuffle == "index":
+        if cfg.by_index:
             self._run_indexed()
             self.flush()
             return
+        self.even = (EvenShards(cfg.num_shards, cfg.shard_index, cfg.even_shards)
+                     if cfg.even_shards is not None else None)
         for stream_id, stream in enumerate(self.job.source.streams(self.job.epoch)):
             self.flush()
             self.data.send(StreamStart(stream_id, stream.name))
@@ -294,12 +304,22 @@ class _Reader:
                     stream.file.close()
                 except OSError:
                     pass
+        if self.even is not None:  # the epoch's length is known now: the held-back or repeated groups
+            for item in self.even.end(self.group_index):
+                self._group_done(*item)
         if cfg.shuffle == "buffer":  # what is left in the buffer, in random order
             buf = self.shuffle_buf
             for i in self.rng.permutation(len(buf)):
                 self._emit_group(*buf[i])
             buf.clear()
         self.flush()
+
+    def _group_done(self, stream_id: int, parts: list, first_offset: int) -> None:
+        """A complete group of this shard, held here: through the shuffle buffer, or out."""
+        if self.cfg.shuffle == "buffer":
+            self._shuffled(stream_id, parts, first_offset)
+        else:
+            self._emit_group(stream_id, parts, first_offset)
 
     def _shuffled(self, stream_id: int, parts: list, first_offset: int) -> None:
         """Through the shuffle buffer: once it is full, each new group swaps with a random one there,
@@ -314,31 +334,34 @@ class _Reader:
         self._emit_group(*item)
 
     def _run_indexed(self) -> None:
-        """A global permutation of the groups of every file, read by their ``.idx`` offsets."""
+        """The groups of every file read by their ``.idx`` offsets, in this shard's order of the epoch
+        (:func:`parrecio.pipeline.plan.indexed_order`: a global permutation, then the shard's slice)."""
         from ..recordio import IndexedRecordReader
         cfg, st, nf = self.cfg, self.stats, self.cfg.nfields
-        readers, groups = [], []
+        readers, offsets = [], []
         try:
             for stream_id, (rec, idx) in enumerate(cfg.index_paths):
                 r = IndexedRecordReader(rec, idx, join=cfg.join, max_record_bytes=cfg.max_record_bytes)
                 readers.append(r)
                 self.data.send(StreamStart(stream_id, rec))
-                offsets = sorted(r.offsets)
-                whole = len(offsets) // nf * nf
-                if whole < len(offsets):
-                    msg = (f"the index lists {len(offsets)} records, not a multiple of the group size "
+                offs = sorted(r.offsets)
+                whole = len(offs) // nf * nf
+                if whole < len(offs):
+                    msg = (f"the index lists {len(offs)} records, not a multiple of the group size "
                            f"{nf}: the last group is incomplete")
                     if cfg.on_error == "raise":
-                        raise CorruptRecordError(msg, offsets[whole], source=rec)
+                        raise CorruptRecordError(msg, offs[whole], source=rec)
                     st.skipped_groups += 1
-                for g in range(0, whole, nf):
-                    if self.group_index % cfg.num_shards == cfg.shard_index:
-                        groups.append((stream_id, offsets[g:g + nf]))
-                    else:
-                        st.sharded_out += 1
-                    self.group_index += 1
-            for i in self.rng.permutation(len(groups)):
-                stream_id, offs = groups[i]
+                offsets.append(offs[:whole])
+            order = indexed_order([len(o) // nf for o in offsets], shuffle=cfg.shuffle is not None,
+                                  seed=cfg.seed, epoch=self.job.epoch, num_shards=cfg.num_shards,
+                                  shard_index=cfg.shard_index, even=cfg.even_shards)
+            st.sharded_out += max(0, sum(len(o) // nf for o in offsets) - len(order))
+            # A resumed epoch starts at its position in the order (self.seq == skip); a group that
+            # cannot be read still takes its place in the order, so positions stay those of the order.
+            skip, self.skip = self.skip, 0
+            for stream_id, g in order[skip:]:
+                offs = offsets[stream_id][g * nf:(g + 1) * nf]
                 try:
                     payloads = [readers[stream_id].read_at(o) for o in offs]
                 except CorruptRecordError:
@@ -346,6 +369,8 @@ class _Reader:
                         raise
                     st.skipped_groups += 1
                     st.skipped_records += 1
+                    self.flush()  # a chunk's groups have consecutive positions
+                    self.seq += 1
                     continue
                 st.records += nf
                 st.bytes += sum(map(len, payloads))
@@ -400,7 +425,9 @@ class _Reader:
         mm, segment, start = mapped if mapped is not None else (None, None, 0)
         nf, num_shards, shard = cfg.nfields, cfg.num_shards, cfg.shard_index
         shuffling = cfg.shuffle == "buffer"
-        if mm is not None and nf == 1 and num_shards == 1 and not shuffling:
+        even = self.even
+        hold_all = shuffling or even is not None  # every group is held here: copied out as it is read
+        if mm is not None and nf == 1 and num_shards == 1 and not hold_all and not self.skip:
             self._frame_flat(stream_id, reader, mm, segment, start)
             return
         ring, mem = self.ring, self.mem
@@ -409,7 +436,7 @@ class _Reader:
         ringobj = win.obj if win is not None else None
         max_span = ring.max_span
         parts: list = []  # (ring offset, length) while placed; bytes once held; None when sharded out
-        held = shuffling
+        held = hold_all
         floor = 0         # ring position where the group being read starts
         first_offset = 0
         skipped_seen = 0
@@ -423,7 +450,7 @@ class _Reader:
                         st.skipped_groups += 1
                         if not held and keep and mm is None and win is None:
                             ring.rewind(floor)
-                        parts, held = [], shuffling
+                        parts, held = [], hold_all
                         if win is not None:
                             win.floor = None
                 n = len(view)
@@ -434,6 +461,8 @@ class _Reader:
                     floor = ring.head
                     if num_shards > 1:
                         keep = self.group_index % num_shards == shard
+                        if even is not None and not keep:  # pad: the first row is repeated at the end
+                            keep = even.wants_copy(self.group_index)
                     if win is not None:  # where the group lies in the ring (if it does: in a window)
                         floor = offset + win.shift if view.obj is ringobj else None
                         win.floor = floor if keep else None
@@ -468,11 +497,16 @@ class _Reader:
                         parts.append((off, n))
                         copied += n
                 if len(parts) == nf:
+                    g = self.group_index
                     self.group_index += 1
                     if win is not None:  # framed up to the end of this record (a joined one: its start)
                         win.floor = None
                         win.unframed = offset + win.shift + (8 + ((n + 3) & -4) if view.obj is ringobj else 0)
-                    if not keep:
+                    if even is not None:
+                        st.sharded_out += g % num_shards != shard
+                        for item in even.group(g, (stream_id, parts, first_offset) if keep else None):
+                            self._group_done(*item)
+                    elif not keep:
                         st.sharded_out += 1
                         if win is not None:
                             self._advance(win.watermark())  # its bytes are garbage: released with the next chunk
@@ -480,9 +514,13 @@ class _Reader:
                         self._shuffled(stream_id, parts, first_offset)
                     elif held:
                         self._emit_group(stream_id, parts, first_offset)
+                    elif self.skip:  # a resumed epoch: groups already delivered before
+                        self.skip -= 1
+                        if win is not None:
+                            self._advance(win.watermark())
                     else:
                         self._emit_placed(stream_id, parts, first_offset, segment)
-                    parts, held = [], shuffling
+                    parts, held = [], hold_all
         finally:
             st.records += records
             st.bytes += nbytes

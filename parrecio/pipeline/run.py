@@ -96,10 +96,11 @@ def _ended() -> PipelineError:
 class Run:
     """One pass over the stream.  Created and driven by :class:`parrecio.ParallelReader`."""
 
-    def __init__(self, res: Any, epoch: int) -> None:
+    def __init__(self, res: Any, epoch: int, skip: int = 0) -> None:
         self.res = res              # the ParallelReader's Resources: pool, ring, slots, source, stats
         self.cfg = cfg = res.cfg    # its PipelineConfig
         self.epoch = epoch
+        self.skip = skip            # groups of this shard's order already delivered (a resumed epoch)
         self.nf = cfg.nfields
         self.chunks: Deque[_ChunkState] = deque()   # received, not yet delivered (oldest first)
         self.undispatched: Deque[_ChunkState] = deque()
@@ -124,7 +125,7 @@ class Run:
         self.mapped = MappedFiles()  # files read in place, for passthrough fields
         self.copied = [f for f, p in enumerate(cfg.passthrough) if p]  # payloads the consumer copies
         try:
-            self.reader = ReaderHandle(res.ctx, cfg, ReaderJob(res.source, epoch, res.ring.name, res.prefix),
+            self.reader = ReaderHandle(res.ctx, cfg, ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip),
                                        res.lifeline_r)
         except BaseException:
             self.closed = True

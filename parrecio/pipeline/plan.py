@@ -1,0 +1,97 @@
+"""Which groups a shard reads in an epoch, and in what order: pure functions, no I/O, no processes.
+
+::
+
+    indexed files (.idx):  all groups of all files --permutation(seed, epoch)--> global order
+                           --pad / drop to a multiple of num_shards--> rank r takes order[r::num_shards]
+    streams:               group g goes to rank g % num_shards as it arrives; EvenShards holds a rank's
+                           group until its row of num_shards groups is complete (drop), and keeps copies
+                           of the first row's groups to repeat at the end (pad)
+
+The reader process (:mod:`parrecio.pipeline.reader_proc`) and ``workers=0``
+(:mod:`parrecio.pipeline.inline`) both take their orders from here, so that they deliver the same samples
+in the same order.  As in PyTorch's ``DistributedSampler``: the permutation is drawn over the whole data
+set *before* it is split, so every epoch gives each rank a different part and the ranks together see
+every group exactly once; ``pad`` repeats the first groups of the order to fill the last row, ``drop``
+leaves out the groups past the last full row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["EVEN_SHARDS", "indexed_order", "shard_length", "EvenShards"]
+
+EVEN_SHARDS = (None, "pad", "drop")
+
+
+def _rng(seed: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch])
+
+
+def indexed_order(counts: Sequence[int], *, shuffle: bool, seed: int, epoch: int, num_shards: int,
+                  shard_index: int, even: Optional[str]) -> List[Tuple[int, int]]:
+    """``(file, group)`` pairs that shard ``shard_index`` reads in ``epoch``, in order, for files of
+    ``counts[i]`` groups each."""
+    total = int(sum(counts))
+    starts = np.cumsum([0] + list(counts))
+    order = _rng(seed, epoch).permutation(total) if shuffle else np.arange(total)
+    if even == "drop":
+        order = order[:total - total % num_shards]
+    elif even == "pad" and total % num_shards:
+        pad = num_shards - total % num_shards
+        order = np.concatenate([order, np.resize(order, pad)]) if total else order
+    mine = order[shard_index::num_shards]
+    files = np.searchsorted(starts, mine, side="right") - 1
+    return [(int(f), int(g - starts[f])) for f, g in zip(files, mine)]
+
+
+def shard_length(total: int, num_shards: int, shard_index: int, even: Optional[str]) -> int:
+    """Groups shard ``shard_index`` reads out of ``total``."""
+    if even == "drop":
+        return total // num_shards
+    if even == "pad":
+        return -(-total // num_shards) if total else 0
+    return max(0, -(-(total - shard_index) // num_shards))
+
+
+class EvenShards:
+    """Equal shard lengths for a stream, whose length is known only at its end.
+
+    Feed it every group of the epoch in stream order (``group(g, item)``, ``item`` None for a group
+    of another shard that need not be kept); it returns the items to emit now.  ``end(total)`` returns
+    what is left to emit when the epoch's ``total`` groups are known.  Holding costs one group per
+    shard (drop), and copies of the first row's groups before this shard's (pad)."""
+
+    def __init__(self, num_shards: int, shard_index: int, even: str) -> None:
+        self.n, self.r, self.even = num_shards, shard_index, even
+        self.held: Any = None          # our group of the row in progress (drop: emitted when it completes)
+        self.held_row = -1
+        self.first_row: List[Any] = []  # pad: groups 0 .. r-1 (another shard's, repeated at the end)
+
+    def wants_copy(self, g: int) -> bool:
+        """Whether group ``g`` of another shard must be kept (pad: the first row before ours)."""
+        return self.even == "pad" and g < self.r
+
+    def group(self, g: int, item: Any) -> List[Any]:
+        out: List[Any] = []
+        if self.held is not None and g >= (self.held_row + 1) * self.n - 1:
+            out.append(self.held)  # its row is complete (this is the row's last group, or later)
+            self.held = None
+        if g % self.n == self.r:
+            if self.even == "drop" and g < (g // self.n + 1) * self.n - 1:
+                self.held, self.held_row = item, g // self.n
+            else:
+                out.append(item)
+        elif self.wants_copy(g):
+            self.first_row.append(item)
+        return out
+
+    def end(self, total: int) -> List[Any]:
+        self.held = None  # drop: a row still incomplete at the end is the tail that is left out
+        if self.even == "pad" and total % self.n and self.r >= total % self.n:
+            # the padding repeats the order from its start, cyclically (DistributedSampler's rule)
+            return [self.first_row[(self.r - total % self.n) % total]]
+        return []
