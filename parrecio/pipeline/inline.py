@@ -52,7 +52,7 @@ from ..decoders.basic import Json
 from ..errors import CorruptRecordError, DecodeError
 from ..recordio import RecordReader
 from .batching import collate, shaper
-from .plan import EvenShards, indexed_order
+from .plan import EvenShards, epoch_order, whole_groups
 from .run import _ended
 
 log = logging.getLogger("parrecio")
@@ -583,19 +583,11 @@ class InlineRun:
                 r = IndexedRecordReader(rec, idx, join=cfg.join, max_record_bytes=cfg.max_record_bytes)
                 readers.append(r)
                 self._open.append(r)
-                offs = sorted(r.offsets)
-                whole = len(offs) // nf * nf
-                if whole < len(offs):
-                    msg = (f"the index lists {len(offs)} records, not a multiple of the group size "
-                           f"{nf}: the last group is incomplete")
-                    if cfg.on_error == "raise":
-                        raise CorruptRecordError(msg, offs[whole], source=rec)
-                    self.skipped_groups += 1
-                offsets.append(offs[:whole])
-            order = indexed_order([len(o) // nf for o in offsets], shuffle=cfg.shuffle is not None,
-                                  seed=cfg.seed, epoch=self.epoch, num_shards=cfg.num_shards,
-                                  shard_index=cfg.shard_index, even=cfg.even_shards)
-            self.sharded_out += max(0, sum(len(o) // nf for o in offsets) - len(order))
+                offs, cut = whole_groups(r.offsets, nf, rec, cfg.on_error)
+                self.skipped_groups += cut
+                offsets.append(offs)
+            order, others = epoch_order(cfg, self.epoch, offsets)
+            self.sharded_out += others
             st = self.stats
             for stream_id, g in order[self.skip:]:
                 offs = offsets[stream_id][g * nf:(g + 1) * nf]

@@ -22,7 +22,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["EVEN_SHARDS", "indexed_order", "shard_length", "EvenShards"]
+from ..errors import CorruptRecordError
+
+__all__ = ["EVEN_SHARDS", "indexed_order", "shard_length", "whole_groups", "epoch_order", "EvenShards"]
 
 EVEN_SHARDS = (None, "pad", "drop")
 
@@ -46,6 +48,27 @@ def indexed_order(counts: Sequence[int], *, shuffle: bool, seed: int, epoch: int
     mine = order[shard_index::num_shards]
     files = np.searchsorted(starts, mine, side="right") - 1
     return [(int(f), int(g - starts[f])) for f, g in zip(files, mine)]
+
+
+def whole_groups(offsets: Sequence[int], nf: int, source: str, on_error: str) -> Tuple[List[int], bool]:
+    """An index's record offsets, sorted and cut to whole groups of ``nf`` records, and whether an
+    incomplete last group was left out (under ``on_error="skip"``; ``"raise"`` raises)."""
+    offs = sorted(offsets)
+    whole = len(offs) // nf * nf
+    if whole < len(offs) and on_error == "raise":
+        raise CorruptRecordError(f"the index lists {len(offs)} records, not a multiple of the group size "
+                                 f"{nf}: the last group is incomplete", offs[whole], source=source)
+    return offs[:whole], whole < len(offs)
+
+
+def epoch_order(cfg: Any, epoch: int, offsets: Sequence[Sequence[int]]) -> Tuple[List[Tuple[int, int]], int]:
+    """This shard's ``(file, group)`` order of ``epoch`` for files whose whole groups start at
+    ``offsets[file]`` (``cfg``: a PipelineConfig), and how many groups are left to the other shards."""
+    nf = cfg.nfields
+    counts = [len(o) // nf for o in offsets]
+    order = indexed_order(counts, shuffle=cfg.shuffle is not None, seed=cfg.seed, epoch=epoch,
+                          num_shards=cfg.num_shards, shard_index=cfg.shard_index, even=cfg.even_shards)
+    return order, max(0, sum(counts) - len(order))
 
 
 def shard_length(total: int, num_shards: int, shard_index: int, even: Optional[str]) -> int:

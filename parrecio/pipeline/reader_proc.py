@@ -47,7 +47,7 @@ from ..errors import CorruptRecordError, ParrecioError
 from ..recordio import RecordReader
 from .config import PipelineConfig
 from .mapped import map_stream
-from .plan import EvenShards, indexed_order
+from .plan import EvenShards, epoch_order, whole_groups
 from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
 from .poller import Poller
 from .ring import RingWriter
@@ -344,19 +344,11 @@ class _Reader:
                 r = IndexedRecordReader(rec, idx, join=cfg.join, max_record_bytes=cfg.max_record_bytes)
                 readers.append(r)
                 self.data.send(StreamStart(stream_id, rec))
-                offs = sorted(r.offsets)
-                whole = len(offs) // nf * nf
-                if whole < len(offs):
-                    msg = (f"the index lists {len(offs)} records, not a multiple of the group size "
-                           f"{nf}: the last group is incomplete")
-                    if cfg.on_error == "raise":
-                        raise CorruptRecordError(msg, offs[whole], source=rec)
-                    st.skipped_groups += 1
-                offsets.append(offs[:whole])
-            order = indexed_order([len(o) // nf for o in offsets], shuffle=cfg.shuffle is not None,
-                                  seed=cfg.seed, epoch=self.job.epoch, num_shards=cfg.num_shards,
-                                  shard_index=cfg.shard_index, even=cfg.even_shards)
-            st.sharded_out += max(0, sum(len(o) // nf for o in offsets) - len(order))
+                offs, cut = whole_groups(r.offsets, nf, rec, cfg.on_error)
+                st.skipped_groups += cut
+                offsets.append(offs)
+            order, others = epoch_order(cfg, self.job.epoch, offsets)
+            st.sharded_out += others
             # A resumed epoch starts at its position in the order (self.seq == skip); a group that
             # cannot be read still takes its place in the order, so positions stay those of the order.
             skip, self.skip = self.skip, 0
