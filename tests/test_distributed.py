@@ -228,3 +228,19 @@ def test_per_rank_default_workers(monkeypatch):
 def test_even_shards_is_checked():
     with pytest.raises(ValueError, match="even_shards must be None, 'pad' or 'drop'"):
         ParallelReader("x.rec", even_shards="equal")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_index_with_an_incomplete_last_group(tmp_path, workers, no_leaks):
+    from parrecio import CorruptRecordError
+    path = tmp_path / "odd.rec"
+    with RecordWriter(str(path), index=str(tmp_path / "odd.idx")) as w:
+        for i in range(7):  # 3 groups of 2, and one record alone
+            w.write(b"r%d" % i, key=i)
+    kw = dict(fields=[Echo(), Echo()], workers=workers, shuffle=True, even_shards="pad", num_shards=2)
+    with pytest.raises(CorruptRecordError, match="lists 7 records, not a multiple of the group size 2"):
+        list(ParallelReader(path, **kw))
+    with ParallelReader(path, on_error="skip", **kw) as reader:
+        got = list(reader)
+        assert len(got) == 2 and reader.stats.skipped == 1  # 3 whole groups, padded to 2 per shard
+        assert all(a[1:] == b"%d" % (int(b[1:]) - 1) for a, b in got)
