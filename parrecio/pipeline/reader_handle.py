@@ -83,7 +83,11 @@ class ReaderHandle:
 
     def release(self, pos: int, oneoff_bytes: int = 0, mapped_bytes: int = 0) -> None:
         """Everything before ring position ``pos`` was delivered (plus a one-off segment's or a mapped
-        chunk's bytes): the reader may reuse it."""
+        chunk's bytes): the reader may reuse it.  Nothing is sent once it has ended (its ReaderEnd was
+        its last act): a regular file is often framed whole long before its chunks are delivered, and
+        each send to a process that is gone costs a failed write, a SIGPIPE and an exception."""
+        if self.ended:
+            return
         try:
             self.ctrl.send(Release(pos, oneoff_bytes, mapped_bytes))
         except (BrokenPipeError, OSError):
