@@ -383,9 +383,10 @@ class _Reader:
         cfg = self.cfg
         mapped = map_stream(stream.file)
         if mapped is None:
-            # Read straight into the ring, unless every group is copied out anyway (the shuffle buffer)
-            self.windows = None if cfg.shuffle == "buffer" else RingWindows(self.ring, self.seg.buf, self.mem,
-                                                                            self._advance)
+            # Read straight into the ring, unless every group is copied out anyway (the shuffle buffer,
+            # equal shards of a stream)
+            copied = cfg.shuffle == "buffer" or cfg.even_shards is not None
+            self.windows = None if copied else RingWindows(self.ring, self.seg.buf, self.mem, self._advance)
             try:
                 reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
                                       max_record_bytes=cfg.max_record_bytes, source_name=stream.name,
