@@ -354,9 +354,13 @@ def test_shards_from_the_environment(stream, monkeypatch, no_leaks):
 
 
 def test_unpicklable_decoder_is_refused_up_front(stream):
+    """A lambda travels by value (cloudpickle, tests/test_shipping.py); what not even cloudpickle can
+    pickle is refused before anything starts, naming the field."""
+    import threading
     path, _, _ = stream
-    with pytest.raises(TypeError, match="field '1'.*cannot be pickled.*lambda"):
-        ParallelReader(path, fields=[Raw(), lambda b: b])
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="field '1'.*cannot be pickled, not even by value"):
+        ParallelReader(path, fields=[Raw(), lambda b: (lock, b)])
 
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])

@@ -796,7 +796,8 @@ def test_13_script_piped_to_stdin(method, fields):
 
 
 @pytest.mark.parametrize("how", ["stdin", "-c"])
-def test_13_decoder_defined_in_a_file_less_main_is_refused_at_once(how):
+def test_13_decoder_defined_in_a_file_less_main_travels_by_value(how):
+    """Once refused (a TypeError naming __main__), such a decoder is now shipped by value (cloudpickle)."""
     script = _stdin_script(", fields=MyDecoder(), start_method='spawn'", decoder_class=True)
     t0 = time.monotonic()
     if how == "stdin":
@@ -804,8 +805,7 @@ def test_13_decoder_defined_in_a_file_less_main_is_refused_at_once(how):
     else:  # python -c: no __main__.__file__ at all (what a notebook cell has too)
         proc = subprocess.run([sys.executable, "-c", script], text=True, capture_output=True, timeout=90)
     took = time.monotonic() - t0
-    assert proc.stdout.startswith("error TypeError "), (proc.stdout, proc.stderr[-3000:])
-    assert "__main__" in proc.stdout and "the reader process died" not in proc.stdout
+    assert proc.stdout.split()[:2] == ["count", "50"], (proc.stdout, proc.stderr[-3000:])
     assert took < 20
 
 

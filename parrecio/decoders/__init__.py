@@ -1,4 +1,4 @@
-"""Decoders: picklable callables ``payload -> value`` (see :mod:`parrecio.decoders.base`).
+"""Decoders: callables ``payload -> value`` (see :mod:`parrecio.decoders.base`).
 
 - :class:`Raw`, :class:`Json`: the payload itself, JSON text.
 - :class:`Image`, :class:`Mask`: encoded images -> ``uint8`` arrays; segmentation masks -> class ids.

@@ -1,6 +1,7 @@
 """The decoder protocol: what the pipeline needs from a decoder, and nothing more.
 
-A decoder is any picklable callable ``decoder(payload) -> value``, where ``payload`` is a bytes-like
+A decoder is any callable ``decoder(payload) -> value`` (pickled by reference, or by value with
+cloudpickle when the decoder processes cannot import it), where ``payload`` is a bytes-like
 object (``bytes``, ``memoryview`` or a numpy ``uint8`` array; in the pipeline it is a read-only
 ``memoryview`` of shared memory, valid only during the call: a decoder must not keep it).  Decoders
 raise :class:`parrecio.DecodeError` for payloads they refuse; any other exception is wrapped in one.

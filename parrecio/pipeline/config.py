@@ -15,7 +15,7 @@ the one object, and what is not a setting (the source, the epoch, shared-memory 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional, Tuple
 
 from .slots import SlotLayout
@@ -29,6 +29,7 @@ class PipelineConfig:
 
     # what a group is, and what the user gets
     decoders: Tuple[Any, ...]          # one per record position of a group
+    shipped: Tuple[Any, ...]           # the decoders as they travel to the children (shipping.ship)
     names: Tuple[str, ...]             # field names (for dicts and messages)
     kind: str                          # "single" | "tuple" | "dict": the shape of a sample
     passthrough: Tuple[bool, ...]      # fields whose payload is handed out as bytes, never decoded
@@ -61,6 +62,13 @@ class PipelineConfig:
     drain_timeout: float
     task_timeout: Optional[float]
 
+    def __reduce__(self):
+        # Children get the decoders as shipped (by value where pickle by reference cannot reach them);
+        # a decoder process loads them itself (shipping.unship), where a failure can be reported.
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        state["decoders"] = self.shipped
+        return (_config_from, (state,))
+
     @property
     def nfields(self) -> int:
         return len(self.decoders)
@@ -87,3 +95,7 @@ class PipelineConfig:
         if groups is None and self.layout.has_fixed:
             return 2 * self.slot_size
         return groups
+
+
+def _config_from(state: dict) -> PipelineConfig:
+    return PipelineConfig(**state)

@@ -34,7 +34,7 @@ from ..errors import PipelineError
 from ..recordio import DEFAULT_MAX_RECORD_BYTES
 from ..sources import resolve
 from .batching import batches, position, unbatched
-from .children import main_is_importable
+from .shipping import ship
 from .config import PipelineConfig
 from .inline import InlineRun
 from .plan import EVEN_SHARDS, shard_length
@@ -95,8 +95,9 @@ class ParallelReader:
             or a SageMaker channel name (see :func:`parrecio.sources.resolve`).
         fields: one decoder per record position of a group; the group size is ``len(fields)``.  A
             sequence gives tuples, a mapping ``name -> decoder`` gives dicts, a single decoder gives its
-            value, ``None`` gives each record's payload as ``bytes``.  A decoder is any picklable callable
-            ``payload -> value`` (see :mod:`parrecio.decoders`).
+            value, ``None`` gives each record's payload as ``bytes``.  A decoder is any callable
+            ``payload -> value`` (see :mod:`parrecio.decoders`); one the decoder processes cannot
+            import (a notebook's, a lambda) travels by value (:mod:`parrecio.pipeline.shipping`).
         workers: decoder processes (default: the CPUs this process may use).  ``0`` decodes in this
             process: no child processes, no shared memory, decoders need not be picklable and ``pdb``
             works in them; the fastest mode when decoding is cheaper than moving the data between
@@ -181,8 +182,9 @@ class ParallelReader:
             raise ValueError(f"start_method must be one of {methods} or None, not {start_method!r}")
         kind, names, decoders = _normalize_fields(fields)
         start_method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
+        shipped = decoders
         if workers and start_method != "fork":  # workers=0: decoders stay in this process
-            _check_picklable(decoders, names, start_method)
+            shipped = [ship(d, name, start_method) for d, name in zip(decoders, names)]
         passthrough = tuple(is_passthrough(d) for d in decoders)
         layout = SlotLayout([None if p else spec_of(d) for d, p in zip(decoders, passthrough)],
                             batch_size or slot_samples)
@@ -193,7 +195,7 @@ class ParallelReader:
         res.source = source = resolve(channel, **source_options)
         index_paths = _index_paths(source)
         res.cfg = PipelineConfig(
-            decoders=tuple(decoders), names=tuple(names), kind=kind, passthrough=passthrough, layout=layout,
+            decoders=tuple(decoders), shipped=tuple(shipped), names=tuple(names), kind=kind, passthrough=passthrough, layout=layout,
             travels=tuple(_travels(passthrough, layout)), batch_size=batch_size, drop_last=bool(drop_last),
             join=join or source.default_join, on_error=on_error, max_record_bytes=max_record_bytes,
             num_shards=num_shards, shard_index=shard_index, even_shards=even_shards,
@@ -468,24 +470,6 @@ class ParallelReader:
     def __repr__(self) -> str:
         return (f"ParallelReader({self._res.source.name!r}, fields={self._res.cfg.decoders!r}, "
                 f"workers={self.workers}, batch_size={self.batch_size}, state={self._state.value})")
-
-
-def _check_picklable(decoders: List[Any], names: Sequence[str], method: str) -> None:
-    """Decoders travel to the decoder processes pickled: say which one cannot, before any process starts."""
-    import pickle
-    importable = main_is_importable()
-    for name, d in zip(names, decoders):
-        try:
-            data = pickle.dumps(d)
-        except Exception as exc:
-            raise TypeError(f"field {name!r}: the decoder {d!r} cannot be pickled, so it cannot reach the "
-                            f"decoder processes ({method} start method): {exc}. Use a module-level "
-                            f"function or class instead of a lambda or a local function.") from exc
-        if not importable and b"__main__" in data:
-            raise TypeError(f"field {name!r}: the decoder {d!r} is defined in __main__, which the decoder "
-                            f"processes cannot import ({method} start method): a script read from standard "
-                            f"input, python -c, a notebook or another interactive session. Move it to a "
-                            f"module, or use start_method='fork'.")
 
 
 def _travels(passthrough: List[bool], layout: SlotLayout) -> List[bool]:

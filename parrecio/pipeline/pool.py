@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import pickle
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -27,7 +28,7 @@ from .children import child_entry, close_quietly, describe_exit, forget_processe
 from .config import PipelineConfig
 from .messages import Stop, Task
 from .wire import Frame, FrameReader
-from .worker import WorkerJob, worker_main
+from .worker import CANNOT_LOAD, WorkerJob, worker_main
 
 log = logging.getLogger("parrecio")
 
@@ -153,6 +154,10 @@ class WorkerPool:
     def _drain(self, w: _Worker, done: list) -> None:
         before = w.inbox.received
         for frame in w.inbox.read():
+            if frame.task_id == CANNOT_LOAD:
+                raise PipelineError(f"decoder process {w.index} cannot load the decoders it was sent: "
+                                    f"{pickle.loads(frame.body)} (a decoder shipped by value needs what "
+                                    f"it uses to be importable in a new process too)")
             self.deaths_without_progress = 0
             task = w.inflight.pop(frame.task_id, None)
             if task is not None:

@@ -18,10 +18,12 @@ pickled back to the consumer.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import random
 import time
+import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Dict, List, Optional
@@ -32,11 +34,14 @@ from ..decoders.base import write_into
 from .config import PipelineConfig
 from .mapped import MappedFiles, is_mapped
 from .messages import RemoteError, Stop, Task, TaskDone
+from .shipping import unship
 from .shm import Segment, sweep
 from .slots import SlotLayout
 from .wire import pack_column, send_result
 
-__all__ = ["WorkerJob", "worker_main", "seed_worker"]
+__all__ = ["WorkerJob", "worker_main", "seed_worker", "CANNOT_LOAD"]
+
+CANNOT_LOAD = -1  # the task id of the one frame a worker sends when its decoders do not load
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,13 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
                 lifeline) -> None:
     """Entry point of a decoder process (``generation`` numbers it among all workers of the reader)."""
     seed_worker(cfg.seed, generation)
+    try:
+        cfg = dataclasses.replace(cfg, decoders=unship(cfg.decoders))
+    except BaseException as exc:  # say why once, instead of dying at start again and again
+        why = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        send_result(result_conn.fileno(), TaskDone(CANNOT_LOAD, None, 0.0, os.getpid()),
+                    pickle.dumps(why), False)
+        return
     ring = Segment.attach(job.ring_name)
     slots: Dict[str, tuple] = {}
     mapped = MappedFiles()

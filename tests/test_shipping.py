@@ -1,0 +1,134 @@
+"""Decoders from a notebook, ``python -c`` or a piped script, and lambdas, reach the decoder processes by
+value (cloudpickle) under every start method; a decoder that does not load there ends the run at once
+with a clear error; one that nothing can pickle is refused up front."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from parrecio import ParallelReader, PipelineError
+from parrecio.pipeline.shipping import Shipped, ship, unship
+from pipeline_helpers import payloads, write_rec
+
+SCRIPT = textwrap.dedent("""\
+    import os, sys, tempfile
+    import numpy as np
+    from parrecio import ParallelReader, RecordWriter
+    from parrecio.decoders import ArraySpec
+
+    class Length:                          # defined in __main__, which the children cannot import
+        output_spec = ArraySpec((), np.int64)
+        def __call__(self, payload):
+            return np.int64(len(payload))
+
+    def head(payload):
+        return bytes(payload[:2])
+
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "x.rec")
+    with RecordWriter(path) as w:
+        for i in range(300):
+            w.write(b"%03d" % i + b"x" * (i % 7))
+    with ParallelReader(path, fields=[Length()], workers=2, batch_size=32, start_method=METHOD) as r:
+        total = sum(int(b[0].sum()) for b in r)
+    with ParallelReader(path, fields={"h": head, "n": lambda p: len(p)}, workers=2, start_method=METHOD) as r:
+        got = list(r)
+    print("ok", total, got[7]["h"].decode(), got[149]["n"], os.getpid())
+    """)
+
+
+def _expected():
+    return sum(3 + i % 7 for i in range(300))
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+@pytest.mark.parametrize("how", ["-c", "stdin"])
+def test_main_defined_decoders_and_lambdas_under_spawn_and_forkserver(how, method):
+    code = SCRIPT.replace("METHOD", repr(method))
+    if how == "-c":
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    else:
+        proc = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    words = proc.stdout.split()
+    assert words[:4] == ["ok", str(_expected()), "01", "8"], proc.stdout
+
+
+def test_a_real_notebook(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    body = SCRIPT.replace("METHOD", "None").split("\n\n")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(cell) for cell in body]  # a class in one cell, the reader in another
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    out = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert out.split()[:4] == ["ok", str(_expected()), "01", "8"], out
+
+
+NOT_LOADING = textwrap.dedent("""\
+    import os, tempfile, time
+    from parrecio import ParallelReader, RecordWriter
+
+    class LoadsOnlyHere:                   # pickles fine, refuses to be unpickled in another process
+        def __init__(self):
+            self.pid = os.getpid()
+        def __call__(self, payload):
+            return bytes(payload)
+        def __setstate__(self, state):
+            if state["pid"] != os.getpid():
+                raise RuntimeError("this decoder loads only where it was made")
+            self.__dict__.update(state)
+
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "x.rec")
+    with RecordWriter(path) as w:
+        for i in range(50):
+            w.write(b"%03d" % i)
+    t0 = time.monotonic()
+    with ParallelReader(path, fields=LoadsOnlyHere(), workers=2, start_method=METHOD) as r:
+        try:
+            list(r)
+        except Exception as exc:
+            print(type(exc).__name__, "|", exc, "|", r.stats.workers_replaced, "|", round(time.monotonic() - t0))
+    """)
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_decoder_that_does_not_load_in_a_child_ends_the_run_at_once(method):
+    """Shipped by value from ``python -c``, it fails to load in every decoder process: one clear
+    PipelineError at once, not ten respawns and a vague one."""
+    proc = subprocess.run([sys.executable, "-c", NOT_LOADING.replace("METHOD", repr(method))],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kind, message, replaced, took = [x.strip() for x in proc.stdout.split("|")]
+    assert kind == "PipelineError"
+    assert message.startswith("decoder process ") and ("cannot load the decoders it was sent: RuntimeError: "
+                                                       "this decoder loads only where it was made") in message
+    assert replaced == "0" and int(took) < 20
+
+
+def test_decoder_nothing_can_pickle_is_refused_up_front(tmp_path):
+    path = tmp_path / "s.rec"
+    write_rec(path, payloads(6))
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"field '1'.*cannot be pickled, not even by value \(cloudpickle\)"):
+        ParallelReader(path, fields=[bytes, lambda p: (lock, p)], workers=1)
+    with ParallelReader(path, fields=[bytes, lambda p: (lock, p)], workers=0) as r:  # no pickling needed
+        assert len(list(r)) == 3
+
+
+def test_ship_keeps_importable_decoders_by_reference():
+    from parrecio.decoders import Json
+    d = Json()
+    assert ship(d, "0", "spawn") is d and unship([d]) == (d,)
+    s = ship(lambda p: 1, "0", "spawn")
+    assert isinstance(s, Shipped) and unship([s])[0](b"") == 1
