@@ -14,21 +14,56 @@ finalizer holds this object, never the reader.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import multiprocessing
 import os
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from .children import close_quietly, register_for_fork
 from .config import PipelineConfig
 from .pool import WorkerPool
-from .shm import Segment, new_prefix
+from .shm import SHM_DIR, Segment, free_bytes, new_prefix
 from .slots import SlotPool
 from .stats import Stats
 from .worker import WorkerJob
 
-__all__ = ["Resources"]
+__all__ = ["Resources", "fit_memory"]
+
+log = logging.getLogger("parrecio")
+
+MIN_FIT_RING = 1 << 20   # the smallest ring fit_memory() shrinks to
+_MIB = 2 ** 20
+
+
+def fit_memory(cfg: PipelineConfig, slots: int, min_slots: int,
+               free: Optional[int]) -> Tuple[PipelineConfig, int, Optional[str]]:
+    """The ring size and the number of output slots to allocate when ``free`` bytes of /dev/shm are
+    there: as asked when they fit (the ring, as much again for one-off segments in flight, the slots),
+    else a smaller ring (down to 1 MiB) and fewer slots (down to ``min_slots``, what one task and two
+    batches in delivery need), with a warning that says so.  When not even that fits, what was asked:
+    allocating it then fails with the error that says how to get more."""
+    slot = cfg.layout.nbytes if cfg.layout.has_fixed else 0
+    need = 2 * cfg.ring_bytes + slots * slot
+    if free is None or need <= free:
+        return cfg, slots, None
+    ring = min(cfg.ring_bytes, max(MIN_FIT_RING, free // 4))
+    fit = min(slots, (free - 2 * ring) // slot) if slot else slots
+    if fit < min_slots:
+        ring = min(cfg.ring_bytes, (free - min_slots * slot) // 2)
+        fit = min_slots
+    if ring < MIN_FIT_RING:
+        return cfg, slots, None
+    ring = ring // 4096 * 4096
+    small = dataclasses.replace(cfg, ring_bytes=ring, oneoff_budget=ring, mapped_budget=4 * ring,
+                                chunk_bytes=max(1 << 20, ring // 8))
+    said = (f"parrecio: {SHM_DIR} has {free / _MIB:.0f} MiB free, less than the {need / _MIB:.0f} MiB "
+            f"asked for; using a {ring / _MIB:.1f} MiB input ring (ring_bytes={cfg.ring_bytes}) and {fit} "
+            f"output slots of {slot / _MIB:.1f} MiB (instead of {slots}), which may be slower: give it "
+            f"more shared memory (docker run --shm-size=1g)")
+    return small, fit, said
 
 
 class Resources:
@@ -73,14 +108,19 @@ class Resources:
         self.prefix = new_prefix()
         try:
             self.lifeline_r, self.lifeline_w = ctx.Pipe(duplex=False)
-            self.ring = Segment.create(self.prefix + "ring", cfg.ring_bytes)
-            self.ring_mem = memoryview(self.ring.buf)
-            initial = 0
+            initial = least = 0
             if cfg.layout.has_fixed:
                 # Enough slots for the tasks in flight (at most `prefetch` per worker) and two being
                 # delivered; the pool grows later only when the user holds every slot.
-                inflight = cfg.workers * cfg.prefetch * (cfg.reader_chunk_groups() or cfg.slot_size)
-                initial = math.ceil(inflight / cfg.slot_size) + 2
+                task = cfg.reader_chunk_groups() or cfg.slot_size
+                initial = math.ceil(cfg.workers * cfg.prefetch * task / cfg.slot_size) + 2
+                least = math.ceil(task / cfg.slot_size) + 3  # one task, unaligned, and two batches
+            cfg, initial, warning = fit_memory(cfg, initial, min(least, initial), free_bytes())
+            if warning:
+                log.warning(warning)
+                self.cfg = cfg
+            self.ring = Segment.create(self.prefix + "ring", cfg.ring_bytes)
+            self.ring_mem = memoryview(self.ring.buf)
             self.slots = SlotPool(cfg.layout, self.prefix, initial)
             if not all(cfg.passthrough):
                 self.pool = WorkerPool(ctx, cfg, WorkerJob(self.ring.name, self.prefix), self.lifeline_r)

@@ -24,7 +24,7 @@ try:  # CPython's own binding of shm_open/shm_unlink (what multiprocessing.share
 except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
 
-__all__ = ["Segment", "new_prefix", "sweep", "unlink", "leftover", "SHM_DIR"]
+__all__ = ["Segment", "new_prefix", "sweep", "unlink", "leftover", "free_bytes", "SHM_DIR"]
 
 SHM_DIR = "/dev/shm"
 
@@ -109,6 +109,15 @@ def _reserve(fd: int, size: int, name: str) -> None:
             f"cannot allocate {size / 2**20:.1f} MiB of shared memory for {name} ({free}): make "
             f"{SHM_DIR} larger (e.g. `docker run --shm-size=1g`), or ask for less (ring_bytes=, "
             f"fewer workers, a smaller batch_size)") from err
+
+
+def free_bytes() -> Optional[int]:
+    """Bytes free in ``/dev/shm`` now (None when it cannot be told)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def unlink(name: str) -> bool:
