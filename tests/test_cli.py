@@ -393,3 +393,20 @@ def test_bench_fifo_wait_lines_and_timeout(tmp_path, capsys, monkeypatch):
     seconds = [int(line[len(prefix):-len(" s)")]) for line in lines]
     assert all(line.startswith(prefix) and line.endswith(" s)") for line in lines)
     assert seconds == sorted(seconds) and seconds[-1] <= 1
+
+
+# -- demo ------------------------------------------------------------------------------------------------
+def test_demo_out_keeps_the_file_and_says_how_to_read_it(tmp_path):
+    out = tmp_path / "demo.rec"
+    proc = cli("demo", "--samples", 40, "--workers", 1, "--batch-size", 8, "--size", 64, "--out", out)
+    text = proc.stdout.decode()
+    assert f"{out} (kept)" in text and f"read it yourself: ParallelReader({str(out)!r}" in text
+    from parrecio import ParallelReader
+    from parrecio.decoders import BoundingBoxes, Image
+    with ParallelReader(out, fields=[Image(size=(224, 224)), BoundingBoxes(max_boxes=8)], batch_size=32,
+                        workers=0) as r:
+        assert [len(images) for images, _ in r] == [32, 8]
+    proc = cli("demo", "--samples", 8, "--out", tmp_path, check=False)
+    assert proc.returncode != 0 and b"is a folder; give a file name" in proc.stderr
+    text = cli("demo", "--samples", 16, "--workers", 1, "--batch-size", 8, "--size", 32).stdout.decode()
+    assert "(temporary, removed at the end; --out FILE.rec keeps it)" in text

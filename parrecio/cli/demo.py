@@ -15,7 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="decoder processes (default: CPU count)")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per batch (default 32)")
     parser.add_argument("--size", type=int, default=224, help="output image side in pixels (default 224)")
-    parser.add_argument("--out", default=None, help="write the stream here instead of a temporary folder")
+    parser.add_argument("--out", default=None, metavar="FILE.rec",
+                        help="write the stream to this file and keep it (default: a temporary file, "
+                             "removed at the end)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,8 +27,15 @@ def run(args: argparse.Namespace) -> int:
     workers = args.workers or _default_workers()
     with tempfile.TemporaryDirectory(prefix="parrecio-demo-") as tmp:
         path = args.out or os.path.join(tmp, "demo.rec")
+        if os.path.isdir(path):
+            raise SystemExit(f"parrecio demo: --out {path!r} is a folder; give a file name, e.g. "
+                             f"{os.path.join(path, 'demo.rec')}")
         info = build_demo_stream(path, n=args.samples)
+        kept = "kept" if args.out else "temporary, removed at the end; --out FILE.rec keeps it"
         print(f"demo stream: {info['samples']} samples ([JPEG][Ground Truth boxes JSON]), "
-              f"{info['file_mb']:.1f} MB, mean JPEG {info['mean_jpeg_kb']:.0f} KB: {path}")
+              f"{info['file_mb']:.1f} MB, mean JPEG {info['mean_jpeg_kb']:.0f} KB: {path} ({kept})")
         run_demo(path, workers=workers, batch_size=args.batch_size, size=args.size)
+        if args.out:
+            print(f"read it yourself: ParallelReader({path!r}, fields=[Image(size=(224, 224)), "
+                  f"BoundingBoxes(max_boxes=8)], batch_size=32)")
     return 0
