@@ -17,7 +17,7 @@ JPEG = jpeg(320, 240)
 def test_scalar_label_like_mxnet():
     record = pack(IRHeader(0, 7.0, 42, 0), JPEG)
     image, label = ImageRecord()(record)
-    assert isinstance(label, float) and label == 7.0
+    assert isinstance(label, np.ndarray) and label.shape == () and label.dtype == np.float32 and label == 7.0
     assert np.array_equal(image, Image()(JPEG))
     assert ImageRecord().output_spec is None and spec_of(ImageRecord()) is None
 
@@ -95,3 +95,17 @@ def test_refusals():
         ImageRecord()(pack(IRHeader(0, 1.0, 0, 0), b'{"not": "an image"}'))
     with pytest.raises(DecodeError, match="truncated"):
         ImageRecord()(pack(IRHeader(0, 1.0, 0, 0), JPEG[:5000]))
+
+
+def test_default_labels_batch_into_one_array(tmp_path):
+    """ImageRecord() without label_width: a batch of scalar labels is one float32 array (once a list of
+    Python floats, whose .shape failed)."""
+    from parrecio import ParallelReader, RecordWriter
+    path = tmp_path / "l.rec"
+    with RecordWriter(str(path)) as w:
+        for i in range(10):
+            w.write(pack(IRHeader(0, float(i % 3), i, 0), JPEG))
+    with ParallelReader(path, fields=ImageRecord(Image(size=16)), batch_size=4, workers=0) as r:
+        labels = [lab for _, lab in r]
+    assert [lab.shape for lab in labels] == [(4,), (4,), (2,)]
+    assert labels[0].dtype == np.float32 and np.concatenate(labels).tolist() == [i % 3 for i in range(10)]

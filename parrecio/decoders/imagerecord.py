@@ -32,8 +32,9 @@ class ImageRecord:
         works; with a fixed ``output_spec`` (e.g. ``Image(size=(224, 224))``) the image is written straight
         into the pipeline's shared memory.
     label_width:
-        ``None`` (default): the label is a Python ``float`` for ``flag == 0`` records and a ``float32``
-        array of ``flag`` values otherwise; it travels back in the result message.
+        ``None`` (default): the label is a ``float32`` array -- 0-d for ``flag == 0`` records, ``(flag,)``
+        otherwise -- so that a batch of them is one array (``labels.shape == (batch,)``) when the
+        records agree; it travels back in the result message.
         ``0``: every record must have a scalar label (``flag == 0``); the label is a 0-d ``float32`` array
         and has a fixed spec ``ArraySpec((), float32)`` (the im2rec classification case).
         ``n >= 1``: every record must have ``flag == n`` labels (or, for ``n == 1``, a scalar label); the
@@ -64,7 +65,7 @@ class ImageRecord:
         width = self.label_width
         if header.flag == 0:
             if width is None:
-                return float(header.label)
+                return np.array(header.label, dtype=np.float32)
             if width in (0, 1):
                 return np.full((width,) if width else (), header.label, dtype=np.float32)
             raise DecodeError(f"image record (id {header.id}) has a scalar label, but label_width={width}")
