@@ -1,7 +1,7 @@
 """Hostile input through the whole pipeline (ParallelReader): a huge length word, a decompression bomb,
 deeply nested JSON, a truncated JPEG, pure garbage, a file cut short, an empty file.
 
-DESIGN.md section 3, invariants 6 (clear errors naming the byte offset and the sample index; ``skip``
+docs/ARCHITECTURE.md section 3, invariants 6 (clear errors naming the byte offset and the sample index; ``skip``
 counts instead) and 7 (bounded input: refused, never allowed to exhaust memory), checked end to end with
 a reader process and decoder processes, plus invariant 4 (no hang: every run is under an alarm) and 5
 (the ``no_leaks`` fixture: no child process, no /dev/shm segment left).

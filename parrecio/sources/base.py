@@ -16,7 +16,7 @@ source needs in the reader process travels inside it when it is pickled (file de
 Each epoch of a source is a sequence of :class:`Stream` objects, read one after the other as one RecordIO
 stream per file (a record never spans two files).  ``default_join`` tells the RecordIO reader how multipart
 records were written: ``"mxnet"`` for ``.rec`` files written by MXNet/dmlc-core, ``"concat"`` where
-SageMaker's RecordIO wrapper produced the framing (see DESIGN.md, section 1).
+SageMaker's RecordIO wrapper produced the framing (see docs/ARCHITECTURE.md, section 1).
 """
 
 from __future__ import annotations
