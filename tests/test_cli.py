@@ -222,7 +222,7 @@ def test_inspect_corrupt_stream_reports_offsets(tmp_path):
     # Not RecordIO at all: one clear line.
     (tmp_path / "pic.jpg").write_bytes(jpeg(32, 32))
     proc = cli("inspect", tmp_path / "pic.jpg", check=False)
-    assert proc.returncode == 1 and b"no RecordIO record" in proc.stderr and b"JPEG" in proc.stderr
+    assert proc.returncode == 1 and b"not a RecordIO stream" in proc.stderr and b"JPEG" in proc.stderr
 
 
 # -- cat / extract -------------------------------------------------------------------------------------
@@ -410,3 +410,27 @@ def test_demo_out_keeps_the_file_and_says_how_to_read_it(tmp_path):
     assert proc.returncode != 0 and b"is a folder; give a file name" in proc.stderr
     text = cli("demo", "--samples", 16, "--workers", 1, "--batch-size", 8, "--size", 32).stdout.decode()
     assert "(temporary, removed at the end; --out FILE.rec keeps it)" in text
+
+
+# -- input that is no RecordIO at all ----------------------------------------------------------------------
+def test_every_subcommand_says_the_same_of_non_recordio_input(tmp_path, images_rec):
+    """inspect, cat, extract and bench: one message naming what the file is, with a hint for images."""
+    from PIL import Image as PILImage
+    png, txt = tmp_path / "some.png", tmp_path / "notes.txt"
+    PILImage.new("RGB", (8, 8)).save(png)
+    txt.write_text("hello world, these are notes\n")
+    for args in (["inspect", png], ["cat", png], ["extract", png, "--index", 0], ["bench", png, "--workers", 1]):
+        err = cli(*args, check=False).stderr.decode()
+        assert f"error: {png}: not a RecordIO stream ({png.stat().st_size} bytes): it starts with a PNG image" in err
+        assert err.strip().endswith("to pack images into RecordIO: parrecio pack images DIR out.rec"), err
+    for args in (["inspect", txt], ["cat", txt]):
+        err = cli(*args, check=False).stderr.decode()
+        assert f"error: {txt}: not a RecordIO stream (29 bytes): it starts with text" in err, err
+
+
+def test_cat_and_inspect_agree_on_image_records(images_rec):
+    lines = [json.loads(x) for x in cli("cat", images_rec, "--format", "json-lines").stdout.splitlines()]
+    report = json.loads(cli("inspect", images_rec, "--json").stdout)
+    kinds = {x["kind"] for x in lines}
+    assert kinds == {"imagerecord/jpeg", "imagerecord/png"}  # the fixture's dog folder has a PNG
+    assert all(k in json.dumps(report) for k in kinds)

@@ -114,7 +114,7 @@ def peek(channel: str, join: Optional[str]) -> Optional[Tuple[List[str], float]]
     from ..decoders.sniff import PREFIX, guess_fields
     from ..recordio import RecordReader
     from ..sources import resolve
-    from ..tools.inspect import payload_kind
+    from ..tools.inspect import head_of, not_recordio, payload_kind
 
     if channel == "-":
         return None
@@ -133,6 +133,9 @@ def peek(channel: str, join: Optional[str]) -> Optional[Tuple[List[str], float]]
                     break
     finally:
         source.release()
+    head = head_of(paths[0]) if not sizes else None
+    if head:  # bytes, but no record: not RecordIO at all
+        raise not_recordio(paths[0], head, os.path.getsize(paths[0]))
     if not sizes:
         return None
     try:

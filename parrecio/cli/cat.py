@@ -112,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import orjson
 
-    from ..decoders.sniff import sniff
+    from ..tools.inspect import payload_kind
     from ..errors import ParrecioError
     from ..recordio import RecordReader
 
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 elif args.format == "hex":
                     out.write(f"{index}\t{offset}\t{view.hex()}\n".encode("ascii"))
                 else:
-                    doc = {"index": index, "offset": offset, "size": len(view), "kind": sniff(view)}
+                    doc = {"index": index, "offset": offset, "size": len(view), "kind": payload_kind(view)}
                     try:
                         doc["text"] = str(view, "utf-8")
                     except UnicodeDecodeError:

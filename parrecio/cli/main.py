@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import List, Optional
 
@@ -60,11 +61,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(run(args) or 0)
     except ParrecioError as exc:
-        print(f"parrecio {args.command}: error: {exc}", file=sys.stderr)
+        print(f"parrecio {args.command}: error: {_explained(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"parrecio {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _explained(exc: ParrecioError) -> str:
+    """A framing error at byte 0 of a file means the file is no RecordIO at all: say what it is, the same
+    way for every subcommand (parrecio.tools.inspect.not_recordio)."""
+    from ..errors import CorruptRecordError
+    from ..tools.inspect import head_of, not_recordio
+    if isinstance(exc, CorruptRecordError) and exc.offset == 0 and "bad magic" in exc.reason:
+        head = head_of(exc.source)
+        if head is not None:
+            return str(not_recordio(exc.source, head, os.path.getsize(exc.source)))
+    return str(exc)
 
 
 if __name__ == "__main__":

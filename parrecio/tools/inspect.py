@@ -22,7 +22,7 @@ from ..recordio import DEFAULT_MAX_RECORD_BYTES, RecordReader
 from ..recordio.framing import HEADER_SIZE, padded_size
 from ..recordio.paths import check_path_arg
 
-__all__ = ["inspect_stream", "payload_kind", "GUESS_RECORDS", "CountingReader"]
+__all__ = ["inspect_stream", "payload_kind", "not_recordio", "GUESS_RECORDS", "CountingReader"]
 
 GUESS_RECORDS = 64
 """How many leading records :func:`inspect_stream` gives :func:`guess_fields` to guess the group size."""
@@ -42,6 +42,31 @@ def payload_kind(payload: Any) -> str:
             if inner in IMAGE_KINDS:
                 return f"imagerecord/{inner}"
     return "other"
+
+
+def not_recordio(name: Any, head: bytes, nbytes: Optional[int] = None) -> SourceError:
+    """The one error for input that is no RecordIO stream at all, whichever command met it: what the
+    input starts with, and how to make RecordIO of such files."""
+    size = f" ({nbytes} bytes)" if nbytes is not None else ""
+    kind = sniff(head) if head else "empty"
+    hint = ""
+    if kind in IMAGE_KINDS:
+        hint = "; to pack images into RecordIO: parrecio pack images DIR out.rec"
+    elif kind == "json":
+        hint = "; to pack a manifest's records: parrecio pack manifest FILE out.rec"
+    return SourceError(f"{name}: not a RecordIO stream{size}: it starts with {describe(head)}, not with "
+                       f"the RecordIO magic 0xCED7230A{hint}")
+
+
+def head_of(path: Any, n: int = 64) -> Optional[bytes]:
+    """The first ``n`` bytes of the regular file ``path`` (None for anything else)."""
+    try:
+        if not os.path.isfile(path):
+            return None
+        with open(path, "rb") as f:
+            return f.read(n)
+    except (OSError, TypeError, ValueError):
+        return None
 
 
 class CountingReader:
@@ -95,8 +120,7 @@ def inspect_stream(source: Union[str, BinaryIO], *, join: str = "mxnet", name: O
             owned.close()
     result = {"source": str(name), "join": join, **result}
     if result["records"] == 0 and counting.nbytes:
-        raise SourceError(f"{name}: no RecordIO record found in {counting.nbytes} bytes; the stream starts "
-                          f"with {describe(bytes(counting.head))}")
+        raise not_recordio(name, bytes(counting.head), counting.nbytes)
     return result
 
 
