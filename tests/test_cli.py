@@ -434,3 +434,31 @@ def test_cat_and_inspect_agree_on_image_records(images_rec):
     kinds = {x["kind"] for x in lines}
     assert kinds == {"imagerecord/jpeg", "imagerecord/png"}  # the fixture's dog folder has a PNG
     assert all(k in json.dumps(report) for k in kinds)
+
+
+def test_pack_images_leaves_out_and_lists_files_that_are_no_images(tmp_path, data):
+    import shutil
+    root = tmp_path / "imgs"
+    shutil.copytree(data["images"], root)
+    (root / "cat" / "broken.jpg").write_text("this is not a JPEG at all\n")
+    out = tmp_path / "o.rec"
+    proc = cli("pack", "images", root, out)
+    err = proc.stderr.decode()
+    assert f"skipped {root / 'cat' / 'broken.jpg'}: UnidentifiedImageError" in err and "text" in err
+    assert "6 records" in err  # the 6 images of the fixture, not the text file
+    lst = (tmp_path / "o.lst").read_text()
+    assert "broken.jpg" not in lst and len(lst.splitlines()) == 6
+    from parrecio import RecordReader
+    assert sum(1 for _ in RecordReader(out)) == 6
+    cli("pack", "images", root, tmp_path / "all.rec", "--no-verify")
+    assert sum(1 for _ in RecordReader(tmp_path / "all.rec")) == 7
+
+
+def test_pack_images_of_a_flat_folder_says_so(tmp_path, data):
+    import shutil
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for p in sorted((data["images"] / "cat").iterdir()):
+        shutil.copy(p, flat / p.name)
+    err = cli("pack", "images", flat, tmp_path / "f.rec").stderr.decode()
+    assert "no class sub-folders: one class, every image has label 0" in err and "0=." not in err

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     images.add_argument("dir", metavar="DIR", help="folder of class sub-folders of images")
     images.add_argument("out", metavar="OUT.rec", help="output .rec (the .idx and .lst go next to it)")
     images.add_argument("--no-lst", action="store_true", help="do not write the .lst file")
+    images.add_argument("--no-verify", action="store_true",
+                        help="pack every file as it is (default: leave out, and list, files that do not "
+                             "open as images)")
     _add_shuffle(images)
 
     lst = sub.add_parser(
@@ -73,20 +76,27 @@ def run(args: argparse.Namespace) -> int:
     from .cat import os_error
 
     log = (lambda line: None) if args.quiet else (lambda line: print(f"pack: {line}", file=sys.stderr, flush=True))
-    progress = None if args.quiet else (lambda n: log(f"{n} records"))
+    progress = None if args.quiet else (lambda n, total: log(f"{n}/{total} records" if total else f"{n} records"))
     try:
         if args.pack_kind == "images":
             classes, items = tools.list_image_folder(args.dir)
             lst_path = None if args.no_lst else tools.output_paths(args.out)[1]
             res = tools.pack_image_list(items, args.dir, args.out, lst_path=lst_path, shuffle=args.shuffle,
-                                        seed=args.seed, progress=progress)
-            shown = ", ".join(f"{i}={c}" for i, c in enumerate(classes[:10]))
-            log(f"{len(classes)} classes ({shown}{', ...' if len(classes) > 10 else ''})")
+                                        seed=args.seed, progress=progress, verify=not args.no_verify)
+            if classes == ["."]:
+                log("no class sub-folders: one class, every image has label 0")
+            else:
+                shown = ", ".join(f"{i}={c}" for i, c in enumerate(classes[:10]))
+                log(f"{len(classes)} classes ({shown}{', ...' if len(classes) > 10 else ''})")
+            for path, why in res.skipped[:10]:
+                log(f"skipped {path}: {why}")
+            if len(res.skipped) > 10:
+                log(f"skipped {len(res.skipped) - 10} more files that do not open as images")
         elif args.pack_kind == "list":
             items = tools.read_image_list(args.list)
             root = args.root if args.root is not None else (os.path.dirname(args.list) or ".")
             res = tools.pack_image_list(items, root, args.out, shuffle=args.shuffle, seed=args.seed,
-                                        progress=progress)
+                                        progress=progress, verify=False)
         else:
             from ..sources.manifest import parse_attribute_names
             names = parse_attribute_names(args.attribute_names)

@@ -41,7 +41,7 @@ __all__ = ["IMAGE_EXTENSIONS", "ListItem", "PackResult", "list_image_folder", "r
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 """File name endings (case-insensitive) that :func:`list_image_folder` takes for images."""
 
-Progress = Optional[Callable[[int], None]]
+Progress = Optional[Callable[[int, Optional[int]], None]]  # (records so far, total if known)
 
 
 class ListItem(NamedTuple):
@@ -63,6 +63,7 @@ class PackResult:
     lst_path: Optional[str] = None
     classes: List[str] = field(default_factory=list)
     lines: int = 0
+    skipped: List[Tuple[str, str]] = field(default_factory=list)  # (path, why): files that are no image
 
 
 def output_paths(out_rec: str) -> Tuple[str, str]:
@@ -165,14 +166,16 @@ def write_image_list(path_or_file: Union[str, BinaryIO], items: Sequence[ListIte
 
 def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_path: Optional[str] = None,
                     lst_path: Optional[str] = None, shuffle: bool = False, seed: int = 0,
-                    progress: Progress = None) -> PackResult:
+                    progress: Progress = None, verify: bool = True) -> PackResult:
     """Write the images of ``items`` (paths relative to ``root``) as MXNet image records.
 
     Record payloads are ``pack(IRHeader(0, label, item.index, 0), image bytes)`` (several labels: a float32
     label array, ``flag`` = their number).  ``idx_path`` defaults to ``out_rec`` with ``.idx``; keys are the
     items' indexes.  With ``lst_path`` the items are also written as a list file, in the order packed.
-    ``shuffle`` permutes the items with ``random.Random(seed)`` first.  ``progress(n)`` is called every
-    1000 records.
+    ``shuffle`` permutes the items with ``random.Random(seed)`` first.  ``progress(n, total)`` is called
+    every 1000 records.  With ``verify`` (default) each file must open as an image (Pillow reads its
+    header and checks its structure, without decoding it): one that does not is left out and listed in
+    ``PackResult.skipped`` with the reason.
     """
     for value, name in ((root, "root"), (out_rec, "out_rec"), (idx_path, "idx_path"), (lst_path, "lst_path")):
         check_path_arg(value, name, file_ok=False)
@@ -181,22 +184,45 @@ def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_p
         random.Random(seed).shuffle(order)
     if idx_path is None:
         idx_path = output_paths(out_rec)[0]
+    skipped: List[Tuple[str, str]] = []
+    packed: List[ListItem] = []
+    total = len(order)
     with _Outputs([out_rec, idx_path] + ([lst_path] if lst_path else [])) as tmp:
         with RecordWriter(tmp[out_rec], index=tmp[idx_path]) as writer:
             for n, item in enumerate(order, 1):
                 path = item.path if os.path.isabs(item.path) else os.path.join(root, item.path)
                 data = _read_file(path)
+                why = _not_an_image(data) if verify else None
+                if why is not None:
+                    skipped.append((path, why))
+                    continue
+                packed.append(item)
                 label = item.labels[0] if len(item.labels) == 1 else list(item.labels)
                 try:
                     writer.write(pack(IRHeader(0, label, item.index, 0), data), key=item.index)
                 except ValueError as exc:
                     raise SourceError(f"{path}: {exc}") from exc
                 if progress is not None and n % 1000 == 0:
-                    progress(n)
+                    progress(n, total)
             nbytes = writer.tell()
         if lst_path:
-            write_image_list(tmp[lst_path], order)
-    return PackResult(records=len(order), bytes=nbytes, rec_path=out_rec, idx_path=idx_path, lst_path=lst_path)
+            write_image_list(tmp[lst_path], packed)
+    return PackResult(records=len(packed), bytes=nbytes, rec_path=out_rec, idx_path=idx_path, lst_path=lst_path,
+                      skipped=skipped)
+
+
+def _not_an_image(data: bytes) -> Optional[str]:
+    """Why ``data`` is not an image file Pillow can open, or None."""
+    import io
+
+    from PIL import Image as PILImage
+    try:
+        with PILImage.open(io.BytesIO(data)) as img:
+            img.verify()
+    except Exception as exc:  # UnidentifiedImageError, SyntaxError for broken structure, ...
+        from ..decoders.sniff import describe
+        return f"{type(exc).__name__}: {exc} ({describe(data)})"
+    return None
 
 
 def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names: Sequence[str], *,
@@ -208,7 +234,7 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
     others: their JSON text), in SageMaker's wrapper framing -- read it back with ``join="concat"``.
     Records larger than ``split_bytes`` become multipart records.  ``out`` is a path (written atomically)
     or a binary file object (e.g. ``sys.stdout.buffer``).  ``shuffle`` permutes the manifest lines with
-    ``random.Random(seed)``.  ``progress(n)`` is called every 1000 records.
+    ``random.Random(seed)``.  ``progress(n, None)`` is called every 1000 records.
     """
     from ..sources.manifest import iter_manifest_records, read_manifest_lines
     from ..sources.wrapper import write_sagemaker_recordio
@@ -228,7 +254,7 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
         for payload in iter_manifest_records(manifest_path, list(attribute_names), order=order):
             count[0] += 1
             if progress is not None and count[0] % 1000 == 0:
-                progress(count[0])
+                progress(count[0], None)
             yield payload
 
     if isinstance(out, str):
