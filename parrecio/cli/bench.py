@@ -251,7 +251,7 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
         wait_for_fifo(pipe, 0)
     paused = 0.0  # seconds spent waiting for later epochs' FIFOs, taken out of the measured times
     t_start = time.perf_counter()
-    cpu_start = time.process_time()  # this process is the consumer (and the decoder with workers=0)
+    cpu_first = time.process_time()  # this process is the consumer (and the decoder with workers=0)
     t_first = None
     first_samples = 0
     telemetry = None
@@ -269,12 +269,13 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
                 now = time.perf_counter()
                 if t_first is None:
                     t_first, first_samples = now, stats.samples
+                    cpu_first = time.process_time()
                     t_tel = now
                     telemetry = _telemetry(get_telemetry) or telemetry  # primes cpu_percent
                 elif now - t_tel >= 1.0:
                     t_tel = now
                     telemetry = _telemetry(get_telemetry) or telemetry
-                if progress.enabled and now > t_first:
+                if progress.enabled and now - t_first >= 0.5:  # a rate over a batch or two means nothing
                     dt = now - t_first
                     rate = (stats.samples - first_samples) / dt if dt > 0 else 0.0
                     mb = f"  ~{rate * group * record_bytes / 1e6:.1f} MB/s" if record_bytes else ""
@@ -283,7 +284,7 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
                 if args.samples is not None and stats.samples - base >= args.samples:
                     break
         t_end = time.perf_counter() - paused
-        consumer_cpu = time.process_time() - cpu_start
+        consumer_cpu = time.process_time() - cpu_first  # from the first sample: the steady state
         if telemetry is None or t_end - t_tel > 0.5:
             telemetry = _telemetry(get_telemetry) or telemetry
         progress.clear()
@@ -303,6 +304,8 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
         origin = "library"
         if not isinstance(verdict, str):
             verdict, origin = own_verdict(stats, busy), "bench"
+        if steady < MIN_VERDICT_SECONDS or steady_samples < MIN_VERDICT_SAMPLES:
+            verdict, origin = "unknown", "too short"  # start-up and a batch or two: no steady state
         return {
             "workers": workers, "samples": samples, "records": getattr(stats, "records", 0), "bytes": nbytes,
             "epochs": args.epochs, "wall_s": round(wall, 4),
@@ -314,16 +317,19 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
                                               if busy > 0 and workers else None),
             "skipped": getattr(stats, "skipped", 0), "stages": stages,
             "bottleneck": verdict, "bottleneck_from": origin, "telemetry": telemetry,
-            "cpu_us_per_sample": _per_sample(samples, getattr(stats, "reader_cpu", 0.0), consumer_cpu, decode_cpu),
+            "cpu_us_per_sample": _per_sample(samples, getattr(stats, "reader_cpu", 0.0), decode_cpu,
+                                             consumer_cpu, steady_samples if t_first is not None else samples),
         }
 
 
-def _per_sample(samples: int, reader: float, consumer: float, decode: float) -> Dict[str, float]:
-    """CPU microseconds per sample of the reader process, this process (the consumer) and the decoders
-    (all workers together), over the whole run."""
-    if not samples:
+def _per_sample(samples: int, reader: float, decode: float, consumer: float,
+                consumer_samples: int) -> Dict[str, float]:
+    """CPU microseconds per sample of the reader process and the decoders (all workers together) over
+    the whole run, and of this process (the consumer) from the first sample on (``consumer_samples``):
+    starting and stopping the processes is no per-sample cost."""
+    if not samples or not consumer_samples:
         return {}
-    return {"reader": round(reader / samples * 1e6, 2), "consumer": round(consumer / samples * 1e6, 2),
+    return {"reader": round(reader / samples * 1e6, 2), "consumer": round(consumer / consumer_samples * 1e6, 2),
             "decode": round(decode / samples * 1e6, 2)}
 
 
@@ -389,6 +395,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench: {args.channel}  fields {','.join(names)}{' (guessed)' if guessed else ''}  "
               f"batch {args.batch_size}  size {args.size}  epochs {args.epochs}", file=sys.stderr)
     runs = []
+    if any(workers_list):
+        warm_up(pipe)  # start the forkserver now: the first --workers value must not pay for it
     try:
         for w in workers_list:
             runs.append(bench_one(args.channel, decoders, w, args, progress, record_bytes, len(names), pipe))
@@ -401,6 +409,37 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_runs(runs))
     return 0
+
+
+MIN_VERDICT_SECONDS = 0.5   # a steady state shorter than this says nothing about which stage limits
+MIN_VERDICT_SAMPLES = 100
+
+
+def warm_up(pipe: Any) -> None:
+    """Start the decoder processes' forkserver (with the modules it preloads) before any timing."""
+    import multiprocessing
+    if pipe is not None or "forkserver" not in multiprocessing.get_all_start_methods():
+        return
+    from multiprocessing import forkserver
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["parrecio.pipeline.worker", "parrecio.pipeline.reader_proc"])
+    forkserver.ensure_running()
+
+
+def scaling_line(run: Dict[str, Any]) -> Optional[str]:
+    """What the stage costs of a run allow on larger hosts (bench/stages.py's model): one reader process
+    and one consumer, whatever the number of decoders."""
+    cpu = run.get("cpu_us_per_sample") or {}
+    if not run["workers"] or not cpu or not cpu.get("decode"):
+        return None
+    serial = max(cpu["reader"], cpu["consumer"], 1e-3)
+    per_worker = 1e6 / cpu["decode"]
+    cap = 1e6 / serial
+    stage = "reader process" if cpu["reader"] >= cpu["consumer"] else "consumer"
+    return (f"scaling: per sample {cpu['reader']:.1f} us in the reader process, {cpu['consumer']:.1f} us here, "
+            f"{cpu['decode']:.0f} us of decoding: about {per_worker:.0f} samples/s per decoder process, and "
+            f"the serial stages allow {cap:.0f} samples/s (the {stage}), reached with about "
+            f"{max(1, round(cap / per_worker))} decoder processes")
 
 
 def format_runs(runs: List[Dict[str, Any]]) -> str:
@@ -421,6 +460,9 @@ def format_runs(runs: List[Dict[str, Any]]) -> str:
         advice = inline_advice(runs)
         if advice:
             lines.append(advice)
+        scaling = scaling_line(best)
+        if scaling:
+            lines.append(scaling)
     lines.append("(read: reader process reading; wait src: waiting on the stream; wait dec: the loop waiting "
                  "for decoded batches; wait you: the reader waiting for ring space; dec cpu: decoding, all workers)")
     return "\n".join(lines) + "\n"
