@@ -117,13 +117,13 @@ def bench_raw(quick: bool) -> Dict[str, Any]:
 _TTFS = r"""
 import json, sys, time
 import parrecio
-from parrecio import ParallelReader
+from parrecio import ParallelReader, Tuning
 from parrecio.decoders import Image, BoundingBoxes
 path, workers, method, batch = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 batch = None if batch == "none" else int(batch)
 t0 = time.perf_counter()
 r = ParallelReader(path, fields=[Image(size=(224, 224)), BoundingBoxes()], workers=workers,
-                   batch_size=batch, start_method=method)
+                   batch_size=batch, tuning=Tuning(start_method=method))
 it = iter(r)
 first = next(it)
 t1 = time.perf_counter()

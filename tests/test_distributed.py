@@ -244,3 +244,31 @@ def test_index_with_an_incomplete_last_group(tmp_path, workers, no_leaks):
         got = list(reader)
         assert len(got) == 2 and reader.stats.skipped == 1  # 3 whole groups, padded to 2 per shard
         assert all(a[1:] == b"%d" % (int(b[1:]) - 1) for a, b in got)
+
+
+def test_tuning_and_the_deprecated_keywords(tmp_path, no_leaks):
+    """The first release's tuning keywords still work for one release, with a DeprecationWarning that says
+    where they moved; poll_interval is ignored; a Tuning checks its values when it is made."""
+    import warnings
+    from parrecio import Tuning
+    path = tmp_path / "t.rec"
+    groups = _write(path, 20)
+    with pytest.warns(DeprecationWarning, match=r"ring_bytes=131072, prefetch=3\): these moved to "
+                                                r"tuning=Tuning\(ring_bytes=131072, prefetch=3\)"):
+        old = ParallelReader(path, fields=Echo(), workers=1, ring_bytes=128 << 10, prefetch=3)
+    with old:
+        assert (old.config.ring_bytes, old.config.prefetch) == (128 << 10, 3) and list(old) == groups
+    with pytest.warns(DeprecationWarning, match="poll_interval= is ignored"):
+        ParallelReader(path, fields=Echo(), poll_interval=0.5).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = ParallelReader(path, Echo(), workers=1, tuning=Tuning(ring_bytes=128 << 10, prefetch=3))
+    with new:
+        assert (new.config.ring_bytes, new.config.prefetch) == (128 << 10, 3) and list(new) == groups
+    with pytest.raises(ValueError, match="prefetch must be >= 1"):
+        Tuning(prefetch=0)
+    with pytest.raises(ValueError, match="start_method must be one of"):
+        Tuning(start_method="thread")
+    with pytest.raises(TypeError, match="tuning must be a parrecio.Tuning"):
+        ParallelReader(path, tuning={"prefetch": 2})
+    assert Tuning() == Tuning() and Tuning(prefetch=3) != Tuning() and hash(Tuning()) == hash(Tuning())

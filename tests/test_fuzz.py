@@ -54,7 +54,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from parrecio import CorruptRecordError, ParallelReader, ParrecioError, RecordReader
+from parrecio import CorruptRecordError, ParallelReader, ParrecioError, RecordReader, Tuning
 from parrecio.recordio.framing import LENGTH_MASK, MAGIC, encode_record, padded_size
 from pipeline_helpers import Fixed, deadline, digest_array
 from recordio_helpers import ShortReads
@@ -460,18 +460,18 @@ def test_parallel_reader_on_mutated_streams(tmp_path, no_leaks):
         it = iter(ref_payloads)
         assert all(any(w == x for x in it) for w in want), m.log  # ordered subsequence
         with deadline(30):
-            with ParallelReader(path, fields=None, workers=2, on_error="skip", chunk_groups=7) as pr:
+            with ParallelReader(path, fields=None, workers=2, on_error="skip", tuning=Tuning(chunk_groups=7)) as pr:
                 raw = list(pr)
                 assert pr.stats.skipped_records == r.skipped_records, m.log
                 assert pr.stats.skipped_bytes == r.skipped_bytes, m.log
             assert raw == ref_payloads, m.log
             with ParallelReader(path, fields=Fixed(), workers=2, on_error="skip", batch_size=16,
-                                ring_bytes=1 << 20) as pr:
+                                tuning=Tuning(ring_bytes=1 << 20)) as pr:
                 batches = list(pr)
             got = np.concatenate(batches) if batches else np.zeros((0, 4, 3), np.uint8)
             assert np.array_equal(got, np.stack([digest_array(p) for p in ref_payloads])), m.log
             # raise mode: the same records up to the error, then a CorruptRecordError
-            with ParallelReader(path, fields=None, workers=2, chunk_groups=7) as pr:
+            with ParallelReader(path, fields=None, workers=2, tuning=Tuning(chunk_groups=7)) as pr:
                 out = []
                 try:
                     for x in pr:

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from parrecio import (CorruptRecordError, DecodeError, ParallelReader, ParrecioError, PipelineError,
-                      RecordWriter)
+                      RecordWriter, Tuning)
 from parrecio.decoders import ArraySpec, BoundingBoxes, Image, Json, Raw
 from parrecio.pipeline.shm import leftover
 from image_helpers import gt_boxes_json, jpeg
@@ -486,7 +486,7 @@ def test_close_from_another_thread(stream, no_leaks):
 
 def test_lambda_and_local_decoders_need_no_pickling(stream, no_leaks):
     path, recs, _ = stream
-    with ParallelReader(path, fields=lambda p: len(p), workers=2, start_method="spawn") as reader:
+    with ParallelReader(path, fields=lambda p: len(p), workers=2, tuning=Tuning(start_method="spawn")) as reader:
         assert list(reader) == [len(x) for x in recs]  # by value (cloudpickle) to the workers
 
     def local(p):

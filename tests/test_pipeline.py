@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from parrecio import CorruptRecordError, DecodeError, ParallelReader
+from parrecio import CorruptRecordError, DecodeError, ParallelReader, Tuning
 from parrecio.decoders import Json, Raw
 from pipeline_helpers import (Fixed, FixedNoInto, FailOn, Pair, Ragged, Sleepy, digest_array, feed_fifo,
                               payloads, write_rec)
@@ -34,7 +34,7 @@ def test_equals_sequential_decode(stream, workers, batch_size, no_leaks):
     path, recs, _ = stream
     expected = [digest_array(r) for r in recs]
     with ParallelReader(path, fields=Sleepy(2.0), workers=workers, batch_size=batch_size,
-                        chunk_groups=5) as reader:
+                        tuning=Tuning(chunk_groups=5)) as reader:
         out = list(reader)
         assert len(reader.worker_pids) == workers
     if batch_size is None:
@@ -101,7 +101,7 @@ def test_empty_and_huge_records_larger_than_the_ring(tmp_path, no_leaks):
     path = tmp_path / "big.rec"
     write_rec(path, recs)
     for fields in (None, Fixed()):
-        with ParallelReader(path, fields=fields, workers=2, ring_bytes=1 << 20) as reader:
+        with ParallelReader(path, fields=fields, workers=2, tuning=Tuning(ring_bytes=1 << 20)) as reader:
             out = list(reader)
         if fields is None:
             assert out == recs
@@ -138,7 +138,7 @@ def test_decode_error_is_raised_at_its_position(tmp_path, no_leaks):
     path = tmp_path / "e.rec"
     offsets = write_rec(path, recs)
     got = []
-    with ParallelReader(path, fields=FailOn(b"BAD"), workers=2, chunk_groups=4) as reader:
+    with ParallelReader(path, fields=FailOn(b"BAD"), workers=2, tuning=Tuning(chunk_groups=4)) as reader:
         with pytest.raises(DecodeError) as ei:
             for s in reader:
                 got.append(s)
@@ -169,7 +169,7 @@ def test_json_field_errors_name_the_field(tmp_path, no_leaks):
 def test_held_arrays_are_never_overwritten(stream, no_leaks):
     path, recs, _ = stream
     expected = [digest_array(r) for r in recs]
-    with ParallelReader(path, fields=Fixed(), workers=2, batch_size=8, prefetch=1, chunk_groups=4) as reader:
+    with ParallelReader(path, fields=Fixed(), workers=2, batch_size=8, tuning=Tuning(prefetch=1, chunk_groups=4)) as reader:
         held = list(reader)          # every batch kept: the pool must grow, never recycle
         again = flatten(list(reader))  # a second epoch while the first is still held
     assert all(np.array_equal(a, b) for a, b in zip(flatten(held), expected))
@@ -224,7 +224,7 @@ def test_exception_in_loop_body_and_dropped_reader(stream, no_leaks):
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
 def test_start_methods(stream, method, no_leaks):
     path, recs, _ = stream
-    with ParallelReader(path, fields=[Fixed(), Raw()], workers=2, start_method=method) as reader:
+    with ParallelReader(path, fields=[Fixed(), Raw()], workers=2, tuning=Tuning(start_method=method)) as reader:
         out = list(reader)
     assert [bytes(b) for _, b in out] == recs[1::2]
     assert all(np.array_equal(a, digest_array(r)) for (a, _), r in zip(out, recs[0::2]))
@@ -373,9 +373,9 @@ def test_stdin_channel_end_to_end(stream, method):
     path, recs, _ = stream
     script = (
         "import hashlib, sys\n"
-        "from parrecio import ParallelReader, SourceError\n"
+        "from parrecio import ParallelReader, SourceError, Tuning\n"
         "if __name__ == '__main__':\n"
-        f"    with ParallelReader('-', workers=1, start_method={method!r}) as r:\n"
+        f"    with ParallelReader('-', workers=1, tuning=Tuning(start_method={method!r})) as r:\n"
         "        h = hashlib.sha256(); n = 0\n"
         "        for rec in r:\n"
         "            h.update(rec); n += 1\n"

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from parrecio import IRHeader, ParallelReader, PipelineError, RecordReader, pack
+from parrecio import IRHeader, pack, ParallelReader, PipelineError, RecordReader, Tuning
 from parrecio.decoders import Image, ImageRecord, Json
 from parrecio.pipeline.config import PipelineConfig
 from parrecio.pipeline.mapped import MappedFiles, is_mapped, map_stream
@@ -64,7 +64,7 @@ def test_mapped_file_skip_matches_record_reader(tmp_path, no_leaks):
     path.write_bytes(bytes(data))
     rr = RecordReader(path, on_corrupt="skip", max_record_bytes=1 << 20)
     want = [rec.payload for rec in rr]
-    with ParallelReader(path, fields=Echo(), workers=2, on_error="skip", max_record_bytes=1 << 20) as r:
+    with ParallelReader(path, fields=Echo(), workers=2, on_error="skip", tuning=Tuning(max_record_bytes=1 << 20)) as r:
         assert list(r) == want
         assert r.stats.skipped_records == rr.skipped_records >= 2
 
@@ -260,7 +260,7 @@ def test_adaptive_chunks_for_small_records(tmp_path, no_leaks):
     with ParallelReader(path, fields=Json(), workers=2) as r:
         assert list(r) == want
         adaptive = r.stats.chunks
-    with ParallelReader(path, fields=Json(), workers=2, chunk_groups=32) as r:
+    with ParallelReader(path, fields=Json(), workers=2, tuning=Tuning(chunk_groups=32)) as r:
         assert list(r) == want
         fixed = r.stats.chunks
     assert fixed >= 20000 // 32 and adaptive <= fixed // 10

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from parrecio import DecodeError, ParallelReader
+from parrecio import DecodeError, ParallelReader, Tuning
 from parrecio.pipeline.shm import leftover
 from pipeline_helpers import (KillOn, KillOnceOn, Sleepy, digest_array, payloads, write_rec)
 from round2_helpers import wait_gone
@@ -34,7 +34,7 @@ def test_killed_worker_is_replaced_and_its_groups_rerun(stream, no_leaks):
     path, recs, _ = stream
     expected = [digest_array(r) for r in recs]
     out = []
-    with ParallelReader(path, fields=Sleepy(4.0), workers=2, batch_size=10, chunk_groups=8) as reader:
+    with ParallelReader(path, fields=Sleepy(4.0), workers=2, batch_size=10, tuning=Tuning(chunk_groups=8)) as reader:
         for i, batch in enumerate(reader):
             out.append(batch.copy())
             if i in (3, 12):
@@ -58,7 +58,7 @@ def test_worker_killed_once_by_a_record_rerun_identically(stream, tmp_path, no_l
     # task queued behind the fatal one is orphaned too or not, by timing).  One death, one replacement,
     # one orphaned task (re-run as one isolated task per group: those are not counted as reruns).
     with ParallelReader(p2, fields=KillOnceOn(b"OOM!", str(tmp_path / "flag")), workers=2,
-                        batch_size=16, prefetch=1) as reader:
+                        batch_size=16, tuning=Tuning(prefetch=1)) as reader:
         got = flatten(list(reader))
         assert (reader.stats.workers_replaced, reader.stats.reruns) == (1, 1)
     assert all(np.array_equal(a, digest_array(r)) for a, r in zip(got, marked))
@@ -86,7 +86,7 @@ def test_poison_record_becomes_a_decode_error(stream, tmp_path, no_leaks):
     assert (ei.value.index, ei.value.offset) == (200, offsets[200])
     assert "died twice" in str(ei.value)
     with ParallelReader(p2, fields=KillOn(b"POISON"), workers=2, on_error="skip", batch_size=50,
-                        prefetch=1) as reader:
+                        tuning=Tuning(prefetch=1)) as reader:
         got = flatten(list(reader))
         assert (reader.stats.skipped, reader.stats.workers_replaced, reader.stats.reruns) == (1, 2, 2)
     assert len(got) == 299
@@ -180,7 +180,7 @@ def test_reader_process_death_is_reported(tmp_path, no_leaks):
     from parrecio import PipelineError
     path = tmp_path / "big.rec"
     write_rec(path, payloads(300, seed=2, max_len=4000))  # ~600 KB: the reader waits on a 64 KB ring
-    with ParallelReader(path, fields=Sleepy(20.0), workers=1, batch_size=2, ring_bytes=1 << 16) as reader:
+    with ParallelReader(path, fields=Sleepy(20.0), workers=1, batch_size=2, tuning=Tuning(ring_bytes=1 << 16)) as reader:
         it = iter(reader)
         next(it)
         os.kill(reader._res.run.reader.pid, signal.SIGKILL)
@@ -198,7 +198,7 @@ def test_hanging_decoder_is_killed_and_its_sample_reported(stream, tmp_path, no_
     offsets = write_rec(p2, marked)
     t0 = time.monotonic()
     got = []
-    with ParallelReader(p2, fields=HangOn(b"HANG"), workers=2, task_timeout=0.5, poll_interval=0.2) as reader:
+    with ParallelReader(p2, fields=HangOn(b"HANG"), workers=2, tuning=Tuning(task_timeout=0.5)) as reader:
         with pytest.raises(DecodeError) as ei:
             for s in reader:
                 got.append(s)

@@ -26,7 +26,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from parrecio import DecodeError, ParallelReader, PipelineError
+from parrecio import DecodeError, ParallelReader, PipelineError, Tuning
 from parrecio.decoders import Raw
 from parrecio.pipeline.shm import leftover, sweep
 from pipeline_helpers import (FailOn, Fixed, HangOn, KillOn, Sleepy, deadline, digest_array, payloads,
@@ -46,7 +46,7 @@ def write_script(tmp_path, name: str, body: str) -> str:
     text = textwrap.dedent(f"""\
         import os, sys, time, signal
         sys.path.insert(0, {HERE!r})
-        from parrecio import ParallelReader
+        from parrecio import ParallelReader, Tuning
         if __name__ == "__main__":
         """) + textwrap.indent(textwrap.dedent(body), "    ")
     path = tmp_path / name
@@ -122,7 +122,7 @@ def test_01_group_larger_than_the_ring(tmp_path, no_leaks, fields):
     assert max(sum(map(len, g)) for g in groups) > (1 << 20 if nf == 3 else 1 << 19)
     got = []
     with deadline(60):
-        with ParallelReader(path, fields=decs, workers=2, ring_bytes=1 << 20) as reader:
+        with ParallelReader(path, fields=decs, workers=2, tuning=Tuning(ring_bytes=1 << 20)) as reader:
             for s in reader:
                 got.append(s)
     assert len(got) == len(groups)
@@ -142,7 +142,7 @@ def test_01_killed_consumer_of_big_groups_leaves_nothing(tmp_path):
     script = write_script(tmp_path, "consumer.py", f"""
         from parrecio.decoders import Raw
         from pipeline_helpers import Fixed
-        r = ParallelReader({str(path)!r}, fields=[Raw(), Fixed(), Raw()], workers=2, ring_bytes=1 << 20)
+        r = ParallelReader({str(path)!r}, fields=[Raw(), Fixed(), Raw()], workers=2, tuning=Tuning(ring_bytes=1 << 20))
         it = iter(r)
         print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
         for _ in range(13):  # past groups 2 and 10, each larger than the ring
@@ -193,7 +193,7 @@ def test_02_oneoff_segments_in_flight_are_bounded(tmp_path, no_leaks, ring_bytes
     th = None
     try:
         with deadline(90):
-            with ParallelReader(path, workers=1, ring_bytes=ring_bytes) as reader:
+            with ParallelReader(path, workers=1, tuning=Tuning(ring_bytes=ring_bytes)) as reader:
                 it = iter(reader)
                 prefix = reader._res.prefix
                 th = threading.Thread(target=sampler, args=(prefix,), daemon=True)
@@ -250,7 +250,7 @@ def test_04_result_that_cannot_travel(tmp_path, no_leaks, kind, on_error):
     dec = UnpickleFailsOn(b"MARK") if kind == "cannot be unpickled" else UnpicklableOn(b"MARK")
     got, err = [], None
     with deadline(60):
-        with ParallelReader(path, fields=dec, workers=2, on_error=on_error, chunk_groups=4) as reader:
+        with ParallelReader(path, fields=dec, workers=2, on_error=on_error, tuning=Tuning(chunk_groups=4)) as reader:
             try:
                 for s in reader:
                     got.append(s)
@@ -273,7 +273,7 @@ def test_04_decoder_raising_a_base_exception(tmp_path, no_leaks, exc_name):
     path, recs, offsets = _marked_stream(tmp_path)
     got, err = [], None
     with deadline(60):
-        with ParallelReader(path, fields=RaiseBaseOn(b"MARK", exc_name), workers=2, chunk_groups=4) as reader:
+        with ParallelReader(path, fields=RaiseBaseOn(b"MARK", exc_name), workers=2, tuning=Tuning(chunk_groups=4)) as reader:
             try:
                 for s in reader:
                     got.append(s)
@@ -294,8 +294,7 @@ def test_05_slow_loop_body_does_not_kill_workers(tmp_path, no_leaks, caplog):
     out = []
     with caplog.at_level(logging.WARNING, logger="parrecio"):
         with deadline(90):
-            with ParallelReader(path, fields=Fixed(), workers=2, batch_size=8, chunk_groups=8,
-                                task_timeout=1, poll_interval=0.2) as reader:
+            with ParallelReader(path, fields=Fixed(), workers=2, batch_size=8, tuning=Tuning(chunk_groups=8, task_timeout=1)) as reader:
                 for i, b in enumerate(reader):
                     out.append(b.copy())
                     if i in (3, 12, 24):
@@ -316,8 +315,8 @@ def test_05_stopped_consumer_does_not_kill_workers(tmp_path):
         from pipeline_helpers import Fixed, digest_array, payloads
         recs = payloads(600, seed=55)
         out = []
-        with ParallelReader({str(path)!r}, fields=Fixed(), workers=2, batch_size=8, chunk_groups=8,
-                            task_timeout=1, poll_interval=0.2) as r:
+        with ParallelReader({str(path)!r}, fields=Fixed(), workers=2, batch_size=8,
+                            tuning=Tuning(chunk_groups=8, task_timeout=1)) as r:
             for i, b in enumerate(r):
                 out.append(b.copy())
                 if i == 0:
@@ -366,8 +365,7 @@ def test_06_decoder_stopped_while_sending_a_large_result(tmp_path, no_leaks):
     t0 = time.monotonic()
     try:
         with deadline(20):
-            with ParallelReader(path, fields=StopWhileSending(b"BIG!", str(flag)), workers=2, chunk_groups=2,
-                                task_timeout=2, poll_interval=0.2) as reader:
+            with ParallelReader(path, fields=StopWhileSending(b"BIG!", str(flag)), workers=2, tuning=Tuning(chunk_groups=2, task_timeout=2)) as reader:
                 for s in reader:
                     got.append(s)
                 replaced = reader.stats.workers_replaced
@@ -410,7 +408,7 @@ def test_07_killed_consumer_while_the_fifo_stalls_after_releases(tmp_path):
     writer = _stalling_writer(tmp_path, src.read_bytes()[:offsets[10]], 60)  # 10 records, then a stall
     script = write_script(tmp_path, "consumer.py", f"""
         from pipeline_helpers import Fixed
-        r = ParallelReader({str(tmp_path / "fifo")!r}, fields=Fixed(), workers=1, chunk_groups=1)
+        r = ParallelReader({str(tmp_path / "fifo")!r}, fields=Fixed(), workers=1, tuning=Tuning(chunk_groups=1))
         it = iter(r)
         next(it)
         time.sleep(1.0)  # the reader has read all there is and waits on the stalled FIFO
@@ -448,7 +446,7 @@ def test_07_close_after_releases_on_a_stalled_fifo_is_prompt(tmp_path, no_leaks)
     took, got = None, []
     try:
         with deadline(30):
-            reader = ParallelReader(str(tmp_path / "fifo"), fields=Fixed(), workers=1, chunk_groups=1)
+            reader = ParallelReader(str(tmp_path / "fifo"), fields=Fixed(), workers=1, tuning=Tuning(chunk_groups=1))
             it = iter(reader)
             got.append(next(it))
             time.sleep(1.0)
@@ -492,7 +490,7 @@ def test_08_pipe_mode_without_wrapper_flushes_when_the_stream_stalls(tmp_path, n
     got = []
     try:
         with deadline(15):
-            reader = ParallelReader("train", sm_input_dir=str(root), workers=1, chunk_groups=64)
+            reader = ParallelReader("train", sm_input_dir=str(root), workers=1, tuning=Tuning(chunk_groups=64))
             it = iter(reader)
             t0 = time.monotonic()
             got.append(next(it))
@@ -560,7 +558,7 @@ def test_10_forked_child_that_exits_does_not_disturb_the_pass(tmp_path):
         import numpy as np
         from pipeline_helpers import Sleepy, digest_array, payloads
         recs = payloads(2000, seed=10, max_len=2000)
-        r = ParallelReader({str(path)!r}, fields=Sleepy(2.0), workers=2, batch_size=10, ring_bytes=1 << 16)
+        r = ParallelReader({str(path)!r}, fields=Sleepy(2.0), workers=2, batch_size=10, tuning=Tuning(ring_bytes=1 << 16))
         out = []
         try:
             for i, b in enumerate(r):
@@ -762,7 +760,7 @@ def _stdin_script(reader_args: str, decoder_class: bool = False) -> str:
     return textwrap.dedent(f"""\
         import os, shutil, sys, tempfile
         sys.path.insert(0, {HERE!r})
-        from parrecio import ParallelReader
+        from parrecio import ParallelReader, Tuning
         from pipeline_helpers import Fixed, payloads, write_rec
         """) + (textwrap.dedent("""\
         class MyDecoder:
@@ -785,7 +783,7 @@ def _stdin_script(reader_args: str, decoder_class: bool = False) -> str:
 
 
 @pytest.mark.parametrize("fields", ["", ", fields=Fixed()"], ids=["raw", "fixed"])
-@pytest.mark.parametrize("method", ["", ", start_method='spawn'"], ids=["default", "spawn"])
+@pytest.mark.parametrize("method", ["", ", tuning=Tuning(start_method='spawn')"], ids=["default", "spawn"])
 def test_13_script_piped_to_stdin(method, fields):
     proc = subprocess.run([sys.executable, "-"], input=_stdin_script(method + fields), text=True,
                           capture_output=True, timeout=90)
@@ -798,7 +796,7 @@ def test_13_script_piped_to_stdin(method, fields):
 @pytest.mark.parametrize("how", ["stdin", "-c"])
 def test_13_decoder_defined_in_a_file_less_main_travels_by_value(how):
     """Once refused (a TypeError naming __main__), such a decoder is now shipped by value (cloudpickle)."""
-    script = _stdin_script(", fields=MyDecoder(), start_method='spawn'", decoder_class=True)
+    script = _stdin_script(", fields=MyDecoder(), tuning=Tuning(start_method='spawn')", decoder_class=True)
     t0 = time.monotonic()
     if how == "stdin":
         proc = subprocess.run([sys.executable, "-"], input=script, text=True, capture_output=True, timeout=90)
@@ -812,20 +810,21 @@ def test_13_decoder_defined_in_a_file_less_main_travels_by_value(how):
 # -- 15. tuning values validated up front ----------------------------------------------------------------------
 
 BAD_VALUES = [("prefetch", 0), ("slot_samples", 0), ("ring_bytes", 10), ("chunk_groups", 0),
-              ("poll_interval", 0), ("task_timeout", 0), ("shuffle_buffer", 0), ("max_record_bytes", 0),
+              ("task_timeout", 0), ("shuffle_buffer", 0), ("max_record_bytes", 0),
               ("workers", -1), ("batch_size", 0), ("batch_size", True)]
 
 
 @pytest.mark.parametrize("name, value", BAD_VALUES, ids=[f"{n}={v!r}" for n, v in BAD_VALUES])
 def test_15_tuning_values_are_validated(stream, no_leaks, name, value):
+    from parrecio.pipeline.tuning import TUNING_KEYWORDS
     path, _, _ = stream
-    kw = {name: value}
-    if name == "shuffle_buffer":
-        kw["shuffle"] = True
     expected = TypeError if value is True else ValueError
     reader = None
     try:
-        with pytest.raises(expected) as ei:
+        with pytest.raises(expected) as ei:  # a Tuning checks its values when it is made
+            kw = {"tuning": Tuning(**{name: value})} if name in TUNING_KEYWORDS else {name: value}
+            if name == "shuffle_buffer":
+                kw["shuffle"] = True
             reader = ParallelReader(path, **kw)
     finally:
         if reader is not None:
@@ -837,7 +836,7 @@ def test_15_validation_comes_before_stdin_is_duplicated(no_leaks):
     gc.collect()
     before = open_fds()
     with pytest.raises(ValueError) as ei:
-        ParallelReader("-", prefetch=0)
+        ParallelReader("-", tuning=Tuning(prefetch=0))
     after = open_fds()
     assert "prefetch" in str(ei.value)
     assert after == before
@@ -898,7 +897,7 @@ def _probe(path, seed, kill_at=None):
     by_pid = defaultdict(list)
     n, killed, first = 0, None, []
     with deadline(60):
-        with ParallelReader(path, fields=SeedProbe(0.003), workers=2, seed=seed, chunk_groups=1) as reader:
+        with ParallelReader(path, fields=SeedProbe(0.003), workers=2, seed=seed, tuning=Tuning(chunk_groups=1)) as reader:
             for i, (pid, a, b) in enumerate(reader):
                 if i == 0:
                     first = list(reader.worker_pids)
@@ -959,8 +958,7 @@ def test_17_no_progress_warning_once_per_killed_worker(tmp_path, no_leaks, caplo
     offsets = write_rec(path, recs)
     with caplog.at_level(logging.WARNING, logger="parrecio"):
         with deadline(60):
-            with ParallelReader(path, fields=HangOn(b"HANG"), workers=2, task_timeout=0.5,
-                                poll_interval=0.05) as reader:
+            with ParallelReader(path, fields=HangOn(b"HANG"), workers=2, tuning=Tuning(task_timeout=0.5)) as reader:
                 with pytest.raises(DecodeError) as ei:
                     for _ in reader:
                         pass

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from parrecio import ParallelReader, RecordReader
+from parrecio import ParallelReader, RecordReader, Tuning
 from parrecio.recordio.reader import Buffers
 from parrecio.recordio.framing import MAGIC_BYTES
 from parrecio.sources.wrapper import write_sagemaker_recordio
@@ -131,7 +131,7 @@ def _fifo(tmp_path, recs, name="s.rec", chunk=65536, pause=0.0):
 def test_fifo_single_part_records_are_read_in_place(tmp_path, no_leaks):
     recs = payloads(3000, seed=1, max_len=3000)
     fifo, feeder = _fifo(tmp_path, recs)
-    with deadline(60), ParallelReader(fifo, fields=Echo(), workers=2, ring_bytes=1 << 20) as r:
+    with deadline(60), ParallelReader(fifo, fields=Echo(), workers=2, tuning=Tuning(ring_bytes=1 << 20)) as r:
         assert list(r) == recs
         assert r.stats.reader_copied_bytes == 0  # the kernel's copy into the ring was the only one
         assert r.stats.bytes == sum(map(len, recs))
@@ -142,7 +142,7 @@ def test_fifo_multipart_groups_are_copied_whole_and_exact(tmp_path, no_leaks):
     recs = _with_multipart(payloads(1200, seed=2, max_len=2000))
     groups = [tuple(recs[i:i + 2]) for i in range(0, len(recs), 2)]
     fifo, feeder = _fifo(tmp_path, recs, chunk=7000, pause=0.0005)
-    with deadline(60), ParallelReader(fifo, fields=[Echo(), Echo()], workers=2, ring_bytes=256 << 10) as r:
+    with deadline(60), ParallelReader(fifo, fields=[Echo(), Echo()], workers=2, tuning=Tuning(ring_bytes=256 << 10)) as r:
         assert list(r) == groups
         held = [g for g in groups if any(MAGIC in p for p in g)]
         # only the groups with a multipart record went through a copy, each once
@@ -158,7 +158,7 @@ def test_tiny_ring_records_larger_than_a_window_and_half_the_ring(tmp_path, no_l
             for n in rng.choice([0, 10, 3000, 9000, 20000, 40000], 600)]
     groups = [tuple(recs[i:i + 3]) for i in range(0, 600, 3)]
     fifo, feeder = _fifo(tmp_path, recs)
-    with deadline(120), ParallelReader(fifo, fields=[Echo()] * 3, workers=2, ring_bytes=64 << 10) as r:
+    with deadline(120), ParallelReader(fifo, fields=[Echo()] * 3, workers=2, tuning=Tuning(ring_bytes=64 << 10)) as r:
         assert list(r) == groups
     feeder.wait()
 
@@ -168,7 +168,7 @@ def test_long_stretch_of_sharded_out_groups_does_not_stall(tmp_path, no_leaks):
     later chunks (or an empty one), never waited for."""
     recs = payloads(4000, seed=6, max_len=4000)
     fifo, feeder = _fifo(tmp_path, recs)
-    with deadline(60), ParallelReader(fifo, fields=Echo(), workers=1, ring_bytes=64 << 10,
+    with deadline(60), ParallelReader(fifo, fields=Echo(), workers=1, tuning=Tuning(ring_bytes=64 << 10),
                                       num_shards=64, shard_index=63) as r:
         assert list(r) == recs[63::64]
     feeder.wait()
@@ -186,7 +186,7 @@ def test_corruption_longer_than_the_ring_is_skipped_without_a_hang(tmp_path, no_
     fifo = tmp_path / "c.fifo"
     os.mkfifo(fifo)
     feeder = feed_fifo(path, fifo, 50000, 0.0)
-    with deadline(60), ParallelReader(fifo, fields=Echo(), workers=1, ring_bytes=64 << 10,
+    with deadline(60), ParallelReader(fifo, fields=Echo(), workers=1, tuning=Tuning(ring_bytes=64 << 10),
                                       on_error="skip") as r:
         assert list(r) == recs
         assert r.stats.skipped_records == 1 and r.stats.skipped_bytes >= len(garbage)
@@ -201,7 +201,7 @@ def test_file_object_through_windows_with_shards_and_batches(tmp_path, no_leaks)
     for shard in range(2):
         src = io.BytesIO(path.read_bytes())  # not a file descriptor: pumped through a pipe
         with deadline(60), ParallelReader(src, fields=[Echo()] * 3, workers=2, batch_size=16,
-                                          num_shards=2, shard_index=shard, ring_bytes=128 << 10) as r:
+                                          num_shards=2, shard_index=shard, tuning=Tuning(ring_bytes=128 << 10)) as r:
             got = [tuple(col[j] for col in batch) for batch in r for j in range(len(batch[0]))]
         assert got == groups[shard::2]
 
@@ -214,7 +214,7 @@ def test_killed_worker_re_runs_groups_read_in_place(tmp_path, no_leaks):
     recs[777] = b"KILL" + recs[777]
     fifo, feeder = _fifo(tmp_path, recs)
     with deadline(90), ParallelReader(fifo, fields=KillOnceOn(b"KILL", str(tmp_path / "flag")), workers=2,
-                                      batch_size=16, ring_bytes=256 << 10) as r:
+                                      batch_size=16, tuning=Tuning(ring_bytes=256 << 10)) as r:
         got = np.concatenate(list(r))
         assert np.array_equal(got, np.stack([digest_array(x) for x in recs]))
         assert r.stats.workers_replaced == 1 and r.stats.reruns == 1

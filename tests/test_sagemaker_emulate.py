@@ -13,6 +13,7 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from parrecio import Tuning
 from parrecio.cli.main import main
 from parrecio.errors import SourceError
 from parrecio.recordio import RecordReader, RecordWriter
@@ -258,7 +259,7 @@ def test_parallel_reader_end_to_end_on_a_served_channel(dataset, tmp_path):
     try:
         wait_for_path(root / "config" / "inputdataconfig.json")
         with ParallelReader("train", fields=[Raw(), Json()], workers=1, sm_input_dir=str(root),
-                            fifo_timeout=20, poll_interval=0.2) as reader:
+                            fifo_timeout=20) as reader:
             epochs = [list(reader), list(reader)]
     finally:
         err = finish(proc)
@@ -283,7 +284,7 @@ def test_parallel_reader_breaks_epoch_0_then_reads_epoch_1_decoded(dataset, tmp_
     try:
         wait_for_path(root / "config" / "inputdataconfig.json")
         with ParallelReader("train", fields=[image, box], workers=2, batch_size=2, sm_input_dir=str(root),
-                            fifo_timeout=20, poll_interval=0.2) as reader:
+                            fifo_timeout=20) as reader:
             for first in reader:
                 break
             epoch1 = list(reader)

@@ -19,7 +19,7 @@ from pipeline_helpers import payloads, write_rec
 SCRIPT = textwrap.dedent("""\
     import os, sys, tempfile
     import numpy as np
-    from parrecio import ParallelReader, RecordWriter
+    from parrecio import ParallelReader, RecordWriter, Tuning
     from parrecio.decoders import ArraySpec
 
     class Length:                          # defined in __main__, which the children cannot import
@@ -35,9 +35,9 @@ SCRIPT = textwrap.dedent("""\
     with RecordWriter(path) as w:
         for i in range(300):
             w.write(b"%03d" % i + b"x" * (i % 7))
-    with ParallelReader(path, fields=[Length()], workers=2, batch_size=32, start_method=METHOD) as r:
+    with ParallelReader(path, fields=[Length()], workers=2, batch_size=32, tuning=Tuning(start_method=METHOD)) as r:
         total = sum(int(b[0].sum()) for b in r)
-    with ParallelReader(path, fields={"h": head, "n": lambda p: len(p)}, workers=2, start_method=METHOD) as r:
+    with ParallelReader(path, fields={"h": head, "n": lambda p: len(p)}, workers=2, tuning=Tuning(start_method=METHOD)) as r:
         got = list(r)
     print("ok", total, got[7]["h"].decode(), got[149]["n"], os.getpid())
     """)
@@ -76,7 +76,7 @@ def test_a_real_notebook(tmp_path):
 
 NOT_LOADING = textwrap.dedent("""\
     import os, tempfile, time
-    from parrecio import ParallelReader, RecordWriter
+    from parrecio import ParallelReader, RecordWriter, Tuning
 
     class LoadsOnlyHere:                   # pickles fine, refuses to be unpickled in another process
         def __init__(self):
@@ -94,7 +94,7 @@ NOT_LOADING = textwrap.dedent("""\
         for i in range(50):
             w.write(b"%03d" % i)
     t0 = time.monotonic()
-    with ParallelReader(path, fields=LoadsOnlyHere(), workers=2, start_method=METHOD) as r:
+    with ParallelReader(path, fields=LoadsOnlyHere(), workers=2, tuning=Tuning(start_method=METHOD)) as r:
         try:
             list(r)
         except Exception as exc:

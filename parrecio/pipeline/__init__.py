@@ -8,5 +8,6 @@ dispatch, reorder, liveness), :mod:`.batching`, :mod:`.parallel_reader` (the pub
 
 from .parallel_reader import ParallelReader, State
 from .stats import Stats
+from .tuning import Tuning
 
-__all__ = ["ParallelReader", "Stats", "State"]
+__all__ = ["ParallelReader", "Stats", "State", "Tuning"]

@@ -18,26 +18,27 @@ user never calls ``close()``; the reader object itself holds only the lifecycle 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import multiprocessing
-import numbers
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from ..decoders.base import ArraySpec, is_passthrough, spec_of
 from ..decoders.basic import Raw
 from ..errors import PipelineError
-from ..recordio import DEFAULT_MAX_RECORD_BYTES
 from ..sources import resolve
 from .batching import batches, position, unbatched
 from .shipping import ship
 from .config import PipelineConfig
 from .inline import InlineRun
 from .plan import EVEN_SHARDS, shard_length
+from .tuning import TUNING_KEYWORDS, Tuning, count
 from .resources import Resources
 from .run import Run, _ended
 from .slots import SlotLayout
@@ -48,7 +49,7 @@ log = logging.getLogger("parrecio")
 __all__ = ["ParallelReader"]
 
 _END = object()
-MIN_RING_BYTES = 64 << 10  # below this, groups of ordinary records would all need one-off segments
+POLL_INTERVAL = 1.0  # seconds: how long a wait sleeps at most before it looks around again (no setting)
 
 Fields = Union[None, Callable[[Any], Any], Sequence[Callable[[Any], Any]], Mapping[str, Callable[[Any], Any]]]
 
@@ -122,15 +123,6 @@ class ParallelReader:
             left out), so that every rank runs the same number of steps (DDP collectives).  For streams
             the count is known only at their end: a rank holds back its group of each row until the
             row is complete (drop) or keeps copies of the first row's groups to repeat (pad).
-        ring_bytes: size of the input ring in bytes (shared memory); bounds payload bytes in flight.
-        chunk_groups: groups per task sent to a decoder process (amortizes the per-task cost of ~0.1-0.5
-            ms in the consumer); default ``None``: adaptive -- with fixed-shape outputs two output slots
-            (two batches), else at least 64 groups and more for small records (up to 64 KiB of payload,
-            2048 groups); at least 1024 groups with ``fields=None``.
-        prefetch: tasks in flight per decoder process (one being decoded, the others queued).
-        slot_samples: samples per output slot when ``batch_size`` is None.
-        max_record_bytes: larger records are refused as corrupt (a hostile length word).
-        start_method: ``"forkserver"`` (default where available), ``"spawn"`` or ``"fork"``.
         seed: base seed.  Decoder process number ``g`` (counting replacements) seeds ``random`` and
             ``numpy.random`` from ``SeedSequence(seed, spawn_key=(g,))``, and the shuffle of epoch ``e``
             is drawn from ``(seed, e)``: reproducible for a given seed and epoch.
@@ -138,22 +130,19 @@ class ParallelReader:
             permutation of all groups, read by their offsets; otherwise (streams, FIFOs, stdin) a shuffle
             buffer of ``shuffle_buffer`` groups in the reader process (memory: that many groups of
             payloads).
-        poll_interval: seconds between liveness checks of the other processes while waiting.
-        task_timeout: a decoder process that holds work but returns no result for this many seconds is
-            killed and its groups re-run (a sample that hangs twice is a poison record); ``None``: never.
+        shuffle_buffer: groups in the shuffle buffer of a stream (see ``shuffle``).
+        tuning: a :class:`~parrecio.pipeline.tuning.Tuning` (ring size, task size, prefetch, start method,
+            timeouts...): how the work is done, never what is delivered.  The same keywords given here
+            directly still work for one release, with a DeprecationWarning.
         **source_options: passed to :func:`parrecio.sources.resolve` (``sm_input_dir``, ``pipe_dir``,
             ``config_dir``, ``fifo_timeout``, ...).
     """
 
-    def __init__(self, channel: Any, *, fields: Fields = None, workers: Optional[int] = None,
-                 batch_size: Optional[int] = None, drop_last: bool = False, on_error: str = "raise",
-                 join: Optional[str] = None, num_shards: Union[int, str] = 1, shard_index: int = 0,
-                 even_shards: Optional[str] = None,
-                 ring_bytes: int = 64 << 20, chunk_groups: Optional[int] = None, prefetch: int = 2,
-                 slot_samples: int = 64, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-                 start_method: Optional[str] = None, seed: int = 0, poll_interval: float = 1.0,
-                 shuffle: bool = False, shuffle_buffer: int = 1024, task_timeout: Optional[float] = 600.0,
-                 **source_options: Any) -> None:
+    def __init__(self, channel: Any, fields: Fields = None, *, workers: Optional[int] = None,
+                 batch_size: Optional[int] = None, drop_last: bool = False, shuffle: bool = False,
+                 seed: int = 0, on_error: str = "raise", num_shards: Union[int, str] = 1, shard_index: int = 0,
+                 even_shards: Optional[str] = None, shuffle_buffer: int = 1024, join: Optional[str] = None,
+                 tuning: Optional[Tuning] = None, **source_options: Any) -> None:
         # Every value is checked before anything is opened, started or registered.
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
@@ -168,26 +157,18 @@ class ParallelReader:
         if even_shards not in EVEN_SHARDS:
             raise ValueError(f"even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
         workers = _default_workers() if workers is None else _count("workers", workers, minimum=0)
-        ring_bytes = _count("ring_bytes", ring_bytes, minimum=MIN_RING_BYTES)
-        chunk_groups = None if chunk_groups is None else _count("chunk_groups", chunk_groups)
-        prefetch = _count("prefetch", prefetch)
-        slot_samples = _count("slot_samples", slot_samples)
-        max_record_bytes = _count("max_record_bytes", max_record_bytes)
         seed = _count("seed", seed, minimum=0)
         shuffle_buffer = _count("shuffle_buffer", shuffle_buffer)
-        poll_interval = _seconds("poll_interval", poll_interval)
-        task_timeout = None if task_timeout is None else _seconds("task_timeout", task_timeout)
+        tuning = _tuning(tuning, source_options)
         methods = multiprocessing.get_all_start_methods()
-        if start_method is not None and start_method not in methods:
-            raise ValueError(f"start_method must be one of {methods} or None, not {start_method!r}")
         kind, names, decoders = _normalize_fields(fields)
-        start_method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
+        start_method = tuning.start_method or ("forkserver" if "forkserver" in methods else "spawn")
         shipped = decoders
         if workers and start_method != "fork":  # workers=0: decoders stay in this process
             shipped = [ship(d, name, start_method) for d, name in zip(decoders, names)]
         passthrough = tuple(is_passthrough(d) for d in decoders)
         layout = SlotLayout([None if p else spec_of(d) for d, p in zip(decoders, passthrough)],
-                            batch_size or slot_samples)
+                            batch_size or tuning.slot_samples)
         # From here on something may need cleaning up: the finalizer exists before the source does
         # (resolving "-" dups stdin, a file object may get a pump thread).
         self._res = res = Resources()
@@ -195,15 +176,17 @@ class ParallelReader:
         res.source = source = resolve(channel, **source_options)
         index_paths = _index_paths(source)
         res.cfg = PipelineConfig(
-            decoders=tuple(decoders), shipped=tuple(shipped), names=tuple(names), kind=kind, passthrough=passthrough, layout=layout,
-            travels=tuple(_travels(passthrough, layout)), batch_size=batch_size, drop_last=bool(drop_last),
-            join=join or source.default_join, on_error=on_error, max_record_bytes=max_record_bytes,
+            decoders=tuple(decoders), shipped=tuple(shipped), names=tuple(names), kind=kind,
+            passthrough=passthrough, layout=layout, travels=tuple(_travels(passthrough, layout)),
+            batch_size=batch_size, drop_last=bool(drop_last), join=join or source.default_join,
+            on_error=on_error, max_record_bytes=tuning.max_record_bytes,
             num_shards=num_shards, shard_index=shard_index, even_shards=even_shards,
             shuffle=None if not shuffle else "index" if index_paths else "buffer",
             shuffle_buffer=shuffle_buffer, seed=seed, index_paths=index_paths, workers=workers,
-            start_method=start_method, ring_bytes=ring_bytes, chunk_groups=chunk_groups,
-            chunk_bytes=max(1 << 20, ring_bytes // 8), oneoff_budget=ring_bytes, mapped_budget=4 * ring_bytes,
-            prefetch=prefetch, poll_interval=poll_interval, drain_timeout=2.0, task_timeout=task_timeout)
+            start_method=start_method, ring_bytes=tuning.ring_bytes, chunk_groups=tuning.chunk_groups,
+            chunk_bytes=max(1 << 20, tuning.ring_bytes // 8), oneoff_budget=tuning.ring_bytes,
+            mapped_budget=4 * tuning.ring_bytes, prefetch=tuning.prefetch, poll_interval=POLL_INTERVAL,
+            drain_timeout=2.0, task_timeout=tuning.task_timeout)
         res.stats.workers = workers
         self._state = State.NEW
         self._epoch = 0           # the next pass's epoch
@@ -478,22 +461,26 @@ def _travels(passthrough: List[bool], layout: SlotLayout) -> List[bool]:
     return [not p and not isinstance(spec, ArraySpec) for p, spec in zip(passthrough, layout.specs)]
 
 
-def _count(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``, or a ValueError (TypeError for a non-integer) naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, not {value!r}")
-    return int(value)
+_count = count
 
 
-def _seconds(name: str, value: Any) -> float:
-    """``value`` as a positive number of seconds, or a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__} ({value!r})")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
-    return float(value)
+def _tuning(tuning: Optional[Tuning], options: dict) -> Tuning:
+    """The Tuning to use: ``tuning``, with the tuning keywords given to ParallelReader itself (the
+    signature of the first release) taken out of ``options`` and applied, with a DeprecationWarning."""
+    if tuning is not None and not isinstance(tuning, Tuning):
+        raise TypeError(f"tuning must be a parrecio.Tuning, not {type(tuning).__name__}")
+    tuning = tuning or Tuning()
+    if "poll_interval" in options:
+        options.pop("poll_interval")
+        warnings.warn("ParallelReader(poll_interval=) is ignored and will go away: every wait is woken by "
+                      "its event (a message, a death, the lifeline)", DeprecationWarning, stacklevel=3)
+    moved = {k: options.pop(k) for k in list(options) if k in TUNING_KEYWORDS}
+    if moved:
+        given = ", ".join(f"{k}={v!r}" for k, v in moved.items())
+        warnings.warn(f"ParallelReader({given}): these moved to tuning=Tuning({given}); the old keywords "
+                      f"go away in the next release", DeprecationWarning, stacklevel=3)
+        tuning = dataclasses.replace(tuning, **moved)
+    return tuning
 
 
 def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
