@@ -258,7 +258,7 @@ def test_tuning_and_the_deprecated_keywords(tmp_path, no_leaks):
         old = ParallelReader(path, fields=Echo(), workers=1, ring_bytes=128 << 10, prefetch=3)
     with old:
         assert (old.config.ring_bytes, old.config.prefetch) == (128 << 10, 3) and list(old) == groups
-    with pytest.warns(DeprecationWarning, match="poll_interval= is ignored"):
+    with pytest.warns(DeprecationWarning, match=r"poll_interval=\) is ignored"):
         ParallelReader(path, fields=Echo(), poll_interval=0.5).close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
