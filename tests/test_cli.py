@@ -471,3 +471,37 @@ def test_bench_starts_the_forkserver_before_timing():
     from parrecio.cli.bench import warm_up
     warm_up(None)
     assert fs._forkserver._forkserver_pid is not None  # the first timed run finds it running
+
+
+def test_extract_all_draws_a_progress_bar_on_a_terminal_only(tmp_path):
+    """On a terminal: a bar with the total from the .idx, the rate and an ETA; elsewhere only the summary."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    from parrecio import RecordWriter
+    rec = tmp_path / "b.rec"
+    with RecordWriter(str(rec), index=str(tmp_path / "b.idx")) as w:
+        for i in range(300):
+            w.write(b"%d" % i, key=i)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "parrecio.cli", "extract", str(rec), "--all", "--out",
+                             str(tmp_path / "t")], stdout=subprocess.DEVNULL, stderr=slave, env=env)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(timeout=60) == 0
+    os.close(master)
+    text = seen.decode(errors="replace")
+    assert "extract:" in text and "/300" in text and "records/s" in text
+    plain = cli("extract", rec, "--all", "--out", tmp_path / "p").stderr.decode()
+    assert plain == f"extract: 300 records written to {tmp_path / 'p'}\n"

@@ -18,6 +18,7 @@ import base64
 import codecs
 import os
 import sys
+from typing import Optional
 
 NAME = "cat"
 HELP = "write record payloads to stdout (raw, hex or JSON lines)"
@@ -256,6 +257,18 @@ def _strip(payload, which) -> bytes:
         raise ParrecioError(f"record {which}: --strip-header: {exc}") from None
 
 
+def _indexed_count(path: str) -> Optional[int]:
+    """Records listed by the ``.idx`` beside ``path`` (None: no index, or stdin)."""
+    from ..recordio import read_index
+    idx = os.path.splitext(path)[0] + ".idx"
+    if path == "-" or not os.path.isfile(idx):
+        return None
+    try:
+        return len(read_index(idx))
+    except Exception:  # a broken index only costs the bar its total
+        return None
+
+
 def _extract_all(args: argparse.Namespace) -> int:
     from ..decoders.sniff import sniff
     from ..recordio import RecordReader
@@ -264,11 +277,16 @@ def _extract_all(args: argparse.Namespace) -> int:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
         raise os_error(exc, args.out) from exc
+    from .progress import bar
+
     n = 0
+    total = _indexed_count(args.file)
     with RecordReader(input_source(args.file), join=args.join, max_record_bytes=args.max_record_bytes,
                       on_corrupt="skip" if args.skip_corrupt else "raise",
-                      source_name="<stdin>" if args.file == "-" else None) as reader:
+                      source_name="<stdin>" if args.file == "-" else None) as reader, \
+            bar(total, "extract") as shown:
         for n, (_, view) in enumerate(reader.iter_views(), 1):
+            shown.update(1)
             data = _strip(view, n - 1) if args.strip_header else view
             path = os.path.join(args.out, f"{n - 1:06d}.{EXTENSIONS.get(sniff(data), 'bin')}")
             try:

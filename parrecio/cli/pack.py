@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Optional
 
 NAME = "pack"
 HELP = "build a .rec (+ .idx, .lst) from images, an im2rec list, or an augmented manifest"
@@ -75,8 +76,19 @@ def run(args: argparse.Namespace) -> int:
     from ..tools import pack as tools
     from .cat import os_error
 
+    from .progress import bar
+
     log = (lambda line: None) if args.quiet else (lambda line: print(f"pack: {line}", file=sys.stderr, flush=True))
-    progress = None if args.quiet else (lambda n, total: log(f"{n}/{total} records" if total else f"{n} records"))
+    pbar = None
+
+    def progress(n: int, total: Optional[int]) -> None:  # every 1000 records: onto the bar
+        nonlocal pbar
+        if args.quiet:
+            return
+        if pbar is None:
+            pbar = bar(total, "pack")
+        pbar.update(n - pbar.n)
+
     try:
         if args.pack_kind == "images":
             classes, items = tools.list_image_folder(args.dir)
@@ -111,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
         return silence_broken_pipe()
     except OSError as exc:
         raise os_error(exc, args.out) from exc
+    finally:
+        if pbar is not None:
+            pbar.close()
     written = [p for p in (res.rec_path, res.idx_path, res.lst_path) if p]
     extra = f" from {res.lines} manifest lines" if args.pack_kind == "manifest" else ""
     log(f"{res.records} records{extra}, {res.bytes} bytes: {', '.join(written)}")
