@@ -6,13 +6,14 @@
 local Pipe-mode emulation (``parrecio pipe-serve``) and packing.
 """
 
-from .base import DEFAULT_FIFO_TIMEOUT, Source, Stream, resolve
+from .base import DEFAULT_FIFO_TIMEOUT, Source, Stream
 from .emulate import EpochRecords, serve_pipe_channel, write_channel_config
 from .fds import FdCarrier, FdSource, PumpSource, StdinSource, fileobj_source
 from .files import FileSource, expand_patterns, list_recordio_files
 from .manifest import iter_manifest_records, line_records, parse_attribute_names, read_manifest_lines
 from .sagemaker import FileChannelSource, PipeChannelSource, channel_source, read_input_config
 from .wrapper import encode_sagemaker_record, write_sagemaker_recordio
+from .resolver import resolve
 
 __all__ = [
     "resolve", "Source", "Stream", "DEFAULT_FIFO_TIMEOUT",

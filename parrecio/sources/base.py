@@ -8,7 +8,7 @@
  Source.release()   (stops the pump, closes fds)
 ```
 
-A :class:`Source` is created in the consumer process by :func:`resolve` and opened **only** in the reader
+A :class:`Source` is created in the consumer process by :func:`~parrecio.sources.resolver.resolve` and opened **only** in the reader
 process: a FIFO can be read once, by one process, so nothing in the consumer may open it.  Everything a
 source needs in the reader process travels inside it when it is pickled (file descriptors included, see
 :mod:`parrecio.sources.fds`), under every start method.
@@ -21,13 +21,12 @@ SageMaker's RecordIO wrapper produced the framing (see docs/ARCHITECTURE.md, sec
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator, Optional
 
 from ..errors import SourceError
 
-__all__ = ["Stream", "Source", "resolve", "DEFAULT_FIFO_TIMEOUT"]
+__all__ = ["Stream", "Source", "DEFAULT_FIFO_TIMEOUT"]
 
 DEFAULT_FIFO_TIMEOUT = 600.0
 """Seconds to wait for a SageMaker Pipe-mode FIFO to appear (SageMaker can take minutes per epoch)."""
@@ -97,57 +96,3 @@ class Source:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kind} {self.name!r} join={self.default_join}>"
-
-
-def resolve(
-    channel: Any,
-    *,
-    sm_input_dir: Optional[str] = None,
-    pipe_dir: Optional[str] = None,
-    config_dir: Optional[str] = None,
-    fifo_timeout: float = DEFAULT_FIFO_TIMEOUT,
-) -> Source:
-    """Turn the user's ``channel`` into a :class:`Source`.  Call in the consumer process.
-
-    ``channel`` may be:
-
-    - a :class:`Source`: returned as it is;
-    - ``"-"``: standard input (file descriptor 0, duplicated now; one epoch only);
-    - an open binary file object: read from its current position (one epoch only);
-    - a path (``str``, ``bytes`` or ``os.PathLike``) to a file or a FIFO; a directory (its ``*.rec`` files
-      in name order; if it has none, every regular non-hidden file except ``*.idx``/``*.lst``; not
-      recursive); a glob pattern (``**`` allowed, matches in sorted order, directories expanded as above);
-      or a list/tuple of those, concatenated in the given order;
-    - a SageMaker channel name (a string that is not an existing path and is made of ``[A-Za-z0-9._-]``):
-      see :mod:`parrecio.sources.sagemaker` for ``sm_input_dir``, ``pipe_dir``, ``config_dir`` and
-      ``fifo_timeout``.
-
-    Raises :class:`SourceError` naming what was looked for when nothing matches.
-    """
-    # Imported here: the concrete sources import this module for Stream/Source.
-    from . import fds, files, sagemaker
-
-    if isinstance(channel, Source):
-        return channel
-    if isinstance(channel, str) and channel == "-":
-        return fds.StdinSource()
-    if hasattr(channel, "read") and not isinstance(channel, (str, bytes, os.PathLike)):
-        return fds.fileobj_source(channel)
-    if isinstance(channel, (list, tuple)):
-        return files.FileSource.from_patterns(channel)
-    if not isinstance(channel, (str, bytes, os.PathLike)):
-        raise SourceError(
-            f"unsupported channel {channel!r} ({type(channel).__name__}): expected a path, a glob, a list of "
-            f"paths, '-', an open binary file object or a SageMaker channel name"
-        )
-    path = os.fsdecode(channel)
-    if (
-        isinstance(channel, str)
-        and not os.path.lexists(path)
-        and sagemaker.looks_like_channel_name(path)
-    ):
-        return sagemaker.channel_source(
-            path, sm_input_dir=sm_input_dir, pipe_dir=pipe_dir, config_dir=config_dir,
-            fifo_timeout=fifo_timeout,
-        )
-    return files.FileSource.from_patterns([path], name=path)
