@@ -25,50 +25,23 @@ call with a source ``box``, so no pixel is computed twice and none outside the o
 
 Exactness.  With the defaults (``draft=False``, ``reducing_gap=None``) the result equals, pixel for pixel,
 ``PIL.Image.open(f).convert(mode).resize((w, h), resample, box=...)`` -- what you would write by hand.
-``draft=True`` lets libjpeg decode JPEGs at 1/2, 1/4 or 1/8 scale (DCT scaling) when the scaled image is
-still at least as large as what the resize reads (``draft=2.0``: twice as large); ``reducing_gap`` lets
-Pillow box-reduce by an integer factor before resampling.  Both are faster on large images and move
-pixels a little.  Measured against the exact result (``bench/bench_decoders.py``, 11 real photographs
-371..1411 px, q90, to 224x224 / 56x56; absolute differences on the 0..255 scale):
+``draft`` lets libjpeg decode JPEGs at 1/2, 1/4 or 1/8 scale when the scaled image is still at least
+``draft`` times as large as what the resize reads (``True``: 1); ``reducing_gap`` lets Pillow box-reduce
+before resampling.  Both move pixels a little; the README ("Decoders") gives the measured differences
+(``bench/bench_decoders.py``).  ``draft`` with ``mode="L"`` decodes only the luma channel.
 
-    ===================  ==================================  ==================================
-    option               224x224: mean / p99 / max, changed  56x56: mean / p99 / max
-    ===================  ==================================  ==================================
-    draft=True           0.53 / 6 / 25, 6 of 11 images       1.14 / 9 / 31
-    draft=2.0            0.012 / 1 / 2, 1 of 11 images       0.33 / 2 / 8
-    reducing_gap=2.0     0.049 / 1 / 5, 2 of 11 images       0.47 / 3 / 14
-    reducing_gap=3.0     0.014 / 1 / 2, 1 of 11 images       0.25 / 2 / 8
-    ===================  ==================================  ==================================
+JPEG backends.  ``backend="simplejpeg"`` decodes JPEG payloads with simplejpeg and hands the array to
+the same single Pillow ``resize``.  Everything it does not take -- other formats, CMYK/YCCK JPEGs,
+anything its header or strict decode rejects, images over Pillow's ``MAX_IMAGE_PIXELS`` -- goes
+through Pillow, so errors and options mean the same.  Its decode equals Pillow's only when both link
+compatible libjpeg builds, so ``"auto"`` checks that in each process on a few reference JPEGs and
+falls back to Pillow otherwise (:attr:`Image.jpeg_backend` says which is in use).
 
-``draft`` with ``mode="L"`` also has libjpeg decode only the luma channel (mean 0.012, max 20 against
-``convert("L")`` of the RGB decode).  Images smaller than twice the output are never DCT-scaled (at
-224x224 that is most ImageNet-sized photos), so there ``draft`` changes nothing.
-
-JPEG backends.  ``backend="simplejpeg"`` decodes JPEG payloads with simplejpeg
-(``pip install 'parrecio[fast]'``; it bundles its own, newer
-libjpeg-turbo) and hands the array to the same single Pillow ``resize``: on 11 real photographs (mean
-670x564) to 224x224, one core, ~380-400 img/s against ~300-335 with Pillow; on small, easily decoded JPEGs
-(synthetic 500x375) no faster, and without ``size`` slower (one more copy).  Every other format, and JPEGs
-it does not take (CMYK/YCCK/RGB-coded, anything its header or strict decode rejects, images over Pillow's
-own ``MAX_IMAGE_PIXELS``), go through Pillow as before.  Measured here (simplejpeg 1.9.0 vs Pillow-SIMD on
-libjpeg-turbo 2.1.5: baseline 4:2:0, 4:2:2 and 4:4:4, progressive, optimized, greyscale JPEGs and 11 real
-photographs) its decode is pixel-identical to Pillow's, full-size and DCT-scaled (``draft``) alike, so every
-option keeps its meaning and the output is the same bytes.  ``mode="L"`` of a colour JPEG decodes RGB and
-lets Pillow ``convert("L")`` (libjpeg's luma-only decode differs by up to 20), except with ``draft``, where
-both backends decode luma only.  Identity depends on both libjpeg builds (IJG libjpeg 9 upsamples chroma
-differently), so ``"auto"`` first checks it in each process: it decodes a few reference JPEGs with both and
-uses simplejpeg only if they match, Pillow otherwise (:attr:`Image.jpeg_backend` says which).  The default
-stays ``"pillow"``.
-
-Strictness.  A truncated image raises :class:`DecodeError` even when the caller's code has set Pillow's
-global ``ImageFile.LOAD_TRUNCATED_IMAGES`` (``allow_truncated=True`` accepts them, grey-filled, as Pillow
-would).  Images whose header claims more than ``max_pixels`` pixels are refused before any pixel memory
-is allocated; Pillow's own decompression-bomb error and warning become :class:`DecodeError` too.
-Known limit: a JPEG whose entropy-coded data is cut short but which still ends with an EOI marker (or
-whose data is otherwise corrupt) decodes with grey or garbled blocks: libjpeg only warns there, and
-Pillow does not report libjpeg warnings.  The simplejpeg backend decodes in strict mode and hands any
-JPEG it refuses (truncated, corrupt, or merely warned about) to Pillow, so errors, ``allow_truncated`` and
-this known limit behave exactly as with Pillow.
+Strictness.  A truncated image raises :class:`DecodeError` even when Pillow's global
+``ImageFile.LOAD_TRUNCATED_IMAGES`` is set (``allow_truncated=True`` accepts them).  Images whose header
+claims more than ``max_pixels`` pixels are refused before any pixel memory is allocated.  Known limit: a
+JPEG whose data is cut short but still ends with an EOI marker decodes with grey blocks (libjpeg only
+warns, and Pillow drops its warnings).
 """
 
 from __future__ import annotations
