@@ -54,10 +54,10 @@ def image_stream(data: str, tmp: str, n: int) -> Dict[str, Any]:
     path = os.path.join(data, "aug.rec")
     if os.path.exists(path):
         return {"path": path, "origin": "bench/data/aug.rec (real photographs)"}
-    from parrecio.demo import build_demo_stream
+    from parrecio.tools.demo import build_demo_stream
     path = os.path.join(tmp, "aug.rec")
     build_demo_stream(path, n=n, seed=0)
-    return {"path": path, "origin": f"parrecio.demo stream, {n} photo-like samples"}
+    return {"path": path, "origin": f"parrecio.tools.demo stream, {n} photo-like samples"}
 
 
 def tiny_stream(tmp: str, n: int) -> str:
@@ -228,7 +228,7 @@ def _plain_fifo_loop(fifo: str) -> float:
 def case_pipe(tmp: str, size: int, count: int, passes: int) -> Dict[str, Any]:
     import numpy as np
     from parrecio import ParallelReader, RecordWriter
-    from parrecio.sources.emulate import write_channel_config
+    from parrecio.tools.emulate import write_channel_config
     path = os.path.join(tmp, "pipe.rec")
     rng = np.random.default_rng(1)
     blobs = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(8)]

@@ -334,7 +334,7 @@ def test_bench_says_it_waits_for_a_missing_pipe_fifo(tmp_path):
 
 
 def test_bench_waits_for_a_late_pipe_fifo_then_reads_it(tmp_path):
-    from parrecio.sources import write_sagemaker_recordio
+    from parrecio.recordio.wrapper import write_sagemaker_recordio
     from source_helpers import fifo_feeder
 
     _pipe_layout(tmp_path)

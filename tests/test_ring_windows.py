@@ -14,7 +14,7 @@ import pytest
 from parrecio import ParallelReader, RecordReader, Tuning
 from parrecio.recordio.reader import Buffers
 from parrecio.recordio.framing import MAGIC_BYTES
-from parrecio.sources.wrapper import write_sagemaker_recordio
+from parrecio.recordio.wrapper import write_sagemaker_recordio
 from pipeline_helpers import deadline, feed_fifo, payloads, write_rec
 
 MAGIC = MAGIC_BYTES

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from parrecio.errors import SourceError
-from parrecio.sources import FileChannelSource, PipeChannelSource, resolve, write_sagemaker_recordio
+from parrecio.recordio.wrapper import write_sagemaker_recordio
+from parrecio.sources import FileChannelSource, PipeChannelSource, resolve
 from source_helpers import digest, fifo_feeder, make_payloads, read_epoch, read_in_child, records_of, write_rec
 
 

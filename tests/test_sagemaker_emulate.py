@@ -18,8 +18,10 @@ from parrecio.cli.main import main
 from parrecio.errors import SourceError
 from parrecio.recordio import RecordReader, RecordWriter
 from parrecio.recordio.framing import MAGIC_BYTES
-from parrecio.sources import (EpochRecords, encode_sagemaker_record, iter_manifest_records, resolve,
-                              serve_pipe_channel, write_sagemaker_recordio)
+from parrecio.recordio.wrapper import encode_sagemaker_record, write_sagemaker_recordio
+from parrecio.sources import resolve
+from parrecio.tools.emulate import EpochRecords, serve_pipe_channel
+from parrecio.tools.manifest import iter_manifest_records
 from source_helpers import (frame_flags, make_jpeg, make_payloads, read_epoch, records_of, wait_for_path,
                             write_rec)
 

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..demo import build_demo_stream, run_demo
+    from ..tools.demo import build_demo_stream, run_demo
     from ..pipeline.parallel_reader import _default_workers
 
     workers = args.workers or _default_workers()

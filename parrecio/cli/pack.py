@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             res = tools.pack_image_list(items, root, args.out, shuffle=args.shuffle, seed=args.seed,
                                         progress=progress, verify=False)
         else:
-            from ..sources.manifest import parse_attribute_names
+            from ..tools.manifest import parse_attribute_names
             names = parse_attribute_names(args.attribute_names)
             out = sys.stdout.buffer if args.out == "-" else args.out
             if args.out == "-":

@@ -6,7 +6,7 @@ Example::
         --attribute-names source-ref,bounding-box --shuffle --seed 7 train.manifest &
     SM_INPUT_DIR=/tmp/sm python train.py      # ParallelReader("train", ...) reads /tmp/sm/data/train_<e>
 
-The serving itself is :func:`parrecio.sources.emulate.serve_pipe_channel`; this module is the glue.
+The serving itself is :func:`parrecio.tools.emulate.serve_pipe_channel`; this module is the glue.
 SIGTERM is handled like Ctrl-C, so the FIFO being served is removed either way.
 """
 
@@ -40,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..sources.emulate import serve_pipe_channel
-    from ..sources.manifest import parse_attribute_names
+    from ..tools.emulate import serve_pipe_channel
+    from ..tools.manifest import parse_attribute_names
 
     names = parse_attribute_names(args.attribute_names) if args.attribute_names else None
     log = None if args.quiet else (lambda line: print(f"pipe-serve: {line}", file=sys.stderr, flush=True))

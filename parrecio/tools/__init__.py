@@ -3,6 +3,9 @@
 - :mod:`.pack`: build RecordIO files -- an MXNet ``.rec`` + ``.idx`` (+ ``.lst``) from a folder of images
   or an im2rec list file, an augmented-manifest stream written the way SageMaker Pipe mode delivers it.
 - :mod:`.inspect`: one streaming pass over a RecordIO stream: counts, sizes, content kinds, corruption.
+- :mod:`.manifest`: augmented-manifest lines -> the records SageMaker Pipe mode would send.
+- :mod:`.emulate`: SageMaker Pipe mode on this machine (``parrecio pipe-serve``): config and FIFOs.
+- :mod:`.demo`: the built-in demo data set and its run (``parrecio demo``).
 """
 
 from .inspect import inspect_stream, payload_kind

@@ -17,7 +17,7 @@ An item's ``index`` is its number in the unshuffled listing; it is the record's 
 in the ``.idx`` file, so a shuffled file still maps back to the listing.
 
 Augmented manifests (:func:`pack_manifest`): one record per attribute name and manifest line, in SageMaker
-Pipe-mode framing (``join="concat"``), produced by :func:`parrecio.sources.manifest.iter_manifest_records`,
+Pipe-mode framing (``join="concat"``), produced by :func:`parrecio.tools.manifest.iter_manifest_records`,
 the same code that ``parrecio pipe-serve`` streams from.
 
 Outputs are written to temporary names next to their destination and renamed at the end, so a failed
@@ -236,8 +236,8 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
     or a binary file object (e.g. ``sys.stdout.buffer``).  ``shuffle`` permutes the manifest lines with
     ``random.Random(seed)``.  ``progress(n, None)`` is called every 1000 records.
     """
-    from ..sources.manifest import iter_manifest_records, read_manifest_lines
-    from ..sources.wrapper import write_sagemaker_recordio
+    from ..tools.manifest import iter_manifest_records, read_manifest_lines
+    from ..recordio.wrapper import write_sagemaker_recordio
 
     check_path_arg(manifest_path, "manifest_path", file_ok=False)
     check_path_arg(out, "out")

@@ -13,7 +13,7 @@
 The records of an epoch come from the sources in order: a ``.rec`` file gives its records (read with
 :class:`~parrecio.recordio.RecordReader`, ``join="mxnet"``, and re-framed by SageMaker's wrapper), an
 augmented manifest (``*.manifest``/``*.jsonl``) gives ``len(attribute_names)`` records per line (see
-:mod:`parrecio.sources.manifest`).  With ``shuffle`` the *items* (a manifest line with its records, or one
+:mod:`parrecio.tools.manifest`).  With ``shuffle`` the *items* (a manifest line with its records, or one
 ``.rec`` record) are permuted with ``random.Random(seed + epoch)``, like SageMaker's ``ShuffleConfig``
 reshuffles every Pipe-mode epoch; ``.rec`` records are then read by offset, so nothing is held in memory
 but the offsets.  ``split_bytes`` splits larger records into concat parts (cflags 1/2/3).
@@ -35,10 +35,10 @@ from typing import Callable, Generator, Iterator, List, Optional, Sequence, Tupl
 
 from ..errors import SourceError
 from ..recordio import RecordReader
-from .files import expand_patterns
+from ..recordio.wrapper import write_sagemaker_recordio
+from ..sources.files import expand_patterns
+from ..sources.sagemaker import INPUT_CONFIG_FILE, looks_like_channel_name
 from .manifest import is_manifest_path, iter_manifest_records, line_records, read_manifest_lines
-from .sagemaker import INPUT_CONFIG_FILE, looks_like_channel_name
-from .wrapper import write_sagemaker_recordio
 
 __all__ = ["serve_pipe_channel", "write_channel_config", "EpochRecords"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import BinaryIO, Iterable, Iterator, Optional
 
-from ..recordio.framing import (CFLAG_FIRST, CFLAG_FULL, CFLAG_LAST, CFLAG_MIDDLE, MAX_PAYLOAD_BYTES,
+from .framing import (CFLAG_FIRST, CFLAG_FULL, CFLAG_LAST, CFLAG_MIDDLE, MAX_PAYLOAD_BYTES,
                                 frame_header)
 
 __all__ = ["encode_sagemaker_record", "write_sagemaker_recordio"]

@@ -64,7 +64,7 @@ def _samples(n: int, seed: int) -> Iterator[Tuple[bytes, bytes]]:
 
 def build_demo_stream(path: str, n: int = 512, seed: int = 0) -> dict:
     """Write ``n`` samples ``[JPEG][boxes JSON]`` as RecordIO to ``path``; return a summary."""
-    from .recordio import RecordWriter
+    from ..recordio import RecordWriter
     nbytes = 0
     with RecordWriter(path) as w:
         for jpeg, label in _samples(n, seed):
@@ -78,9 +78,9 @@ def build_demo_stream(path: str, n: int = 512, seed: int = 0) -> dict:
 def run_demo(path: str, workers: int, batch_size: int, size: int, out=print) -> dict:
     """Decode the demo stream in one process, then with ParallelReader; print what a batch looks like
     and both rates.  Returns the figures."""
-    from .decoders import BoundingBoxes, Image
-    from .pipeline import ParallelReader
-    from .recordio import RecordReader
+    from ..decoders import BoundingBoxes, Image
+    from ..pipeline import ParallelReader
+    from ..recordio import RecordReader
 
     fields = {"image": Image(size=(size, size)), "boxes": BoundingBoxes(max_boxes=8)}
     t0 = time.perf_counter()
