@@ -272,3 +272,20 @@ def test_tuning_and_the_deprecated_keywords(tmp_path, no_leaks):
     with pytest.raises(TypeError, match="tuning must be a parrecio.Tuning"):
         ParallelReader(path, tuning={"prefetch": 2})
     assert Tuning() == Tuning() and Tuning(prefetch=3) != Tuning() and hash(Tuning()) == hash(Tuning())
+
+
+def test_unbatched_slots_are_sized_from_the_outputs(tmp_path):
+    from parrecio import Tuning
+    from parrecio.decoders import Image
+    path = tmp_path / "s.rec"
+    _write(path, 3)
+    with ParallelReader(path, fields=Image(size=(224, 224))) as r:
+        assert r.config.slot_size == (4 << 20) // (224 * 224 * 3) == 27   # about 4 MiB of images
+    with ParallelReader(path, fields=Image(size=(8, 8))) as r:
+        assert r.config.slot_size == 256                                 # small outputs: at most 256
+    with ParallelReader(path, fields=Image(size=(2048, 2048))) as r:
+        assert r.config.slot_size == 8                                   # huge ones: at least 8
+    with ParallelReader(path, fields=Image(size=(224, 224)), tuning=Tuning(slot_samples=5)) as r:
+        assert r.config.slot_size == 5
+    with ParallelReader(path, fields=Image(size=(224, 224)), batch_size=32) as r:
+        assert r.config.slot_size == 32                                  # with batches: the batch

@@ -38,7 +38,7 @@ from .shipping import ship
 from .config import PipelineConfig
 from .inline import InlineRun
 from .plan import EVEN_SHARDS, shard_length
-from .tuning import TUNING_KEYWORDS, Tuning, count
+from .tuning import TUNING_KEYWORDS, Tuning, count, slot_samples
 from .resources import Resources
 from .run import Run, _ended
 from .slots import SlotLayout
@@ -167,8 +167,8 @@ class ParallelReader:
         if workers and start_method != "fork":  # workers=0: decoders stay in this process
             shipped = [ship(d, name, start_method) for d, name in zip(decoders, names)]
         passthrough = tuple(is_passthrough(d) for d in decoders)
-        layout = SlotLayout([None if p else spec_of(d) for d, p in zip(decoders, passthrough)],
-                            batch_size or tuning.slot_samples)
+        specs = [None if p else spec_of(d) for d, p in zip(decoders, passthrough)]
+        layout = SlotLayout(specs, batch_size or slot_samples(tuning, SlotLayout(specs, 1).nbytes))
         # From here on something may need cleaning up: the finalizer exists before the source does
         # (resolving "-" dups stdin, a file object may get a pump thread).
         self._res = res = Resources()

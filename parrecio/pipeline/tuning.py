@@ -53,7 +53,8 @@ class Tuning:
             batches), else at least 64 groups and more for small records (up to 64 KiB of payload, 2048
             groups); at least 1024 groups with ``fields=None``.
         prefetch: tasks in flight per decoder process (one being decoded, the others queued).
-        slot_samples: samples per output slot when ``batch_size`` is None.
+        slot_samples: samples per output slot when ``batch_size`` is None; ``None`` (default): as many
+            fixed-shape outputs as fill about 4 MiB, 8 to 256 samples (27 images of 224x224x3).
         max_record_bytes: larger records are refused as corrupt (a hostile length word), in bytes.
         start_method: ``"forkserver"`` (default where available), ``"spawn"`` or ``"fork"``.
         task_timeout: seconds a decoder process may hold work without returning a result before it is
@@ -63,7 +64,7 @@ class Tuning:
     ring_bytes: int = 64 << 20
     chunk_groups: Optional[int] = None
     prefetch: int = 2
-    slot_samples: int = 64
+    slot_samples: Optional[int] = None
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     start_method: Optional[str] = None
     task_timeout: Optional[float] = 600.0
@@ -74,7 +75,8 @@ class Tuning:
         if self.chunk_groups is not None:
             put(self, "chunk_groups", count("chunk_groups", self.chunk_groups))
         put(self, "prefetch", count("prefetch", self.prefetch))
-        put(self, "slot_samples", count("slot_samples", self.slot_samples))
+        if self.slot_samples is not None:
+            put(self, "slot_samples", count("slot_samples", self.slot_samples))
         put(self, "max_record_bytes", count("max_record_bytes", self.max_record_bytes))
         if self.task_timeout is not None:
             put(self, "task_timeout", seconds("task_timeout", self.task_timeout))
@@ -84,3 +86,12 @@ class Tuning:
 
 
 TUNING_KEYWORDS = frozenset(f.name for f in fields(Tuning))
+
+SLOT_BYTES = 4 << 20  # what an unbatched output slot aims to hold
+
+
+def slot_samples(tuning: Tuning, sample_bytes: int) -> int:
+    """Samples per output slot without ``batch_size``: the tuning's, or what fills ~4 MiB (8..256)."""
+    if tuning.slot_samples is not None:
+        return tuning.slot_samples
+    return max(8, min(256, SLOT_BYTES // max(1, sample_bytes)))
