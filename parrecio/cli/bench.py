@@ -260,6 +260,7 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
                         on_error="skip" if args.skip_errors else "raise") as reader:
         stats = reader.stats
         get_telemetry = getattr(reader, "telemetry", None)
+        pbar = _samples_bar(reader, args, workers) if progress.enabled else None
         for epoch in range(args.epochs):
             if pipe is not None and epoch:
                 progress.clear()
@@ -275,18 +276,20 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
                 elif now - t_tel >= 1.0:
                     t_tel = now
                     telemetry = _telemetry(get_telemetry) or telemetry
-                if progress.enabled and now - t_first >= 0.5:  # a rate over a batch or two means nothing
-                    dt = now - t_first
-                    rate = (stats.samples - first_samples) / dt if dt > 0 else 0.0
-                    mb = f"  ~{rate * group * record_bytes / 1e6:.1f} MB/s" if record_bytes else ""
-                    progress.update(f"workers {workers}  epoch {epoch + 1}/{args.epochs}  {stats.samples} samples  "
-                                    f"{rate:.1f} samples/s{mb}")
+                if pbar is not None:
+                    pbar.update(stats.samples - pbar.n)
+                    if now - t_first >= 0.5 and record_bytes:  # a rate over a batch or two means nothing
+                        rate = (stats.samples - first_samples) / (now - t_first)
+                        pbar.set_postfix_str(f"epoch {epoch + 1}/{args.epochs}, "
+                                             f"~{rate * group * record_bytes / 1e6:.1f} MB/s", refresh=False)
                 if args.samples is not None and stats.samples - base >= args.samples:
                     break
         t_end = time.perf_counter() - paused
         consumer_cpu = time.process_time() - cpu_first  # from the first sample: the steady state
         if telemetry is None or t_end - t_tel > 0.5:
             telemetry = _telemetry(get_telemetry) or telemetry
+        if pbar is not None:
+            pbar.close()
         progress.clear()
         samples, nbytes = stats.samples, stats.bytes
         wall = t_end - t_start
@@ -409,6 +412,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_runs(runs))
     return 0
+
+
+def _samples_bar(reader: Any, args: argparse.Namespace, workers: int) -> Any:
+    """The run's progress bar: samples, with the total where the reader knows its length (.idx)."""
+    from .progress import bar
+    try:
+        n = len(reader)
+        total = (n if reader.batch_size is None else n * reader.batch_size) * args.epochs  # at most
+    except TypeError:
+        total = None
+    if args.samples is not None:
+        total = min(total, args.samples * args.epochs) if total else args.samples * args.epochs
+    return bar(total, f"workers {workers}", "samples")
 
 
 MIN_VERDICT_SECONDS = 0.5   # a steady state shorter than this says nothing about which stage limits
