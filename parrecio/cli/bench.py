@@ -215,33 +215,7 @@ def wait_for_fifo(source: Any, epoch: int) -> float:
     return time.monotonic() - t0
 
 
-class Progress:
-    """A ``\\r``-redrawn status line on stderr, at most every ``interval`` seconds; a no-op when disabled."""
-
-    def __init__(self, enabled: bool, interval: float = 0.2) -> None:
-        self.enabled, self.interval = enabled, interval
-        self.last = 0.0
-        self.width = 0
-
-    def update(self, text: str, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not force and now - self.last < self.interval:
-            return
-        self.last = now
-        sys.stderr.write("\r" + text.ljust(self.width))
-        sys.stderr.flush()
-        self.width = len(text)
-
-    def clear(self) -> None:
-        if self.enabled and self.width:
-            sys.stderr.write("\r" + " " * self.width + "\r")
-            sys.stderr.flush()
-            self.width = 0
-
-
-def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespace, progress: Progress,
+def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespace, show: bool,
               record_bytes: Optional[float], group: int, pipe: Any = None) -> Dict[str, Any]:
     """One run: a fresh reader with ``workers`` decoder processes, ``args.epochs`` passes.  ``pipe``: the
     channel's PipeChannelSource, whose FIFO of each epoch is waited for (out of the clock) before the pass."""
@@ -260,10 +234,11 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
                         on_error="skip" if args.skip_errors else "raise") as reader:
         stats = reader.stats
         get_telemetry = getattr(reader, "telemetry", None)
-        pbar = _samples_bar(reader, args, workers) if progress.enabled else None
+        pbar = _samples_bar(reader, args, workers) if show else None  # show: a terminal, no --json/--quiet
         for epoch in range(args.epochs):
             if pipe is not None and epoch:
-                progress.clear()
+                if pbar is not None:
+                    pbar.clear()  # the FIFO wait prints its own lines
                 paused += wait_for_fifo(pipe, epoch)
             base = stats.samples
             for _ in reader:
@@ -290,7 +265,6 @@ def bench_one(channel: str, decoders: list, workers: int, args: argparse.Namespa
             telemetry = _telemetry(get_telemetry) or telemetry
         if pbar is not None:
             pbar.close()
-        progress.clear()
         samples, nbytes = stats.samples, stats.bytes
         wall = t_end - t_start
         steady = (t_end - t_first) if t_first is not None else 0.0
@@ -393,18 +367,14 @@ def run(args: argparse.Namespace) -> int:
     decoders = [make_decoder(n, args.size) for n in names]
     record_bytes = peeked[1] if peeked is not None else None
     show = not args.json and not args.quiet and sys.stderr.isatty()
-    progress = Progress(show)
     if not args.json:
         print(f"bench: {args.channel}  fields {','.join(names)}{' (guessed)' if guessed else ''}  "
               f"batch {args.batch_size}  size {args.size}  epochs {args.epochs}", file=sys.stderr)
     runs = []
     if any(workers_list):
         warm_up(pipe)  # start the forkserver now: the first --workers value must not pay for it
-    try:
-        for w in workers_list:
-            runs.append(bench_one(args.channel, decoders, w, args, progress, record_bytes, len(names), pipe))
-    finally:
-        progress.clear()
+    for w in workers_list:
+        runs.append(bench_one(args.channel, decoders, w, args, show, record_bytes, len(names), pipe))
     doc = {"channel": args.channel, "fields": names, "fields_guessed": guessed, "batch_size": args.batch_size,
            "size": args.size, "epochs": args.epochs, "runs": runs, "advice": inline_advice(runs)}
     if args.json:

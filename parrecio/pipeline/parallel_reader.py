@@ -148,17 +148,17 @@ class ParallelReader:
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if join not in (None, "mxnet", "concat"):
             raise ValueError(f"join must be 'mxnet' or 'concat', not {join!r}")
-        batch_size = None if batch_size is None else _count("batch_size", batch_size)
+        batch_size = None if batch_size is None else count("batch_size", batch_size)
         num_shards, shard_index = _shards(num_shards, shard_index)
-        num_shards = _count("num_shards", num_shards)
-        shard_index = _count("shard_index", shard_index, minimum=0)
+        num_shards = count("num_shards", num_shards)
+        shard_index = count("shard_index", shard_index, minimum=0)
         if not shard_index < num_shards:
             raise ValueError(f"need 0 <= shard_index < num_shards, got {shard_index} and {num_shards}")
         if even_shards not in EVEN_SHARDS:
             raise ValueError(f"even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
-        workers = _default_workers() if workers is None else _count("workers", workers, minimum=0)
-        seed = _count("seed", seed, minimum=0)
-        shuffle_buffer = _count("shuffle_buffer", shuffle_buffer)
+        workers = _default_workers() if workers is None else count("workers", workers, minimum=0)
+        seed = count("seed", seed, minimum=0)
+        shuffle_buffer = count("shuffle_buffer", shuffle_buffer)
         tuning = _tuning(tuning, source_options)
         methods = multiprocessing.get_all_start_methods()
         kind, names, decoders = _normalize_fields(fields)
@@ -318,7 +318,7 @@ class ParallelReader:
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (as ``DistributedSampler.set_epoch``): every rank that
         calls it with the same value gets its part of the same global order."""
-        self._epoch = _count("epoch", epoch, minimum=0)
+        self._epoch = count("epoch", epoch, minimum=0)
         self._skip = 0
         self._progress = (self._epoch, 0, False)
 
@@ -356,8 +356,8 @@ class ParallelReader:
             if key in state and state[key] != value:
                 raise ValueError(f"state_dict was saved with {key}={state[key]!r}, this reader has "
                                  f"{key}={value!r}: make the reader with the same arguments")
-        self._epoch = _count("epoch", state["epoch"], minimum=0)
-        self._skip = _count("position", state["position"], minimum=0)
+        self._epoch = count("epoch", state["epoch"], minimum=0)
+        self._skip = count("position", state["position"], minimum=0)
         self._progress = (self._epoch, self._skip, False)
 
     def __len__(self) -> int:
@@ -461,7 +461,6 @@ def _travels(passthrough: List[bool], layout: SlotLayout) -> List[bool]:
     return [not p and not isinstance(spec, ArraySpec) for p, spec in zip(passthrough, layout.specs)]
 
 
-_count = count
 
 
 def _tuning(tuning: Optional[Tuning], options: dict) -> Tuning:
