@@ -77,3 +77,50 @@ def test_inequality_and_exports():
     assert ClassLabel() != ClassLabel(num_classes=3) and ImageRecord() != ImageRecord(label_width=1)
     assert Raw() == Raw() and Json() == Json()
     assert callable(sniff) and callable(guess_fields)
+
+
+@pytest.mark.parametrize("decoder,payload", CASES, ids=[repr(c[0]) for c in CASES])
+def test_decoders_are_frozen_dataclasses_whose_repr_rebuilds_them(decoder, payload):
+    import dataclasses
+
+    namespace = {"Image": Image, "Mask": Mask, "BoundingBoxes": BoundingBoxes, "ClassLabel": ClassLabel,
+                 "ImageRecord": ImageRecord}
+    rebuilt = eval(repr(decoder), namespace)
+    assert rebuilt == decoder and hash(rebuilt) == hash(decoder) and same(rebuilt(payload), decoder(payload))
+    assert dataclasses.is_dataclass(decoder)
+    name = dataclasses.fields(decoder)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(decoder, name, getattr(decoder, name))
+
+
+def test_repr_names_only_what_differs_from_the_defaults():
+    assert repr(Image()) == "Image()" and repr(Raw()) == "Raw()" and repr(Json()) == "Json()"
+    assert repr(Image(size=224, fill=[1, 2, 3])) == "Image(size=(224, 224), fill=(1, 2, 3))"
+    assert repr(ImageRecord(image=None)) == "ImageRecord()"
+    assert repr(ImageRecord(Image(size=8), 0)) == "ImageRecord(image=Image(size=(8, 8)), label_width=0)"
+    assert repr(ClassLabel()) == "ClassLabel()" and repr(ClassLabel(np.int32)) == "ClassLabel(dtype='int32')"
+    assert repr(ClassLabel(class_names=["dog", "cat"])) == "ClassLabel(class_names={'cat': 1, 'dog': 0})"
+    assert repr(Mask(colors=["#000000", (255, 0, 0)])) == "Mask(colors={0: '#000000', 1: '#ff0000'})"
+    assert repr(BoundingBoxes(max_boxes=16)) == "BoundingBoxes(max_boxes=16)"
+
+
+def test_equal_parameters_in_other_spellings_are_equal_decoders():
+    assert Image(size=224, formats=["JPEG"]) == Image(size=(224, 224), formats=("JPEG",))
+    assert hash(Image(size=224, formats=["JPEG"])) == hash(Image(size=(224, 224), formats=("JPEG",)))
+    assert ClassLabel(class_names=["dog", "cat"]) == ClassLabel(class_names={"cat": 1, "dog": 0})
+    assert Mask(colors=["#000000", "#ff0000"]) == Mask(colors={"1": {"hex-color": "#ff0000"}, 0: (0, 0, 0)})
+    assert ImageRecord(image=None) == ImageRecord() and BoundingBoxes(max_boxes=2.0) == BoundingBoxes(max_boxes=2)
+    assert len({Image(), Image(), Json(), Json(), Raw()}) == 3
+
+
+def test_dataclasses_replace_validates_again():
+    import dataclasses
+
+    small = dataclasses.replace(Image(size=(224, 224), layout="CHW"), size=64)
+    assert small == Image(size=64, layout="CHW") and spec_of(small) == ArraySpec((3, 64, 64), np.uint8)
+    with pytest.raises(ValueError, match="layout must be 'HWC' or 'CHW'"):
+        dataclasses.replace(small, layout="NHWC")
+    assert spec_of(dataclasses.replace(ClassLabel(), multi_label=True, num_classes=4)) == \
+        ArraySpec((4,), np.float32)
+    with pytest.raises(ValueError, match="max_pixels must be positive"):
+        Mask(max_pixels=0)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from ..errors import DecodeError
+from .value import Value
 
 __all__ = ["Raw", "Json"]
 
 
-class Raw:
+@dataclass(frozen=True, repr=False)
+class Raw(Value):
     """The payload itself, as ``bytes``.
 
     In the pipeline a ``Raw`` field is never sent to a decoder process: the consumer copies it out of the
@@ -24,17 +27,9 @@ class Raw:
     def __call__(self, payload: Any) -> bytes:
         return bytes(payload)
 
-    def __repr__(self) -> str:
-        return "Raw()"
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Raw
-
-    def __hash__(self) -> int:
-        return hash(Raw)
-
-
-class Json:
+@dataclass(frozen=True, repr=False)
+class Json(Value):
     """UTF-8 JSON text -> Python objects, with orjson.
 
     orjson refuses nesting deeper than 1024 levels, so hostile input cannot exhaust the stack.  Numbers
@@ -48,12 +43,3 @@ class Json:
             return orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
             raise DecodeError(f"invalid JSON: {exc}") from exc
-
-    def __repr__(self) -> str:
-        return "Json()"
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Json
-
-    def __hash__(self) -> int:
-        return hash(Json)

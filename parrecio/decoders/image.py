@@ -49,6 +49,7 @@ from __future__ import annotations
 import io
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -57,6 +58,7 @@ from PIL import ImageFile, features
 
 from ..errors import DecodeError
 from .base import ArraySpec
+from .value import Value, derive
 from .simplejpeg_backend import (_JPEG_MAGIC, _prefix3, _require_simplejpeg, _simplejpeg,
                                  _simplejpeg_matches_pillow)
 from .sniff import IMAGE_KINDS, describe, sniff
@@ -226,10 +228,8 @@ def _orientation(image: PILImage.Image) -> int:
     return value if value in _TRANSPOSE else 1
 
 
-class _PillowDecoder:
-    """What ``Image`` and ``Mask`` share: open, load, plan and run one resize, equality and repr."""
-
-    _defaults: dict = {}
+class _PillowDecoder(Value):
+    """What ``Image`` and ``Mask`` share: open, load, plan and run one resize (both are frozen dataclasses)."""
 
     size: Optional[Tuple[int, int]]
     resize: str
@@ -314,20 +314,6 @@ class _PillowDecoder:
             return image, plan
         return image.resize(size, resample, box=box, reducing_gap=reducing_gap), plan
 
-    # -- equality, hashing, repr -----------------------------------------------------------------------
-    def _params(self) -> dict:
-        return {name: getattr(self, name) for name in self._defaults}
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self._params().items() if v != self._defaults[k])
-        return f"{type(self).__name__}({args})"
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other._params() == self._params()  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, tuple(self._params().items())))
-
 
 class _Loaded(NamedTuple):
     image: PILImage.Image
@@ -373,6 +359,7 @@ def _place(arr: np.ndarray, plan: Optional[_Plan], frame: Optional[Tuple[int, in
         out[_spatial(layout, rows, cols)] = value
     return out
 
+@dataclass(frozen=True, repr=False)
 class Image(_PillowDecoder):
     """An encoded image (JPEG, PNG, GIF, BMP, TIFF, ... whatever Pillow reads) -> ``uint8`` numpy array.
 
@@ -424,16 +411,23 @@ class Image(_PillowDecoder):
     non-images (naming what the bytes look like), corrupt or truncated images and decompression bombs.
     """
 
-    _defaults = dict(size=None, mode="RGB", resize="stretch", layout="HWC", max_pixels=64_000_000, fill=0,
-                     resample="bilinear", draft=False, reducing_gap=None, exif_transpose=False,
-                     allow_truncated=False, formats=None, backend="pillow")
+    size: Optional[Size] = None
+    mode: str = "RGB"
+    resize: str = "stretch"
+    layout: str = "HWC"
+    max_pixels: int = 64_000_000
+    fill: Union[int, Sequence[int]] = 0
+    resample: str = "bilinear"
+    draft: Union[bool, float] = False
+    reducing_gap: Optional[float] = None
+    exif_transpose: bool = False
+    allow_truncated: bool = False
+    formats: Optional[Sequence[str]] = None
+    backend: str = "pillow"
 
-    def __init__(self, size: Optional[Size] = None, mode: str = "RGB", resize: str = "stretch",
-                 layout: str = "HWC", max_pixels: int = 64_000_000, fill: Union[int, Sequence[int]] = 0,
-                 resample: str = "bilinear", draft: Union[bool, float] = False,
-                 reducing_gap: Optional[float] = None,
-                 exif_transpose: bool = False, allow_truncated: bool = False,
-                 formats: Optional[Sequence[str]] = None, backend: str = "pillow") -> None:
+    def __post_init__(self) -> None:
+        mode, layout, resample, reducing_gap = self.mode, self.layout, self.resample, self.reducing_gap
+        draft, max_pixels, backend, fill = self.draft, self.max_pixels, self.backend, self.fill
         if mode not in ("RGB", "L", "keep"):
             raise ValueError(f"mode must be 'RGB', 'L' or 'keep', got {mode!r}")
         if layout not in ("HWC", "CHW"):
@@ -450,28 +444,21 @@ class Image(_PillowDecoder):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "simplejpeg":
             _require_simplejpeg()
-        self.size = _size_pair(size)
-        self.mode = mode
-        self.resize = _check_resize(resize)
-        self.layout = layout
-        self.max_pixels = int(max_pixels)
-        self.fill = int(fill) if isinstance(fill, (int, np.integer)) else tuple(int(v) for v in fill)
-        self.resample = resample
-        self.draft = draft if isinstance(draft, bool) else float(draft)
-        self.reducing_gap = reducing_gap
-        self.exif_transpose = bool(exif_transpose)
-        self.allow_truncated = bool(allow_truncated)
-        self.formats = None if formats is None else tuple(formats)
-        self.backend = backend
+        derive(self, size=_size_pair(self.size), resize=_check_resize(self.resize), max_pixels=int(max_pixels),
+               fill=int(fill) if isinstance(fill, (int, np.integer)) else tuple(int(v) for v in fill),
+               draft=draft if isinstance(draft, bool) else float(draft),
+               reducing_gap=None if reducing_gap is None else float(reducing_gap),
+               exif_transpose=bool(self.exif_transpose), allow_truncated=bool(self.allow_truncated),
+               formats=None if self.formats is None else tuple(self.formats))
         channels = {"RGB": 3, "L": 1}.get(mode)
-        self._fill = _fill_array(self.fill, channels)
-        self.output_spec: Optional[ArraySpec] = None
+        spec: Optional[ArraySpec] = None
         if self.size is not None and channels is not None:
             h, w = self.size
             shape = (h, w, 3) if channels == 3 else (h, w)
             if layout == "CHW":
                 shape = (channels, h, w)
-            self.output_spec = ArraySpec(shape, np.uint8)
+            spec = ArraySpec(shape, np.uint8)
+        derive(self, _fill=_fill_array(self.fill, channels), output_spec=spec)
 
     @property
     def jpeg_backend(self) -> str:

@@ -8,6 +8,7 @@ sees: the header's scalar ``label`` when ``flag == 0``, the ``flag`` float32 lab
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple, Union
 
 import numpy as np
@@ -16,13 +17,15 @@ from ..errors import DecodeError
 from ..recordio.irheader import unpack
 from .base import ArraySpec
 from .image import Image
+from .value import Value, derive
 
 __all__ = ["ImageRecord"]
 
 Label = Union[float, np.ndarray]
 
 
-class ImageRecord:
+@dataclass(frozen=True, repr=False)
+class ImageRecord(Value):
     """An MXNet image record payload -> ``(image, label)``.
 
     Parameters
@@ -45,11 +48,14 @@ class ImageRecord:
     ``decode_into(payload, out)`` follows :mod:`parrecio.decoders.base`.
     """
 
-    def __init__(self, image: Any = None, label_width: Optional[int] = None) -> None:
-        if label_width is not None and int(label_width) < 0:
-            raise ValueError(f"label_width must be None or >= 0, got {label_width!r}")
-        self.image = Image() if image is None else image
-        self.label_width = None if label_width is None else int(label_width)
+    image: Any = field(default_factory=Image)
+    label_width: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.label_width is not None and int(self.label_width) < 0:
+            raise ValueError(f"label_width must be None or >= 0, got {self.label_width!r}")
+        derive(self, image=Image() if self.image is None else self.image,
+               label_width=None if self.label_width is None else int(self.label_width))
         if self.label_width is None:
             label_spec = None
         else:
@@ -57,8 +63,9 @@ class ImageRecord:
         image_spec = getattr(self.image, "output_spec", None)
         if image_spec is not None and not isinstance(image_spec, ArraySpec):
             raise ValueError(f"the image decoder's output_spec must be an ArraySpec or None, got {image_spec!r}")
-        self.output_spec: Optional[Tuple[Optional[ArraySpec], Optional[ArraySpec]]] = \
+        output_spec: Optional[Tuple[Optional[ArraySpec], Optional[ArraySpec]]] = \
             (image_spec, label_spec) if image_spec is not None or label_spec is not None else None
+        derive(self, output_spec=output_spec)
 
     def _label(self, header: Any) -> Label:
         """The label MXNet would see, shaped by ``label_width``."""
@@ -101,15 +108,3 @@ class ImageRecord:
             label_out[...] = label
             label = None
         return image, label
-
-    def __repr__(self) -> str:
-        args = [] if self.image == Image() else [f"image={self.image!r}"]
-        if self.label_width is not None:
-            args.append(f"label_width={self.label_width}")
-        return f"ImageRecord({', '.join(args)})"
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is ImageRecord and (other.image, other.label_width) == (self.image, self.label_width)
-
-    def __hash__(self) -> int:
-        return hash(("ImageRecord", self.image, self.label_width))

@@ -17,6 +17,7 @@ nesting deeper than 1024 levels, so hostile input cannot exhaust the stack.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -24,6 +25,7 @@ import orjson
 
 from ..errors import DecodeError
 from .base import ArraySpec
+from .value import Value, derive, shown_as
 
 __all__ = ["BoundingBoxes", "ClassLabel"]
 
@@ -53,7 +55,8 @@ def _looks_like_metadata(doc: Mapping[str, Any]) -> bool:
         or "class-name" in doc or "job-name" in doc
 
 
-class BoundingBoxes:
+@dataclass(frozen=True, repr=False)
+class BoundingBoxes(Value):
     """Ground Truth object-detection JSON -> ``float32`` array ``(k, 5)`` of ``[class_id, x0, y0, x1, y1]``.
 
     Coordinates are in pixels of the original image (``x1 = left + width``), unless ``normalize``.
@@ -79,17 +82,19 @@ class BoundingBoxes:
         cropped away by ``resize="shorter"``) are dropped.
     """
 
-    def __init__(self, normalize: bool = False, max_boxes: Optional[int] = None, truncate: bool = False,
-                 image: Any = None) -> None:
-        if max_boxes is not None and int(max_boxes) < 0:
-            raise ValueError(f"max_boxes must be None or >= 0, got {max_boxes!r}")
-        if image is not None and not callable(getattr(image, "geometry", None)):
-            raise TypeError(f"image must be an Image or Mask decoder (with .geometry), got {image!r}")
-        self.normalize = bool(normalize)
-        self.max_boxes = None if max_boxes is None else int(max_boxes)
-        self.truncate = bool(truncate)
-        self.image = image
-        self.output_spec = None if self.max_boxes is None else ArraySpec((self.max_boxes, 5), np.float32)
+    normalize: bool = False
+    max_boxes: Optional[int] = None
+    truncate: bool = False
+    image: Any = None
+
+    def __post_init__(self) -> None:
+        if self.max_boxes is not None and int(self.max_boxes) < 0:
+            raise ValueError(f"max_boxes must be None or >= 0, got {self.max_boxes!r}")
+        if self.image is not None and not callable(getattr(self.image, "geometry", None)):
+            raise TypeError(f"image must be an Image or Mask decoder (with .geometry), got {self.image!r}")
+        max_boxes = None if self.max_boxes is None else int(self.max_boxes)
+        derive(self, normalize=bool(self.normalize), max_boxes=max_boxes, truncate=bool(self.truncate),
+               output_spec=None if max_boxes is None else ArraySpec((max_boxes, 5), np.float32))
 
     # -- parsing ---------------------------------------------------------------------------------------
     @staticmethod
@@ -177,24 +182,9 @@ class BoundingBoxes:
         out[count:] = -1
         return out
 
-    # -- value semantics -------------------------------------------------------------------------------
-    def _params(self) -> tuple:
-        return (self.normalize, self.max_boxes, self.truncate, self.image)
 
-    def __repr__(self) -> str:
-        names = ("normalize", "max_boxes", "truncate", "image")
-        defaults = (False, None, False, None)
-        args = ", ".join(f"{n}={v!r}" for n, v, d in zip(names, self._params(), defaults) if v != d)
-        return f"BoundingBoxes({args})"
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is BoundingBoxes and other._params() == self._params()
-
-    def __hash__(self) -> int:
-        return hash(("BoundingBoxes",) + self._params())
-
-
-class ClassLabel:
+@dataclass(frozen=True, repr=False)
+class ClassLabel(Value):
     """Ground Truth classification labels -> numpy arrays.
 
     Accepted payloads (JSON text, bytes-like or ``str``): a class id as a number (``3``, ``3.0``) or a
@@ -206,7 +196,7 @@ class ClassLabel:
     Parameters
     ----------
     dtype:
-        Output dtype; default ``int64`` for ids, ``float32`` for multi-hot vectors.  A float dtype also
+        Output dtype; default ``None``: ``int64`` for ids, ``float32`` for multi-hot vectors.  A float dtype also
         accepts non-integral numbers (regression targets); an integer dtype refuses them.
     num_classes:
         When given, ids must be in ``0 .. num_classes-1``; needed for multi-hot output.
@@ -220,29 +210,32 @@ class ClassLabel:
         for ids.
     """
 
-    def __init__(self, dtype: Any = None, num_classes: Optional[int] = None, multi_label: bool = False,
-                 class_names: Union[Sequence[str], Mapping[str, int], None] = None) -> None:
+    dtype: Any = field(default=None, metadata=shown_as(lambda dtype: dtype.name))
+    num_classes: Optional[int] = None
+    multi_label: bool = False
+    #: normalized to sorted ``(name, id)`` pairs, so that the decoder hashes
+    class_names: Union[Sequence[str], Mapping[str, int], None] = field(default=None, metadata=shown_as(dict))
+
+    def __post_init__(self) -> None:
+        num_classes, multi_label = self.num_classes, bool(self.multi_label)
         if num_classes is not None and int(num_classes) < 1:
             raise ValueError(f"num_classes must be None or >= 1, got {num_classes!r}")
-        multi_hot = bool(multi_label) and num_classes is not None
-        self.dtype = np.dtype(dtype if dtype is not None else (np.float32 if multi_hot else np.int64))
-        if self.dtype.kind not in "iuf":
-            raise ValueError(f"dtype must be an integer or float dtype, got {self.dtype}")
-        self.num_classes = None if num_classes is None else int(num_classes)
-        self.multi_label = bool(multi_label)
-        if class_names is None:
-            self.class_names: Optional[Tuple[Tuple[str, int], ...]] = None
-        else:
-            items = class_names.items() if isinstance(class_names, Mapping) else \
-                ((name, i) for i, name in enumerate(class_names))
-            self.class_names = tuple(sorted((str(n), int(i)) for n, i in items))
-        self._names = dict(self.class_names or ())
+        multi_hot = multi_label and num_classes is not None
+        given = None if self.dtype is None else np.dtype(self.dtype)  # None stays None: dataclasses.replace
+        dtype = given if given is not None else np.dtype(np.float32 if multi_hot else np.int64)
+        if dtype.kind not in "iuf":
+            raise ValueError(f"dtype must be an integer or float dtype, got {dtype}")
+        num_classes = None if num_classes is None else int(num_classes)
+        names = self.class_names
+        if names is not None:
+            items = names.items() if isinstance(names, Mapping) else ((name, i) for i, name in enumerate(names))
+            names = tuple(sorted((str(n), int(i)) for n, i in items))
         if multi_hot:
-            self.output_spec: Optional[ArraySpec] = ArraySpec((self.num_classes,), self.dtype)
-        elif not self.multi_label:
-            self.output_spec = ArraySpec((), self.dtype)
+            spec: Optional[ArraySpec] = ArraySpec((num_classes,), dtype)
         else:
-            self.output_spec = None
+            spec = None if multi_label else ArraySpec((), dtype)
+        derive(self, dtype=given, _dtype=dtype, num_classes=num_classes, multi_label=multi_label,
+               class_names=names, _names=dict(names or ()), output_spec=spec)
 
     # -- parsing ---------------------------------------------------------------------------------------
     def _parse(self, payload: Any) -> Any:
@@ -280,7 +273,7 @@ class ClassLabel:
             raise DecodeError(f"a class label must be a number or a numeric string, got {value!r}")
         if not math.isfinite(value):
             raise DecodeError(f"class label {value!r} is not finite")
-        if self.dtype.kind != "f":
+        if self._dtype.kind != "f":
             if value != int(value):
                 raise DecodeError(f"class label {value!r} is not an integer (use a float dtype for targets)")
             value = int(value)
@@ -294,11 +287,11 @@ class ClassLabel:
         return [self._one(doc)]
 
     def _check_dtype(self, values: list) -> None:
-        if self.dtype.kind in "iu":
-            info = np.iinfo(self.dtype)
+        if self._dtype.kind in "iu":
+            info = np.iinfo(self._dtype)
             for v in values:
                 if not info.min <= v <= info.max:
-                    raise DecodeError(f"class id {v!r} does not fit {self.dtype}")
+                    raise DecodeError(f"class id {v!r} does not fit {self._dtype}")
 
     # -- the decoder protocol --------------------------------------------------------------------------
     def __call__(self, payload: Any) -> np.ndarray:
@@ -309,33 +302,13 @@ class ClassLabel:
             if len(values) != 1:
                 raise DecodeError(f"got {len(values)} labels {values[:8]} for a single-label ClassLabel "
                                   "(use multi_label=True)")
-            return np.array(values[0], dtype=self.dtype)
+            return np.array(values[0], dtype=self._dtype)
         if self.num_classes is None:
-            return np.array(values, dtype=self.dtype).reshape(-1)
-        hot = np.zeros(self.num_classes, dtype=self.dtype)
+            return np.array(values, dtype=self._dtype).reshape(-1)
+        hot = np.zeros(self.num_classes, dtype=self._dtype)
         hot[[int(v) for v in values]] = 1
         return hot
 
     def decode_into(self, payload: Any, out: np.ndarray) -> None:
         """Write the label into ``out`` (shape ``()`` or ``(num_classes,)``, see ``output_spec``)."""
         out[...] = self(payload)
-
-    # -- value semantics -------------------------------------------------------------------------------
-    def _params(self) -> tuple:
-        return (self.dtype, self.num_classes, self.multi_label, self.class_names)
-
-    def __repr__(self) -> str:
-        args = [f"dtype={self.dtype.name!r}"]
-        if self.num_classes is not None:
-            args.append(f"num_classes={self.num_classes}")
-        if self.multi_label:
-            args.append("multi_label=True")
-        if self.class_names is not None:
-            args.append(f"class_names={dict(self.class_names)!r}")
-        return f"ClassLabel({', '.join(args)})"
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is ClassLabel and other._params() == self._params()
-
-    def __hash__(self) -> int:
-        return hash(("ClassLabel",) + self._params())

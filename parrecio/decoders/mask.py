@@ -4,6 +4,7 @@ machinery (same opening, size checks, strict loading and geometry as ``Image``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
@@ -12,6 +13,7 @@ from PIL import Image as PILImage
 from ..errors import DecodeError
 from .base import ArraySpec
 from .image import Size, _PillowDecoder, _Plan, _check_resize, _place, _size_pair
+from .value import derive, shown_as
 
 __all__ = ["Mask"]
 
@@ -31,6 +33,12 @@ def _parse_color(value: Any) -> int:
     raise ValueError(f"not a colour: {value!r} (use '#rrggbb', (r, g, b) or {{'hex-color': '#rrggbb'}})")
 
 
+def _show_colors(colors: Tuple[Tuple[int, int], ...]) -> dict:
+    """The normalized ``colors`` as the constructor takes them: ``{class_id: "#rrggbb"}``."""
+    return {class_id: f"#{rgb:06x}" for class_id, rgb in colors}
+
+
+@dataclass(frozen=True, repr=False)
 class Mask(_PillowDecoder):
     """A semantic-segmentation mask image (Ground Truth ``-ref`` PNG) -> ``uint8 (H, W)`` class ids.
 
@@ -58,27 +66,31 @@ class Mask(_PillowDecoder):
         As for :class:`Image`.
     """
 
-    _defaults = dict(size=None, resize="stretch", fill=0, colors=None, unknown=None, max_pixels=64_000_000,
-                     allow_truncated=False, formats=None)
+    size: Optional[Size] = None
+    resize: str = "stretch"
+    fill: int = 0
+    #: normalized to sorted ``(class_id, 0xRRGGBB)`` pairs, so that the decoder hashes
+    colors: Any = field(default=None, metadata=shown_as(_show_colors))
+    unknown: Optional[int] = None
+    max_pixels: int = 64_000_000
+    allow_truncated: bool = False
+    formats: Optional[Sequence[str]] = None
 
-    def __init__(self, size: Optional[Size] = None, resize: str = "stretch", fill: int = 0,
-                 colors: Any = None, unknown: Optional[int] = None, max_pixels: int = 64_000_000,
-                 allow_truncated: bool = False, formats: Optional[Sequence[str]] = None) -> None:
-        if not 0 <= int(fill) <= 255:
-            raise ValueError(f"fill must be a class id in 0..255, got {fill!r}")
-        if unknown is not None and not 0 <= int(unknown) <= 255:
-            raise ValueError(f"unknown must be None or a class id in 0..255, got {unknown!r}")
-        self.size = _size_pair(size)
-        self.resize = _check_resize(resize)
-        self.fill = int(fill)
-        self.unknown = None if unknown is None else int(unknown)
-        self.max_pixels = int(max_pixels)
-        self.allow_truncated = bool(allow_truncated)
-        self.formats = None if formats is None else tuple(formats)
-        self.colors = self._freeze_colors(colors)
-        self._color_keys, self._color_ids = self._color_table(self.colors)
-        self._fill = np.asarray(self.fill, dtype=np.int64)
-        self.output_spec = None if self.size is None else ArraySpec(self.size, np.uint8)
+    def __post_init__(self) -> None:
+        if not 0 <= int(self.fill) <= 255:
+            raise ValueError(f"fill must be a class id in 0..255, got {self.fill!r}")
+        if self.unknown is not None and not 0 <= int(self.unknown) <= 255:
+            raise ValueError(f"unknown must be None or a class id in 0..255, got {self.unknown!r}")
+        if int(self.max_pixels) < 1:
+            raise ValueError(f"max_pixels must be positive, got {self.max_pixels!r}")
+        size, colors = _size_pair(self.size), self._freeze_colors(self.colors)
+        derive(self, size=size, resize=_check_resize(self.resize), fill=int(self.fill),
+               unknown=None if self.unknown is None else int(self.unknown), max_pixels=int(self.max_pixels),
+               allow_truncated=bool(self.allow_truncated),
+               formats=None if self.formats is None else tuple(self.formats), colors=colors)
+        color_keys, color_ids = self._color_table(colors)
+        derive(self, _color_keys=color_keys, _color_ids=color_ids, _fill=np.asarray(self.fill, dtype=np.int64),
+               output_spec=None if size is None else ArraySpec(size, np.uint8))
 
     @staticmethod
     def _freeze_colors(colors: Any) -> Optional[Tuple[Tuple[int, int], ...]]:
