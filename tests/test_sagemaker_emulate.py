@@ -299,3 +299,61 @@ def test_parallel_reader_breaks_epoch_0_then_reads_epoch_1_decoded(dataset, tmp_
     assert len(got_images) == len(jpegs)
     assert np.array_equal(got_images, np.stack([image(j) for j in jpegs]))
     assert all(np.array_equal(g, box(b)) for g, b in zip(got_boxes, boxes))
+
+
+def test_epoch_records_count_is_known_where_it_is_cheap(dataset, tmp_path):
+    """The progress total: manifest lines x attributes, an .idx's records, or what shuffling indexed."""
+    manifest, _, _ = dataset
+    names = ["source-ref", "bounding-box"]
+    indexed, bare = tmp_path / "indexed.rec", tmp_path / "bare.rec"
+    with RecordWriter(str(indexed), index=True) as writer:
+        for i in range(7):
+            writer.write(b"r%d" % i)
+    write_rec(bare, [b"a", b"b", b"c"])
+    cases = [([manifest], 2 * N_IMAGES, False), ([indexed], 7, False), ([indexed, manifest], 7 + 2 * N_IMAGES, False),
+             ([bare], None, False), ([bare, manifest], 3 + 2 * N_IMAGES, True)]
+    for paths, count, shuffle in cases:
+        plan = EpochRecords([str(p) for p in paths], attribute_names=names, shuffle=shuffle)
+        assert plan.count() == count, paths
+        if count is not None:
+            assert len(list(plan.records(0))) == count
+    assert EpochRecords([str(bare)]).count() is None and len(list(EpochRecords([str(bare)]).records(0))) == 3
+
+
+def test_pipe_serve_progress_bar_counts_every_record_it_serves(dataset, tmp_path, monkeypatch):
+    manifest, jpegs, boxes = dataset
+    bars = []
+
+    class Recorder:  # stands in for parrecio.cli.progress.bar (tqdm itself: test_cli's terminal test)
+        def __init__(self, total, desc, unit="records"):
+            self.total, self.desc, self.n, self.open = total, desc, 0, None
+            bars.append(self)
+
+        def __enter__(self):
+            self.open = True
+            return self
+
+        def __exit__(self, *exc):
+            self.open = False
+
+        def update(self, n):
+            self.n += n
+
+    monkeypatch.setattr("parrecio.cli.progress.bar", Recorder)
+    root = tmp_path / "sm"
+    raws = []
+    reader = threading.Thread(target=lambda: raws.extend(read_served_epochs(root, 2)), daemon=True)
+    reader.start()
+    args = ["pipe-serve", "--root", str(root), "--epochs", "2", "--attribute-names", "source-ref,bounding-box",
+            str(manifest)]
+    assert main(args) == 0  # in this thread: pipe-serve installs a SIGTERM handler
+    reader.join(20)
+    assert len(raws) == 2 and all(records_of(raw, "concat") == expected(jpegs, boxes) for raw in raws)
+    assert [(b.desc, b.total, b.n, b.open) for b in bars] == \
+        [(f"pipe-serve: epoch {e}", 2 * N_IMAGES, 2 * N_IMAGES, False) for e in range(2)]
+    bars.clear()
+    reader = threading.Thread(target=lambda: read_served_epochs(root, 1), daemon=True)
+    reader.start()
+    assert main(args[:3] + ["--epochs", "1", "--quiet"] + args[5:]) == 0
+    reader.join(20)
+    assert bars == []  # --quiet: no bar, no lines

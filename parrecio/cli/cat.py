@@ -209,7 +209,8 @@ def run_extract(args: argparse.Namespace) -> int:
 def _idx_path(path: str):
     if path == "-":
         return None
-    idx = os.path.splitext(path)[0] + ".idx"
+    from ..recordio.paths import index_path
+    idx = index_path(path)
     return idx if os.path.isfile(idx) and os.path.isfile(path) else None
 
 
@@ -220,7 +221,8 @@ def _extract_one(args: argparse.Namespace) -> bytes:
     idx = None if args.no_index else _idx_path(args.file)
     if args.key is not None:
         if idx is None:
-            raise ParrecioError(f"--key needs an index file next to {args.file} ({os.path.splitext(args.file)[0]}.idx)")
+            from ..recordio.paths import index_path
+            raise ParrecioError(f"--key needs an index file next to {args.file} ({index_path(args.file)})")
         with IndexedRecordReader(args.file, idx, join=args.join, max_record_bytes=args.max_record_bytes) as rec:
             keys = rec.keys
             key = args.key
@@ -259,14 +261,8 @@ def _strip(payload, which) -> bytes:
 
 def _indexed_count(path: str) -> Optional[int]:
     """Records listed by the ``.idx`` beside ``path`` (None: no index, or stdin)."""
-    from ..recordio import read_index
-    idx = os.path.splitext(path)[0] + ".idx"
-    if path == "-" or not os.path.isfile(idx):
-        return None
-    try:
-        return len(read_index(idx))
-    except Exception:  # a broken index only costs the bar its total
-        return None
+    from ..recordio.index import indexed_count
+    return None if path == "-" else indexed_count(path)
 
 
 def _extract_all(args: argparse.Namespace) -> int:

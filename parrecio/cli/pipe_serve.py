@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default: 0)")
     parser.add_argument("--split-bytes", type=int, default=None,
                         help="split records larger than this into concat parts (cflag 1/2/3)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines or bar on stderr (the bar is drawn only on a terminal)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,11 +45,15 @@ def run(args: argparse.Namespace) -> int:
     from ..tools.manifest import parse_attribute_names
 
     names = parse_attribute_names(args.attribute_names) if args.attribute_names else None
+    from .progress import bar
+
     log = None if args.quiet else (lambda line: print(f"pipe-serve: {line}", file=sys.stderr, flush=True))
+    progress = None if args.quiet else (lambda epoch, total: bar(total, f"pipe-serve: epoch {epoch}"))
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         serve_pipe_channel(args.root, args.channel, args.sources, epochs=args.epochs, attribute_names=names,
-                           shuffle=args.shuffle, seed=args.seed, split_bytes=args.split_bytes, log=log)
+                           shuffle=args.shuffle, seed=args.seed, split_bytes=args.split_bytes, log=log,
+                           progress=progress)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from ..decoders.base import ArraySpec, is_passthrough, spec_of
 from ..decoders.basic import Raw
 from ..errors import PipelineError
+from ..recordio.paths import index_path
 from ..sources import resolve
 from .batching import batches, position, unbatched
 from .shipping import ship
@@ -504,7 +505,7 @@ def _index_paths(source: Any) -> tuple:
         return ()
     out = []
     for p in paths:
-        idx = os.path.splitext(p)[0] + ".idx"
+        idx = index_path(p)
         try:
             if not (stat.S_ISREG(os.stat(p).st_mode) and os.path.isfile(idx)):
                 return ()

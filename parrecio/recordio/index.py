@@ -20,12 +20,24 @@ from typing import Dict, Iterator, List, Optional, Union
 
 from ..errors import CorruptRecordError, SourceError
 from .framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
-from .paths import check_path_arg
+from .paths import check_path_arg, index_path
 
-__all__ = ["IndexedRecordReader", "read_index"]
+__all__ = ["IndexedRecordReader", "read_index", "indexed_count"]
 
 Key = Union[int, str]
 _DEFAULT_READ = 64 << 10  # bytes asked for when the record's span is unknown
+
+
+def indexed_count(rec_path: Union[str, "os.PathLike[str]"]) -> Optional[int]:
+    """How many records the ``.idx`` beside ``rec_path`` lists; ``None`` when there is none or it is broken
+    (for progress totals: a missing or broken index only costs the total)."""
+    idx = index_path(rec_path)
+    if not os.path.isfile(idx):
+        return None
+    try:
+        return len(read_index(idx))
+    except Exception:
+        return None
 
 
 def read_index(idx_path: Union[str, "os.PathLike[str]"]) -> List[tuple]:
@@ -108,7 +120,7 @@ class IndexedRecordReader:
         self.rec_path = os.fsdecode(check_path_arg(rec_path, "rec_path", file_ok=False))
         check_path_arg(idx_path, "idx_path", file_ok=False)
         if idx_path is None:
-            idx_path = os.path.splitext(self.rec_path)[0] + ".idx"
+            idx_path = index_path(self.rec_path)
         self.idx_path = os.fsdecode(idx_path)
         entries = read_index(self.idx_path)
         self._keys: List[Key] = [k for k, _ in entries]

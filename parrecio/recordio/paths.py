@@ -9,9 +9,15 @@ integer-like value: ``numpy.int64`` too) is a ``TypeError`` naming the parameter
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Union
 
-__all__ = ["check_path_arg"]
+__all__ = ["check_path_arg", "index_path"]
+
+
+def index_path(rec_path: Union[str, "os.PathLike[str]"]) -> str:
+    """The ``.idx`` that goes with a record file: its suffix replaced (``train.rec`` -> ``train.idx``), as
+    ``im2rec`` names it.  The one rule: writers put the index there and readers look for it there."""
+    return os.path.splitext(os.fsdecode(rec_path))[0] + ".idx"
 
 
 def check_path_arg(value: Any, name: str, *, file_ok: bool = True, fd_ok: bool = False) -> Any:

@@ -15,7 +15,7 @@ import os
 from typing import Any, BinaryIO, Optional, Union
 
 from .framing import HEADER, MAGIC, MAX_PAYLOAD_BYTES, encode_record
-from .paths import check_path_arg
+from .paths import check_path_arg, index_path
 
 __all__ = ["RecordWriter"]
 
@@ -47,7 +47,7 @@ class RecordWriter:
                 raise TypeError("index=True puts the index next to the record file, so path_or_file must be a "
                                 f"path, not {type(path_or_file).__name__}; give index a path or a binary file "
                                 "object")
-            index = os.path.splitext(os.fsdecode(path_or_file))[0] + ".idx"
+            index = index_path(path_or_file)
         elif index is False:
             index = None
         else:

@@ -31,10 +31,11 @@ import os
 import random
 import stat
 import threading
-from typing import Callable, Generator, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Generator, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import SourceError
 from ..recordio import RecordReader
+from ..recordio.index import indexed_count
 from ..recordio.wrapper import write_sagemaker_recordio
 from ..sources.files import expand_patterns
 from ..sources.sagemaker import INPUT_CONFIG_FILE, looks_like_channel_name
@@ -64,6 +65,26 @@ class EpochRecords:
         self.shuffle = shuffle
         self.seed = int(seed)
         self._items: Optional[List[Tuple]] = self._index() if shuffle else None
+
+    def count(self) -> Optional[int]:
+        """Records per epoch, where that is cheap to know: ``None`` for a ``.rec`` file without an index.
+
+        Shuffled sources were indexed already; a manifest line is ``len(attribute_names)`` records; a
+        ``.rec`` file's records are the lines of its ``.idx`` sidecar (as ``im2rec`` writes it).
+        """
+        if self._items is not None:
+            return sum(len(self.attribute_names) if item[0] == "line" else 1 for item in self._items)
+        total = 0
+        for path in self.paths:
+            if is_manifest_path(path):
+                with open(path, "rb") as f:
+                    total += len(self.attribute_names) * sum(1 for line in f if line.strip())
+                continue
+            count = indexed_count(path)
+            if count is None:
+                return None
+            total += count
+        return total
 
     def records(self, epoch: int) -> Iterator[bytes]:
         """The payloads of epoch ``epoch``, in order."""
@@ -162,11 +183,14 @@ def _write_json_atomically(path: str, obj) -> None:
 def serve_pipe_channel(root: str, channel: str, sources: Sequence[str], *, epochs: int = 1,
                        attribute_names: Optional[Sequence[str]] = None, shuffle: bool = False, seed: int = 0,
                        split_bytes: Optional[int] = None, log: Optional[Callable[[str], None]] = None,
-                       stop: Optional[threading.Event] = None) -> None:
+                       stop: Optional[threading.Event] = None,
+                       progress: Optional[Callable[[int, Optional[int]], Any]] = None) -> None:
     """Serve ``epochs`` epochs of ``sources`` as the Pipe-mode channel ``channel`` under ``root``.
 
     Blocks until every epoch was written (each waits for a reader).  See the module docstring.  ``stop``,
-    when set between epochs, ends the serving early; ``log`` receives progress lines.
+    when set between epochs, ends the serving early; ``log`` receives progress lines.  ``progress(epoch,
+    total)``, when given, makes a progress bar (a context manager with ``update(n)``, as tqdm's) once a
+    reader has opened the epoch's FIFO; ``total`` is :meth:`EpochRecords.count`.
     """
     if not looks_like_channel_name(channel):
         raise SourceError(f"bad channel name {channel!r}: SageMaker channel names are [A-Za-z0-9._-]{{1,64}}")
@@ -175,6 +199,7 @@ def serve_pipe_channel(root: str, channel: str, sources: Sequence[str], *, epoch
     if split_bytes is not None and split_bytes < 1:
         raise SourceError(f"split_bytes must be >= 1, not {split_bytes}")
     plan = EpochRecords(sources, attribute_names=attribute_names, shuffle=shuffle, seed=seed)
+    total = plan.count() if progress is not None else None
     log = log or (lambda message: None)
     write_channel_config(root, channel)
     for epoch in range(epochs):
@@ -184,7 +209,8 @@ def serve_pipe_channel(root: str, channel: str, sources: Sequence[str], *, epoch
         _make_fifo(fifo)
         try:
             log(f"epoch {epoch}: waiting for a reader on {fifo}")
-            nbytes = _serve_epoch(fifo, plan.records(epoch), split_bytes)
+            bar = None if progress is None else (lambda epoch=epoch: progress(epoch, total))
+            nbytes = _serve_epoch(fifo, plan.records(epoch), split_bytes, bar)
             log(f"epoch {epoch}: " + (f"wrote {nbytes} bytes" if nbytes >= 0 else "the reader closed early"))
         finally:
             _remove(fifo)
@@ -202,11 +228,16 @@ def _make_fifo(path: str) -> None:
     os.mkfifo(path)
 
 
-def _serve_epoch(fifo: str, records: Generator[bytes, None, None], split_bytes: Optional[int]) -> int:
+def _serve_epoch(fifo: str, records: Generator[bytes, None, None], split_bytes: Optional[int],
+                 bar: Optional[Callable[[], Any]] = None) -> int:
     """Write one epoch into ``fifo``; return the bytes written, or -1 if the reader closed early."""
     f = open(fifo, "wb", buffering=_WRITE_BUFFER)  # blocks until a reader opens the FIFO
     try:
-        nbytes = write_sagemaker_recordio(records, f, split_bytes)
+        if bar is None:
+            nbytes = write_sagemaker_recordio(records, f, split_bytes)
+        else:
+            with bar() as shown:
+                nbytes = write_sagemaker_recordio(_counted(records, shown), f, split_bytes)
         f.flush()
         return nbytes
     except BrokenPipeError:
@@ -217,6 +248,12 @@ def _serve_epoch(fifo: str, records: Generator[bytes, None, None], split_bytes: 
             f.close()
         except BrokenPipeError:  # close() flushes what the gone reader did not take
             pass
+
+
+def _counted(records: Iterator[bytes], shown: Any) -> Iterator[bytes]:
+    for record in records:
+        yield record
+        shown.update(1)
 
 
 def _remove(path: str) -> None:

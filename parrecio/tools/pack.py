@@ -33,7 +33,7 @@ from typing import BinaryIO, Callable, Iterator, List, NamedTuple, Optional, Seq
 
 from ..errors import SourceError
 from ..recordio import IRHeader, RecordWriter, pack
-from ..recordio.paths import check_path_arg
+from ..recordio.paths import check_path_arg, index_path
 
 __all__ = ["IMAGE_EXTENSIONS", "ListItem", "PackResult", "list_image_folder", "read_image_list",
            "write_image_list", "pack_image_list", "pack_manifest", "output_paths"]
@@ -69,8 +69,8 @@ class PackResult:
 def output_paths(out_rec: str) -> Tuple[str, str]:
     """``(idx, lst)`` paths that go with ``out_rec``: ``train.rec`` -> ``train.idx``, ``train.lst``."""
     check_path_arg(out_rec, "out_rec", file_ok=False)
-    stem = out_rec[:-4] if out_rec.lower().endswith(".rec") else out_rec
-    return stem + ".idx", stem + ".lst"
+    idx = index_path(out_rec)  # where every reader looks for it
+    return idx, idx[:-4] + ".lst"
 
 
 # -- listing -------------------------------------------------------------------------------------------
