@@ -340,6 +340,12 @@ def test_bottleneck_verdict_and_telemetry(stream, no_leaks):
         assert reader.stats.bottleneck == "consumer"
         assert reader.stats.user_time >= 0.02 * 50
         assert reader.stats.as_dict()["bottleneck"] == "consumer"
+        text = repr(reader.stats)
+    assert text.startswith(f"Stats(epochs=1, samples={len(recs)}, records={len(recs)}, ")
+    assert text.endswith("workers=2, bottleneck='consumer')") and "reruns" not in text  # 0: left out
+    times = dict(part.split("=") for part in text[6:-1].split(", "))
+    assert all(float(times[name]) == float(f"{float(times[name]):.4g}")  # four digits, no more
+               for name in ("wall_time", "read_time", "user_time", "decode_cpu"))
 
 
 def test_shards_from_the_environment(stream, monkeypatch, no_leaks):

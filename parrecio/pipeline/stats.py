@@ -8,7 +8,13 @@ from typing import Dict
 __all__ = ["Stats"]
 
 
-@dataclass
+_RARE = ("skipped", "skipped_records", "skipped_bytes", "sharded_out", "reruns", "workers_replaced",
+         "reader_copied_bytes")
+_TIMES = ("wall_time", "startup_time", "read_time", "wait_source_time", "wait_consumer_time",
+          "wait_workers_time", "user_time", "reader_cpu")
+
+
+@dataclass(repr=False)
 class Stats:
     """Totals over the reader's life (all epochs).  Times are seconds.
 
@@ -86,6 +92,15 @@ class Stats:
         if self.read_time + self.wait_source_time >= 0.5 * wall:
             return "source"
         return "decode" if self.workers and self.decode_cpu else "unknown"
+
+    def __repr__(self) -> str:
+        """The counts, the times to four digits (seconds), the rare counters only when not 0, and the verdict."""
+        parts = [f"{name}={getattr(self, name)}" for name in ("epochs", "samples", "records", "bytes")]
+        parts += [f"{name}={getattr(self, name)}" for name in _RARE if getattr(self, name)]
+        parts += [f"{name}={getattr(self, name):.4g}" for name in _TIMES]
+        parts.append(f"decode_cpu={sum(self.decode_cpu.values()):.4g}")
+        parts += [f"workers={self.workers}", f"bottleneck={self.bottleneck!r}"]
+        return f"Stats({', '.join(parts)})"
 
     def as_dict(self) -> dict:
         """Every counter and the bottleneck verdict, as plain data (for JSON)."""
