@@ -430,6 +430,45 @@ def test_every_subcommand_says_the_same_of_non_recordio_input(tmp_path, images_r
         assert f"error: {txt}: not a RecordIO stream (29 bytes): it starts with text" in err, err
 
 
+def test_compressed_and_empty_inputs_are_named(tmp_path):
+    """A .rec shipped gzipped or xz-ed: say so and how to read it; an empty file: nothing to bench."""
+    import gzip
+    import lzma
+    from parrecio import RecordWriter
+    rec = tmp_path / "r.rec"
+    with RecordWriter(str(rec)) as writer:
+        writer.write(b"payload")
+    gz, xz, empty = tmp_path / "r.rec.gz", tmp_path / "r.rec.xz", tmp_path / "empty.rec"
+    gz.write_bytes(gzip.compress(rec.read_bytes()))
+    xz.write_bytes(lzma.compress(rec.read_bytes()))
+    empty.write_bytes(b"")
+    for path, kind, command in ((gz, "gzip", "gzip -dc"), (xz, "xz", "xz -dc")):
+        for args in (["inspect", path], ["cat", path], ["extract", path, "--index", 0], ["bench", path]):
+            err = cli(*args, check=False).stderr.decode()
+            assert f"error: {path}: not a RecordIO stream ({path.stat().st_size} bytes): it is " \
+                   f"{kind}-compressed; decompress it first, e.g. {command} {path} | parrecio cat -" in err, err
+    assert cli("bench", empty, check=False).stderr.decode().endswith(f"error: '{empty}': empty, no records to bench\n")
+    assert cli("cat", empty).stdout == b""  # an empty stream is a valid one, of 0 records
+    folder = tmp_path / "folder"  # the first file empty, the next one not: bench guesses from the next
+    folder.mkdir()
+    (folder / "a.rec").write_bytes(b"")
+    (folder / "b.rec").write_bytes(rec.read_bytes())
+    from parrecio.cli.bench import peek
+    assert peek(str(folder), None) == (["raw"], 7.0)
+
+
+def test_the_library_says_what_a_non_recordio_file_starts_with(tmp_path):
+    from PIL import Image as PILImage
+    from parrecio import ParallelReader
+    from parrecio.errors import CorruptRecordError
+    png = tmp_path / "some.png"
+    PILImage.new("RGB", (8, 8)).save(png)
+    with pytest.raises(CorruptRecordError) as info:
+        list(ParallelReader(str(png), workers=0))
+    assert "bad magic 0x474E5089 (expected 0xCED7230A); not a RecordIO stream? it starts with " \
+           "b'\\x89PNG\\r\\n\\x1a\\n'" in str(info.value) and info.value.offset == 0
+
+
 def test_cat_and_inspect_agree_on_image_records(images_rec):
     lines = [json.loads(x) for x in cli("cat", images_rec, "--format", "json-lines").stdout.splitlines()]
     report = json.loads(cli("inspect", images_rec, "--json").stdout)

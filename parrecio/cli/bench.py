@@ -110,8 +110,10 @@ def fields_from_kinds(kinds: Sequence[str]) -> List[str]:
 
 def peek(channel: str, join: Optional[str]) -> Optional[Tuple[List[str], float]]:
     """``(guessed field names, mean payload bytes per record)`` from the first records of a file channel;
-    None when the channel cannot be read twice (stdin, a FIFO, a Pipe-mode channel) or has no records."""
+    None when the channel cannot be read twice (stdin, a FIFO, a Pipe-mode channel).  Files without a
+    record are an error: not RecordIO at all (bytes, but no record), or nothing to bench (all empty)."""
     from ..decoders.sniff import PREFIX, guess_fields
+    from ..errors import ParrecioError
     from ..recordio import RecordReader
     from ..sources import resolve
     from ..tools.inspect import head_of, not_recordio, payload_kind
@@ -119,25 +121,32 @@ def peek(channel: str, join: Optional[str]) -> Optional[Tuple[List[str], float]]
     if channel == "-":
         return None
     source = resolve(channel)
+    prefixes: List[bytes] = []
+    kinds: List[str] = []
+    sizes: List[int] = []
     try:
         paths = getattr(source, "paths", None)
-        if not paths or not os.path.isfile(paths[0]):
+        if not paths or not all(os.path.isfile(p) for p in paths):
             return None
-        prefixes, kinds, sizes = [], [], []
-        with RecordReader(paths[0], join=join or source.default_join, on_corrupt="skip") as reader:
-            for _, view in reader.iter_views():
-                prefixes.append(bytes(view[:PREFIX + 1]))
-                kinds.append(payload_kind(prefixes[-1]))
-                sizes.append(len(view))
-                if len(sizes) >= PEEK_RECORDS:
-                    break
+        for path in paths:  # the first records of the channel, across files (the first may be empty)
+            with RecordReader(path, join=join or source.default_join, on_corrupt="skip") as reader:
+                found = len(sizes)
+                for _, view in reader.iter_views():
+                    prefixes.append(bytes(view[:PREFIX + 1]))
+                    kinds.append(payload_kind(prefixes[-1]))
+                    sizes.append(len(view))
+                    if len(sizes) >= PEEK_RECORDS:
+                        break
+            head = head_of(path) if len(sizes) == found else None
+            if head:  # bytes, but no record: not RecordIO at all
+                raise not_recordio(path, head, os.path.getsize(path))
+            if len(sizes) >= PEEK_RECORDS:
+                break
     finally:
         source.release()
-    head = head_of(paths[0]) if not sizes else None
-    if head:  # bytes, but no record: not RecordIO at all
-        raise not_recordio(paths[0], head, os.path.getsize(paths[0]))
     if not sizes:
-        return None
+        what = repr(paths[0]) if len(paths) == 1 else f"the {len(paths)} files of {channel!r}"
+        raise ParrecioError(f"{what}: empty, no records to bench")
     try:
         per_pos = list(guess_fields(prefixes))
     except ValueError:

@@ -190,7 +190,10 @@ def _check_header(head: memoryview, offset: int, limit: int, source: Optional[st
                                  f"header bytes", offset, source=source)
     magic, lrec = HEADER.unpack_from(head)
     if magic != MAGIC:
-        raise CorruptRecordError(f"bad magic 0x{magic:08X} (expected 0x{MAGIC:08X})", offset, source=source)
+        # At byte 0 the input is most likely no RecordIO at all: its first bytes say what it is (a PNG's
+        # b'\x89PNG\r\n\x1a\n', gzip's b'\x1f\x8b').  The CLI names the kind (tools.inspect.not_recordio).
+        what = f"; not a RecordIO stream? it starts with {bytes(head[:HEADER_SIZE])!r}" if offset == 0 else ""
+        raise CorruptRecordError(f"bad magic 0x{magic:08X} (expected 0x{MAGIC:08X}){what}", offset, source=source)
     cflag, length = lrec >> 29, lrec & LENGTH_MASK
     if length > limit:
         raise CorruptRecordError(f"record length {length} bytes exceeds max_record_bytes (bytes left for "

@@ -44,10 +44,20 @@ def payload_kind(payload: Any) -> str:
     return "other"
 
 
+#: Compressed containers a RecordIO file is often shipped in: (magic, name, the command that opens it).
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gzip -dc"), (b"BZh", "bzip2", "bzip2 -dc"),
+               (b"\xfd7zXZ\x00", "xz", "xz -dc"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -dc"),
+               (b"PK\x03\x04", "zip", "unzip -p"))
+
+
 def not_recordio(name: Any, head: bytes, nbytes: Optional[int] = None) -> SourceError:
     """The one error for input that is no RecordIO stream at all, whichever command met it: what the
-    input starts with, and how to make RecordIO of such files."""
+    input starts with, and how to make RecordIO of such files (or get at the RecordIO inside)."""
     size = f" ({nbytes} bytes)" if nbytes is not None else ""
+    for magic, container, command in _COMPRESSED:
+        if head.startswith(magic):
+            return SourceError(f"{name}: not a RecordIO stream{size}: it is {container}-compressed; decompress "
+                               f"it first, e.g. {command} {name} | parrecio cat -  (or into a .rec file)")
     kind = sniff(head) if head else "empty"
     hint = ""
     if kind in IMAGE_KINDS:
