@@ -4,9 +4,12 @@
 - :class:`Image`, :class:`Mask`: encoded images -> ``uint8`` arrays; segmentation masks -> class ids.
 - :class:`BoundingBoxes`, :class:`ClassLabel`: Ground Truth labels -> arrays.
 - :class:`ImageRecord`: MXNet ``.rec`` image records -> ``(image, label)``.
+- :class:`RandomResizedCrop`, :class:`CenterCrop` (``Image(crop=...)``), ``IMAGENET_MEAN``/``IMAGENET_STD``
+  (``Image(mean=..., std=...)``): augmentations fused with decoding (:mod:`parrecio.decoders.augment`).
 - :func:`sniff`, :func:`guess_fields`: what payloads look like, how records group into samples.
 """
 
+from .augment import IMAGENET_MEAN, IMAGENET_STD, CenterCrop, RandomResizedCrop
 from .base import ArraySpec, Decoder, OutputSpec
 from .basic import Json, Raw
 from .image import Geometry, Image
@@ -16,4 +19,5 @@ from .labels import BoundingBoxes, ClassLabel
 from .sniff import guess_fields, sniff
 
 __all__ = ["ArraySpec", "Decoder", "OutputSpec", "Raw", "Json", "Image", "Mask", "Geometry", "BoundingBoxes",
-           "ClassLabel", "ImageRecord", "sniff", "guess_fields"]
+           "ClassLabel", "ImageRecord", "RandomResizedCrop", "CenterCrop", "IMAGENET_MEAN", "IMAGENET_STD",
+           "sniff", "guess_fields"]

@@ -13,6 +13,15 @@ Optional attributes tell the pipeline how to treat a decoder:
     sends such a field to a decoder process; the consumer copies the payload out of shared memory when
     it delivers the sample.  :func:`is_passthrough` is the one place that reads it.
 
+``random = True``
+    The decoder draws random choices (a random crop, a flip: :mod:`parrecio.decoders.augment`).  The
+    pipeline then calls it with a keyword ``key``, ``decoder(payload, key=k)`` and ``decode_into(payload,
+    out, key=k)``: a 64-bit int, :func:`sample_key` of the reader's seed, the epoch, the shard and the
+    sample's position in the epoch, the same for every field of the sample.  A decoder draws only from
+    ``key`` (e.g. ``random.Random(key)``), so a sample decodes to the same pixels in any process, on a
+    re-run after a crash, and in every rerun of the epoch, and the fields of a sample (an image and its
+    boxes) draw the same crop.  :func:`is_random` is the one place that reads the flag.
+
 The next two let the pipeline write results straight into shared memory instead of pickling them back
 to the consumer:
 
@@ -37,7 +46,8 @@ from typing import Any, Optional, Protocol, Tuple, Union, runtime_checkable
 
 import numpy as np
 
-__all__ = ["ArraySpec", "Decoder", "OutputSpec", "write_into", "spec_of", "is_passthrough"]
+__all__ = ["ArraySpec", "Decoder", "OutputSpec", "write_into", "spec_of", "is_passthrough", "is_random",
+           "sample_key"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,28 @@ def is_passthrough(decoder: Any) -> bool:
     return bool(getattr(decoder, "passthrough", False))
 
 
+def is_random(decoder: Any) -> bool:
+    """Whether the decoder takes a per-sample ``key`` (``decoder.random``)."""
+    return bool(getattr(decoder, "random", False))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(state: int, value: int) -> int:
+    """One splitmix64 step over ``state + value``: a well-spread 64-bit hash, the same everywhere."""
+    z = (state + (value & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def sample_key(seed: int, epoch: int, shard: int, index: int) -> int:
+    """The 64-bit key of sample ``index`` (its position in the epoch's order on shard ``shard``) of epoch
+    ``epoch`` of a reader with base ``seed``: what a ``random`` decoder draws from."""
+    return _mix(_mix(_mix(_mix(0, seed), epoch), shard), index)
+
+
 def spec_of(decoder: Any) -> OutputSpec:
     """The decoder's ``output_spec`` (``None`` when it has none), validated."""
     spec = getattr(decoder, "output_spec", None)
@@ -90,23 +122,25 @@ def _check(value: Any, spec: ArraySpec) -> np.ndarray:
     return arr
 
 
-def write_into(decoder: Any, payload: Any, spec: OutputSpec, out: Any) -> Any:
-    """Decode ``payload`` with ``decoder`` into ``out`` (see the module docstring).
+def write_into(decoder: Any, payload: Any, spec: OutputSpec, out: Any, key: Optional[int] = None) -> Any:
+    """Decode ``payload`` with ``decoder`` into ``out`` (see the module docstring); ``key`` is passed on
+    (as ``key=``) when it is not None: the sample key of a ``random`` decoder.
 
     Returns what does not live in ``out``: ``None`` for an ``ArraySpec``, or for a tuple spec the tuple
     with ``None`` at each position that was written into ``out``.
     """
     decode_into = getattr(decoder, "decode_into", None)
+    kw = {} if key is None else {"key": key}
     if isinstance(spec, ArraySpec):
         if decode_into is not None:
-            decode_into(payload, out)
+            decode_into(payload, out, **kw)
         else:
-            out[...] = _check(decoder(payload), spec)
+            out[...] = _check(decoder(payload, **kw), spec)
         return None
     if decode_into is not None:
-        rest = decode_into(payload, out)
+        rest = decode_into(payload, out, **kw)
     else:
-        rest = decoder(payload)
+        rest = decoder(payload, **kw)
         if not isinstance(rest, tuple) or len(rest) != len(spec):
             raise ValueError(f"decoder returned {type(rest).__name__}, but its output_spec is a tuple "
                              f"of {len(spec)}")

@@ -58,6 +58,7 @@ from PIL import ImageFile, features
 
 from ..errors import DecodeError
 from .base import ArraySpec
+from .augment import Crop, check_crop, check_flip, normalization_lut, sample_rng, write_pixels
 from .value import Value, derive
 from .simplejpeg_backend import (_JPEG_MAGIC, _prefix3, _require_simplejpeg, _simplejpeg,
                                  _simplejpeg_matches_pillow)
@@ -97,7 +98,8 @@ class Geometry(NamedTuple):
     """Where a point of the source image lands in the output frame.
 
     ``x_out = x * scale_x + offset_x`` and ``y_out = y * scale_y + offset_y``, in pixels, with (0, 0) the
-    top-left corner of the top-left pixel.  ``width`` and ``height`` are the output frame's size.
+    top-left corner of the top-left pixel.  ``width`` and ``height`` are the output frame's size.  A
+    negative ``scale_x`` is a mirrored (horizontally flipped) output.
     """
 
     scale_x: float
@@ -118,6 +120,8 @@ class Geometry(NamedTuple):
         coords = out[rows, 1:5]
         coords[:, 0::2] = coords[:, 0::2] * self.scale_x + self.offset_x
         coords[:, 1::2] = coords[:, 1::2] * self.scale_y + self.offset_y
+        if self.scale_x < 0:  # mirrored: the left edge is the old right one
+            coords[:, [0, 2]] = coords[:, [2, 0]]
         if clip:
             np.clip(coords[:, 0::2], 0, self.width, out=coords[:, 0::2])
             np.clip(coords[:, 1::2], 0, self.height, out=coords[:, 1::2])
@@ -126,14 +130,18 @@ class Geometry(NamedTuple):
 
 
 class _Plan(NamedTuple):
-    """One resize, in the upright frame: the centred source box (bw x bh) goes to content (cw x ch) at pad."""
+    """One resize, in the upright frame: the source box (x, y, w, h) goes to content (cw x ch) at pad, and
+    with ``flip`` the whole output frame is mirrored left to right."""
 
+    box_x: float
+    box_y: float
     box_w: float
     box_h: float
     content_w: int
     content_h: int
     pad_x: int
     pad_y: int
+    flip: bool = False
 
 
 def _size_pair(size: Optional[Size]) -> Optional[Tuple[int, int]]:
@@ -150,17 +158,41 @@ def _size_pair(size: Optional[Size]) -> Optional[Tuple[int, int]]:
 def _plan(resize: str, src_w: int, src_h: int, out_w: int, out_h: int) -> _Plan:
     """The resize that puts a ``src_w x src_h`` upright image into the ``out_w x out_h`` frame."""
     if resize == "stretch":
-        return _Plan(src_w, src_h, out_w, out_h, 0, 0)
+        return _Plan(0.0, 0.0, src_w, src_h, out_w, out_h, 0, 0)
     if resize == "letterbox":
         scale = min(out_w / src_w, out_h / src_h)
         content_w = min(out_w, max(1, round(src_w * scale)))
         content_h = min(out_h, max(1, round(src_h * scale)))
-        return _Plan(src_w, src_h, content_w, content_h, (out_w - content_w) // 2, (out_h - content_h) // 2)
+        return _Plan(0.0, 0.0, src_w, src_h, content_w, content_h, (out_w - content_w) // 2,
+                     (out_h - content_h) // 2)
     # "shorter": the side with the larger scale is kept whole; the other is cropped around the centre.
     # Computed as ratios of integers so that the whole side is exactly src (no 374.99999 boxes).
     if out_w * src_h >= out_h * src_w:
-        return _Plan(src_w, min(src_h, out_h * src_w / out_w), out_w, out_h, 0, 0)
-    return _Plan(min(src_w, out_w * src_h / out_h), src_h, out_w, out_h, 0, 0)
+        box_h = min(src_h, out_h * src_w / out_w)
+        return _Plan(0.0, (src_h - box_h) / 2, src_w, box_h, out_w, out_h, 0, 0)
+    box_w = min(src_w, out_w * src_h / out_h)
+    return _Plan((src_w - box_w) / 2, 0.0, box_w, src_h, out_w, out_h, 0, 0)
+
+
+def _raw_box(orientation: int, raw_w: int, raw_h: int, plan: _Plan) -> Tuple[float, float, float, float]:
+    """The plan's upright-frame box ``(x, y, w, h)`` in the raw (stored) frame of an image with EXIF
+    ``orientation``, whose raw size is ``raw_w x raw_h``: where to resize before transposing."""
+    x, y, w, h = plan.box_x, plan.box_y, plan.box_w, plan.box_h
+    if orientation == 2:
+        return raw_w - x - w, y, w, h
+    if orientation == 3:
+        return raw_w - x - w, raw_h - y - h, w, h
+    if orientation == 4:
+        return x, raw_h - y - h, w, h
+    if orientation == 5:
+        return y, x, h, w
+    if orientation == 6:
+        return y, raw_h - x - w, h, w
+    if orientation == 7:
+        return raw_w - y - h, raw_h - x - w, h, w
+    if orientation == 8:
+        return raw_w - y - h, x, h, w
+    return x, y, w, h
 
 
 def _check_resize(resize: str) -> str:
@@ -235,21 +267,63 @@ class _PillowDecoder(Value):
     resize: str
     max_pixels: int
     formats: Optional[Tuple[str, ...]]
+    crop: Optional[Crop]
+    flip: float
+
+    @property
+    def random(self) -> bool:
+        """Whether the output depends on the sample's key: a random crop, or ``flip`` (the decoder protocol's
+        ``random`` flag, see :mod:`parrecio.decoders.base`)."""
+        return self.flip > 0 or (self.crop is not None and self.crop.random)
+
+    def _check_augment(self) -> None:
+        """Validate and normalize ``crop`` and ``flip`` (``__post_init__`` of Image and Mask)."""
+        crop, flip = check_crop(self.crop), check_flip(self.flip)
+        if crop is not None and self.size is None:
+            raise ValueError(f"crop={crop!r} needs size=...: the crop is resized to it")
+        if crop is not None and self.resize != "stretch":
+            raise ValueError(f"crop={crop!r} decides the source box itself: leave resize='stretch' "
+                             f"(got resize={self.resize!r})")
+        derive(self, crop=crop, flip=flip)
+
+    def _plan_of(self, width: int, height: int, key: Optional[int]) -> Optional[_Plan]:
+        """The resize of a ``width x height`` upright image for the sample with ``key`` (None: no resize).
+
+        The draws, from :func:`~parrecio.decoders.augment.sample_rng`, are the crop's, then the flip's, as
+        torchvision's ``RandomResizedCrop`` then ``RandomHorizontalFlip`` draw them.
+        """
+        rng = sample_rng(key) if self.random else None
+        if self.size is None:
+            plan = None if not self.flip else _Plan(0.0, 0.0, width, height, width, height, 0, 0)
+        else:
+            out_h, out_w = self.size
+            if self.crop is None:
+                plan = _plan(self.resize, width, height, out_w, out_h)
+            else:
+                plan = _Plan(*self.crop.box(width, height, out_w, out_h, rng), out_w, out_h, 0, 0)
+        if plan is not None and self.flip and rng.random() < self.flip:  # type: ignore[union-attr]
+            plan = plan._replace(flip=True)
+        return plan
 
     # -- geometry --------------------------------------------------------------------------------------
-    def geometry(self, width: int, height: int) -> Geometry:
+    def geometry(self, width: int, height: int, key: Optional[int] = None) -> Geometry:
         """Where a point of a ``width x height`` source image lands in this decoder's output.
 
         ``width`` and ``height`` are the source image's size in pixels (as decoded: after EXIF transpose
-        when that is on).  Without ``size`` the output is the source itself (scale 1, offset 0).
+        when that is on).  Without ``size`` the output is the source itself (scale 1, offset 0).  ``key``
+        is the sample's key when the decoder is ``random``: the geometry of that sample's crop and flip
+        (what ``BoundingBoxes(image=...)`` and ``Mask`` use to follow the image).
         """
-        if self.size is None:
-            return Geometry(1.0, 1.0, 0.0, 0.0, int(width), int(height))
-        out_h, out_w = self.size
-        plan = _plan(self.resize, width, height, out_w, out_h)
+        width, height = int(width), int(height)
+        plan = self._plan_of(width, height, key)
+        if plan is None:
+            return Geometry(1.0, 1.0, 0.0, 0.0, width, height)
+        frame_w, frame_h = (width, height) if self.size is None else (self.size[1], self.size[0])
         scale_x, scale_y = plan.content_w / plan.box_w, plan.content_h / plan.box_h
-        x0, y0 = (width - plan.box_w) / 2, (height - plan.box_h) / 2
-        return Geometry(scale_x, scale_y, plan.pad_x - x0 * scale_x, plan.pad_y - y0 * scale_y, out_w, out_h)
+        offset_x, offset_y = plan.pad_x - plan.box_x * scale_x, plan.pad_y - plan.box_y * scale_y
+        if plan.flip:
+            scale_x, offset_x = -scale_x, frame_w - offset_x
+        return Geometry(scale_x, scale_y, offset_x, offset_y, frame_w, frame_h)
 
     def letterbox_params(self, width: int, height: int) -> Tuple[float, int, int]:
         """``(scale, pad_x, pad_y)`` of ``resize="letterbox"`` for a ``width x height`` source image.
@@ -265,8 +339,9 @@ class _PillowDecoder(Value):
 
     # -- decoding steps --------------------------------------------------------------------------------
     def _open_load(self, payload: Any, draft_mode: Optional[str], draft: float, allow_truncated: bool,
-                   exif_transpose: bool) -> "_Loaded":
-        """Open and check the header, maybe ask libjpeg for a DCT-scaled decode, then load strictly.
+                   exif_transpose: bool, key: Optional[int] = None) -> "_Loaded":
+        """Open and check the header, plan the resize, maybe ask libjpeg for a DCT-scaled decode, then load
+        strictly.
 
         ``draft`` is 0 (no DCT scaling) or the gap: the scaled image must be at least ``draft`` times as
         large as what the planned resize reads.
@@ -274,45 +349,50 @@ class _PillowDecoder(Value):
         image = _open(payload, self.max_pixels, self.formats)
         raw_size = image.size
         orientation = _orientation(image) if exif_transpose else 1
+        upright = (raw_size[1], raw_size[0]) if orientation >= 5 else raw_size
+        plan = self._plan_of(upright[0], upright[1], key)
         factors = (1.0, 1.0)
         if (draft or draft_mode) and image.format == "JPEG":
-            request = self._draft_request(raw_size, orientation, draft) if draft else None
+            request = self._draft_request(raw_size, orientation, draft, plan) if draft else None
             result = image.draft(draft_mode, request)
             if result is not None:
                 # result[1] is the original image's extent in the scaled image: (0, 0, W/s, H/s).
                 factors = (result[1][2] / raw_size[0], result[1][3] / raw_size[1])
         _load(image, allow_truncated)
-        return _Loaded(image, raw_size, orientation, factors)
+        return _Loaded(image, raw_size, orientation, factors, plan)
 
-    def _draft_request(self, raw_size: Tuple[int, int], orientation: int,
-                       gap: float) -> Optional[Tuple[int, int]]:
+    def _draft_request(self, raw_size: Tuple[int, int], orientation: int, gap: float,
+                       plan: Optional[_Plan]) -> Optional[Tuple[int, int]]:
         """The smallest whole-image size (raw frame) to decode: ``gap`` times what the resize reads."""
-        if self.size is None:
+        if self.size is None or plan is None:
             return None
         swap = orientation >= 5
         width, height = (raw_size[1], raw_size[0]) if swap else raw_size
-        out_h, out_w = self.size
-        plan = _plan(self.resize, width, height, out_w, out_h)
         need_w = math.ceil(width * plan.content_w / plan.box_w * gap - 1e-6)
         need_h = math.ceil(height * plan.content_h / plan.box_h * gap - 1e-6)
         return (need_h, need_w) if swap else (need_w, need_h)
 
     def _resize(self, loaded: "_Loaded", image: PILImage.Image, resample: int,
-                reducing_gap: Optional[float]) -> Tuple[PILImage.Image, _Plan]:
-        """Run the planned resize in the raw (not yet EXIF-transposed) frame: one Pillow call."""
+                reducing_gap: Optional[float]) -> PILImage.Image:
+        """Run the planned resize in the raw (not yet EXIF-transposed) frame: one Pillow call.
+
+        A crop box of whole pixels in an image decoded at full scale is cut out first and the cut-out
+        resized, which is what torchvision's ``RandomResizedCrop`` does to a PIL image (``resize(box=)``
+        would let the filter read the pixels just outside the box); any other box goes to ``resize(box=)``.
+        """
+        plan = loaded.plan
         swap = loaded.orientation >= 5
         raw_w, raw_h = loaded.raw_size
-        width, height = (raw_h, raw_w) if swap else (raw_w, raw_h)
-        out_h, out_w = self.size  # type: ignore[misc]
-        plan = _plan(self.resize, width, height, out_w, out_h)
-        box_w, box_h = (plan.box_h, plan.box_w) if swap else (plan.box_w, plan.box_h)
+        x0, y0, box_w, box_h = _raw_box(loaded.orientation, raw_w, raw_h, plan)
         size = (plan.content_h, plan.content_w) if swap else (plan.content_w, plan.content_h)
         fx, fy = loaded.factors
-        x0, y0 = (raw_w - box_w) / 2 * fx, (raw_h - box_h) / 2 * fy
+        x0, y0 = x0 * fx, y0 * fy
         box = (max(0.0, x0), max(0.0, y0), min(image.width, x0 + box_w * fx), min(image.height, y0 + box_h * fy))
         if size == image.size and box == (0, 0, image.width, image.height):
-            return image, plan
-        return image.resize(size, resample, box=box, reducing_gap=reducing_gap), plan
+            return image
+        if self.crop is not None and loaded.factors == (1.0, 1.0) and all(v == int(v) for v in box):
+            return image.crop(tuple(int(v) for v in box)).resize(size, resample, reducing_gap=reducing_gap)
+        return image.resize(size, resample, box=box, reducing_gap=reducing_gap)
 
 
 class _Loaded(NamedTuple):
@@ -320,6 +400,14 @@ class _Loaded(NamedTuple):
     raw_size: Tuple[int, int]        # (width, height) from the header, before any draft
     orientation: int                 # EXIF orientation to undo (1: none)
     factors: Tuple[float, float]     # draft scale: decoded pixels per header pixel, per axis
+    plan: Optional[_Plan]            # the sample's resize (None: none), upright frame
+
+
+def _floats(value: Union[float, Sequence[float], None]) -> Union[float, Tuple[float, ...], None]:
+    """``mean``/``std`` as given, made hashable: None, a float, or a tuple of floats."""
+    if value is None or isinstance(value, (int, float, np.number)):
+        return None if value is None else float(value)
+    return tuple(float(v) for v in value)
 
 
 def _fill_array(fill: Union[int, Sequence[int]], channels: Optional[int]) -> np.ndarray:
@@ -336,23 +424,33 @@ def _spatial(layout: str, rows: slice, cols: slice) -> tuple:
 
 
 def _place(arr: np.ndarray, plan: Optional[_Plan], frame: Optional[Tuple[int, int]], layout: str,
-           fill: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+           fill: np.ndarray, out: Optional[np.ndarray], lut: Optional[np.ndarray] = None) -> np.ndarray:
     """Copy ``arr`` (already in ``layout``) into ``out`` (allocated when ``None``), padding with ``fill``.
 
-    ``frame`` is the output's ``(height, width)``; ``plan`` says where the content goes in it.
+    ``frame`` is the output's ``(height, width)``; ``plan`` says where the content goes in it, and whether
+    the frame is mirrored (the copy then reads ``arr`` backwards: no extra pass).  With ``lut``
+    (:func:`~parrecio.decoders.augment.normalization_lut`) pixels and fill become float32 on the way.
     """
+    if plan is not None and plan.flip:
+        arr = arr[:, :, ::-1] if layout == "CHW" else arr[:, ::-1]
     if plan is None or frame is None or (plan.content_h, plan.content_w) == frame:
         if out is None:
-            return np.array(arr, order="C")  # a writable copy (np.asarray of a Pillow image is read-only)
-        out[...] = arr
+            if lut is None:
+                return np.array(arr, order="C")  # a writable copy (np.asarray of a Pillow image is read-only)
+            out = np.empty(arr.shape, np.float32)
+        write_pixels(out, arr, lut, layout)
         return out
     frame_h, frame_w = frame
     if out is None:
         shape = (frame_h, frame_w) + arr.shape[2:] if layout == "HWC" else (arr.shape[0], frame_h, frame_w)
-        out = np.empty(shape, arr.dtype)
-    y0, x0 = plan.pad_y, plan.pad_x
+        out = np.empty(shape, arr.dtype if lut is None else np.float32)
+    y0 = plan.pad_y
+    x0 = frame_w - plan.pad_x - plan.content_w if plan.flip else plan.pad_x
     y1, x1 = y0 + plan.content_h, x0 + plan.content_w
-    out[_spatial(layout, slice(y0, y1), slice(x0, x1))] = arr
+    write_pixels(out[_spatial(layout, slice(y0, y1), slice(x0, x1))], arr, lut, layout)
+    if lut is not None:  # the fill, normalized as the pixels are
+        fill = lut[np.arange(lut.shape[0]), np.broadcast_to(fill, (lut.shape[0],))]
+        fill = fill[0] if arr.ndim == 2 else fill
     value = fill if layout == "HWC" or fill.ndim == 0 else fill[:, None, None]
     for rows, cols in ((slice(0, y0), slice(None)), (slice(y1, None), slice(None)),
                        (slice(y0, y1), slice(0, x0)), (slice(y0, y1), slice(x1, None))):
@@ -406,6 +504,25 @@ class Image(_PillowDecoder):
         installed and decodes the reference JPEGs exactly as Pillow does in this process, else Pillow).
         Other formats, and JPEGs simplejpeg does not take, always go through Pillow; the output is the same
         (see "JPEG backends" in the module docstring).
+    crop:
+        ``RandomResizedCrop(scale, ratio)`` (training: torchvision's box, drawn per sample) or
+        ``CenterCrop(fraction)`` (validation), from :mod:`parrecio.decoders.augment`: the source box that
+        is resized to ``size`` (needs ``size``, and ``resize="stretch"``).  Default ``None``: the whole
+        image, placed by ``resize``.
+    flip:
+        Probability (0..1) of mirroring the output left to right, drawn per sample.
+    mean, std:
+        Normalize: the output becomes ``float32`` ``(pixel / 255 - mean) / std``, per channel, in units of
+        the 0..1 pixel range (torchvision's ``Normalize`` after ``ToTensor``; ``IMAGENET_MEAN`` and
+        ``IMAGENET_STD`` are in :mod:`parrecio.decoders.augment`; MXNet's 0..255 ``mean_r`` is ``/ 255``).
+        One number, or one per channel; either may be left ``None`` (0, resp. 1).  Written through a
+        256-entry table per channel straight into ``out``.  Not with ``mode="keep"``.
+
+    With ``crop=RandomResizedCrop(...)`` or ``flip`` the decoder is ``random``: in the pipeline it gets each
+    sample's key (see :mod:`parrecio.decoders.base`), so a sample's crop and flip depend only on the
+    reader's seed, the epoch, the shard and the sample's position, and ``BoundingBoxes(image=...)``
+    follows them.  Called directly, ``decoder(payload, key=k)`` decodes like sample ``k``; without a key
+    it draws one from ``random``.
 
     Calling the decoder returns a new, writable, C-contiguous array.  Errors: :class:`DecodeError` for
     non-images (naming what the bytes look like), corrupt or truncated images and decompression bombs.
@@ -424,6 +541,10 @@ class Image(_PillowDecoder):
     allow_truncated: bool = False
     formats: Optional[Sequence[str]] = None
     backend: str = "pillow"
+    crop: Optional[Crop] = None
+    flip: float = 0.0
+    mean: Union[float, Sequence[float], None] = None
+    std: Union[float, Sequence[float], None] = None
 
     def __post_init__(self) -> None:
         mode, layout, resample, reducing_gap = self.mode, self.layout, self.resample, self.reducing_gap
@@ -450,15 +571,22 @@ class Image(_PillowDecoder):
                reducing_gap=None if reducing_gap is None else float(reducing_gap),
                exif_transpose=bool(self.exif_transpose), allow_truncated=bool(self.allow_truncated),
                formats=None if self.formats is None else tuple(self.formats))
+        self._check_augment()
         channels = {"RGB": 3, "L": 1}.get(mode)
+        lut = None
+        if self.mean is not None or self.std is not None:
+            if channels is None:
+                raise ValueError("mean/std normalize RGB or L pixels: not with mode='keep'")
+            lut = normalization_lut(self.mean, self.std, channels)
+            derive(self, mean=_floats(self.mean), std=_floats(self.std))
         spec: Optional[ArraySpec] = None
         if self.size is not None and channels is not None:
             h, w = self.size
             shape = (h, w, 3) if channels == 3 else (h, w)
             if layout == "CHW":
                 shape = (channels, h, w)
-            spec = ArraySpec(shape, np.uint8)
-        derive(self, _fill=_fill_array(self.fill, channels), output_spec=spec)
+            spec = ArraySpec(shape, np.uint8 if lut is None else np.float32)
+        derive(self, _fill=_fill_array(self.fill, channels), _lut=lut, output_spec=spec)
 
     @property
     def jpeg_backend(self) -> str:
@@ -472,7 +600,7 @@ class Image(_PillowDecoder):
         return "simplejpeg" if _simplejpeg_matches_pillow() else "pillow"
 
     def _simplejpeg_load(self, payload: Any, module: Any, draft_mode: Optional[str],
-                         gap: float) -> Optional[_Loaded]:
+                         gap: float, key: Optional[int] = None) -> Optional[_Loaded]:
         """Decode a JPEG with simplejpeg as ``_open_load`` would with Pillow, or ``None``: let Pillow do it.
 
         Pillow's steps are mirrored exactly: the same bomb checks on the header, the same EXIF orientation,
@@ -498,7 +626,9 @@ class Image(_PillowDecoder):
             except Exception:
                 return None
         scale = 1
-        request = self._draft_request((width, height), orientation, gap) if gap else None
+        upright = (height, width) if orientation >= 5 else (width, height)
+        plan = self._plan_of(upright[0], upright[1], key)
+        request = self._draft_request((width, height), orientation, gap, plan) if gap else None
         if request:
             ratio = min(width // request[0], height // request[1])
             scale = next(s for s in (8, 4, 2, 1) if ratio >= s)
@@ -515,17 +645,17 @@ class Image(_PillowDecoder):
         if arr.shape[:2] != (out_h, out_w):  # a scale Pillow would not pick: stay exact
             return None
         image = PILImage.frombuffer(mode, (out_w, out_h), arr, "raw", mode, 0, 1)
-        return _Loaded(image, (width, height), orientation, (1.0 / scale, 1.0 / scale))
+        return _Loaded(image, (width, height), orientation, (1.0 / scale, 1.0 / scale), plan)
 
-    def _decode(self, payload: Any) -> Tuple[np.ndarray, Optional[_Plan]]:
+    def _decode(self, payload: Any, key: Optional[int] = None) -> Tuple[np.ndarray, Optional[_Plan]]:
         """The decoded, converted, resized, upright content as an array in ``layout``, and its plan."""
         draft_mode = "L" if self.draft and self.mode == "L" else None
         gap = float(self.draft) if self.size is not None else 0.0  # True -> 1.0
         loaded = None
         if self.backend != "pillow" and _prefix3(payload) == _JPEG_MAGIC and self.jpeg_backend == "simplejpeg":
-            loaded = self._simplejpeg_load(payload, _simplejpeg(), draft_mode, gap)
+            loaded = self._simplejpeg_load(payload, _simplejpeg(), draft_mode, gap, key)
         if loaded is None:
-            loaded = self._open_load(payload, draft_mode, gap, self.allow_truncated, self.exif_transpose)
+            loaded = self._open_load(payload, draft_mode, gap, self.allow_truncated, self.exif_transpose, key)
         image = loaded.image
         rgbx = image.mode == "RGBX" and self.mode != "L"  # simplejpeg's: RGB after the resize (same pixels)
         try:
@@ -533,9 +663,9 @@ class Image(_PillowDecoder):
                 if image.mode in ("P", "PA"):
                     image.info.pop("transparency", None)  # alpha is dropped anyway; spares a warning
                 image = image.convert(self.mode)
-            plan = None
+            plan = loaded.plan
             if self.size is not None:
-                image, plan = self._resize(loaded, image, RESAMPLING[self.resample], self.reducing_gap)
+                image = self._resize(loaded, image, RESAMPLING[self.resample], self.reducing_gap)
             if rgbx:
                 image = image.convert("RGB")
             if loaded.orientation != 1:
@@ -550,19 +680,21 @@ class Image(_PillowDecoder):
             arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
         return arr, plan
 
-    def decode_into(self, payload: Any, out: np.ndarray) -> None:
-        """Decode ``payload`` into ``out``, an array of ``output_spec``'s shape and dtype (may be a view)."""
-        arr, plan = self._decode(payload)
-        _place(arr, plan, self.size, self.layout, self._fill, out)
+    def decode_into(self, payload: Any, out: np.ndarray, key: Optional[int] = None) -> None:
+        """Decode ``payload`` into ``out``, an array of ``output_spec``'s shape and dtype (may be a view);
+        ``key``: the sample's key, for a ``random`` decoder."""
+        arr, plan = self._decode(payload, key)
+        _place(arr, plan, self.size, self.layout, self._fill, out, self._lut)
 
-    def __call__(self, payload: Any) -> np.ndarray:
-        """Decode ``payload`` (bytes-like) to a new ``uint8`` array (see the class docstring for shapes)."""
+    def __call__(self, payload: Any, key: Optional[int] = None) -> np.ndarray:
+        """Decode ``payload`` (bytes-like) to a new ``uint8`` array (``float32`` with ``mean``/``std``; see
+        the class docstring for shapes); ``key``: the sample's key, for a ``random`` decoder."""
         if self.output_spec is not None:
-            out = np.empty(self.output_spec.shape, np.uint8)
-            self.decode_into(payload, out)
+            out = np.empty(self.output_spec.shape, self.output_spec.dtype)
+            self.decode_into(payload, out, key)
             return out
-        arr, plan = self._decode(payload)
+        arr, plan = self._decode(payload, key)
         try:
-            return _place(arr, plan, self.size, self.layout, self._fill, None)
+            return _place(arr, plan, self.size, self.layout, self._fill, None, self._lut)
         except ValueError as exc:  # mode="keep": a per-channel fill that does not fit this image's mode
             raise DecodeError(f"fill={self.fill!r} does not fit an image of shape {arr.shape}: {exc}") from exc

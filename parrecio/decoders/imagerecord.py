@@ -67,6 +67,11 @@ class ImageRecord(Value):
             (image_spec, label_spec) if image_spec is not None or label_spec is not None else None
         derive(self, output_spec=output_spec)
 
+    @property
+    def random(self) -> bool:
+        """Whether the image decoder is ``random`` (the key is then passed on to it)."""
+        return bool(getattr(self.image, "random", False))
+
     def _label(self, header: Any) -> Label:
         """The label MXNet would see, shaped by ``label_width``."""
         width = self.label_width
@@ -82,28 +87,30 @@ class ImageRecord(Value):
             raise DecodeError(f"image record (id {header.id}) has {header.flag} labels, but label_width={width}")
         return header.label
 
-    def __call__(self, payload: Any) -> Tuple[Any, Label]:
-        """Decode ``payload`` (bytes-like) to ``(image, label)``."""
+    def __call__(self, payload: Any, key: Optional[int] = None) -> Tuple[Any, Label]:
+        """Decode ``payload`` (bytes-like) to ``(image, label)``; ``key`` goes to a ``random`` image decoder."""
         header, data = unpack(payload)
         label = self._label(header)
-        return self.image(data), label
+        return (self.image(data, key=key) if self.random else self.image(data)), label
 
-    def decode_into(self, payload: Any, out: Tuple[Optional[np.ndarray], Optional[np.ndarray]]) -> Tuple[Any, Any]:
+    def decode_into(self, payload: Any, out: Tuple[Optional[np.ndarray], Optional[np.ndarray]],
+                    key: Optional[int] = None) -> Tuple[Any, Any]:
         """Write the positions with a spec into ``out``; return the others (``None`` where written)."""
         if self.output_spec is None:
             raise TypeError(f"{self!r} has no output_spec: call it instead")
         image_out, label_out = out
         header, data = unpack(payload)
         label = self._label(header)
+        kw = {"key": key} if self.random else {}
         if self.output_spec[0] is not None:
             image_decode_into = getattr(self.image, "decode_into", None)
             if image_decode_into is not None:
-                image_decode_into(data, image_out)
+                image_decode_into(data, image_out, **kw)
             else:
-                image_out[...] = self.image(data)
+                image_out[...] = self.image(data, **kw)
             image = None
         else:
-            image = self.image(data)
+            image = self.image(data, **kw)
         if self.output_spec[1] is not None:
             label_out[...] = label
             label = None

@@ -79,7 +79,8 @@ class BoundingBoxes(Value):
         An :class:`~parrecio.decoders.Image` (or ``Mask``) decoder with a ``size``: map the boxes into
         its output frame (stretch, letterbox or centre crop) with ``image.geometry(W, H)``, ``W, H`` from
         ``image_size`` (required then).  Boxes are clipped to the frame; boxes left with no area (wholly
-        cropped away by ``resize="shorter"``) are dropped.
+        cropped away by ``resize="shorter"`` or a ``crop``) are dropped.  With a ``random`` image decoder
+        (``crop=RandomResizedCrop(...)``, ``flip``) the boxes follow each sample's crop and flip.
     """
 
     normalize: bool = False
@@ -138,12 +139,19 @@ class BoundingBoxes(Value):
         rows[:, 4] += rows[:, 2]  # y1 = top + height
         return rows, self._image_size(doc)
 
-    def _finish(self, rows: np.ndarray, size: Optional[Tuple[float, float]]) -> np.ndarray:
+    @property
+    def random(self) -> bool:
+        """Whether the boxes follow a random crop or flip of ``image`` (then the pipeline gives each sample's
+        key, the one the image field gets: same key, same crop)."""
+        return bool(getattr(self.image, "random", False))
+
+    def _finish(self, rows: np.ndarray, size: Optional[Tuple[float, float]], key: Optional[int]) -> np.ndarray:
         """Geometry mapping and normalization of parsed rows (float64) -> float32 rows."""
         if self.image is not None:
             if size is None:
                 raise DecodeError("BoundingBoxes(image=...) needs the label's image_size to map boxes")
-            geometry = self.image.geometry(int(round(size[0])), int(round(size[1])))
+            width, height = int(round(size[0])), int(round(size[1]))
+            geometry = self.image.geometry(width, height, key) if self.random else self.image.geometry(width, height)
             rows = geometry.apply(rows.astype(np.float32)).astype(np.float64)
             rows = rows[(rows[:, 3] > rows[:, 1]) & (rows[:, 4] > rows[:, 2])]
             size = (float(geometry.width), float(geometry.height))
@@ -164,16 +172,18 @@ class BoundingBoxes(Value):
                           f"(raise max_boxes, or pass truncate=True to keep the first {self.max_boxes})")
 
     # -- the decoder protocol --------------------------------------------------------------------------
-    def decode_into(self, payload: Any, out: np.ndarray) -> None:
-        """Write the ``(max_boxes, 5)`` padded boxes of ``payload`` into ``out`` (needs ``max_boxes``)."""
-        boxes = self._finish(*self._boxes(_loads(payload)))
+    def decode_into(self, payload: Any, out: np.ndarray, key: Optional[int] = None) -> None:
+        """Write the ``(max_boxes, 5)`` padded boxes of ``payload`` into ``out`` (needs ``max_boxes``);
+        ``key``: the sample's key, when the boxes follow a ``random`` image decoder."""
+        boxes = self._finish(*self._boxes(_loads(payload)), key)
         count = self._check_count(len(boxes))
         out[:count] = boxes[:count]
         out[count:] = -1
 
-    def __call__(self, payload: Any) -> np.ndarray:
-        """Decode JSON text (bytes-like or ``str``) to a ``float32`` array ``(k, 5)`` or ``(max_boxes, 5)``."""
-        boxes = self._finish(*self._boxes(_loads(payload)))
+    def __call__(self, payload: Any, key: Optional[int] = None) -> np.ndarray:
+        """Decode JSON text (bytes-like or ``str``) to a ``float32`` array ``(k, 5)`` or ``(max_boxes, 5)``;
+        ``key``: the sample's key, when the boxes follow a ``random`` image decoder."""
+        boxes = self._finish(*self._boxes(_loads(payload)), key)
         if self.max_boxes is None:
             return boxes
         out = np.empty((self.max_boxes, 5), np.float32)

@@ -64,6 +64,9 @@ class Mask(_PillowDecoder):
         Class id for RGB colours not in ``colors``; ``None`` (default) raises :class:`DecodeError` instead.
     max_pixels, allow_truncated, formats:
         As for :class:`Image`.
+    crop, flip:
+        As for :class:`Image`: give the mask the image decoder's ``crop`` and ``flip`` and it gets the
+        same box and the same flip for the same sample (the key is per sample, not per field).
     """
 
     size: Optional[Size] = None
@@ -75,6 +78,8 @@ class Mask(_PillowDecoder):
     max_pixels: int = 64_000_000
     allow_truncated: bool = False
     formats: Optional[Sequence[str]] = None
+    crop: Any = None
+    flip: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= int(self.fill) <= 255:
@@ -88,6 +93,7 @@ class Mask(_PillowDecoder):
                unknown=None if self.unknown is None else int(self.unknown), max_pixels=int(self.max_pixels),
                allow_truncated=bool(self.allow_truncated),
                formats=None if self.formats is None else tuple(self.formats), colors=colors)
+        self._check_augment()
         color_keys, color_ids = self._color_table(colors)
         derive(self, _color_keys=color_keys, _color_ids=color_ids, _fill=np.asarray(self.fill, dtype=np.int64),
                output_spec=None if size is None else ArraySpec(size, np.uint8))
@@ -150,22 +156,23 @@ class Mask(_PillowDecoder):
             ids = np.where(known, ids, np.uint8(self.unknown))
         return ids
 
-    def _decode(self, payload: Any) -> Tuple[np.ndarray, Optional[_Plan]]:
-        loaded = self._open_load(payload, None, 0.0, self.allow_truncated, False)
-        image, plan = loaded.image, None
+    def _decode(self, payload: Any, key: Optional[int] = None) -> Tuple[np.ndarray, Optional[_Plan]]:
+        loaded = self._open_load(payload, None, 0.0, self.allow_truncated, False, key)
+        image = loaded.image
         if self.size is not None:
             if image.mode not in ("P", "L", "PA", "LA", "RGB", "RGBA", "1"):
                 # exotic modes: class ids first, then resize the ids
                 image = PILImage.fromarray(self._ids(image), "L")
-            image, plan = self._resize(loaded, image, PILImage.Resampling.NEAREST, None)
-        return self._ids(image), plan
+            image = self._resize(loaded, image, PILImage.Resampling.NEAREST, None)
+        return self._ids(image), loaded.plan
 
-    def decode_into(self, payload: Any, out: np.ndarray) -> None:
-        """Decode ``payload`` into ``out``, a ``uint8`` array of shape ``size`` (may be a view)."""
-        ids, plan = self._decode(payload)
+    def decode_into(self, payload: Any, out: np.ndarray, key: Optional[int] = None) -> None:
+        """Decode ``payload`` into ``out``, a ``uint8`` array of shape ``size`` (may be a view); ``key``: the
+        sample's key, for a ``random`` mask (give it the image's ``crop`` and ``flip``: same key, same box)."""
+        ids, plan = self._decode(payload, key)
         _place(ids, plan, self.size, "HWC", self._fill, out)
 
-    def __call__(self, payload: Any) -> np.ndarray:
+    def __call__(self, payload: Any, key: Optional[int] = None) -> np.ndarray:
         """Decode ``payload`` (bytes-like) to a new ``uint8 (H, W)`` array of class ids."""
-        ids, plan = self._decode(payload)
+        ids, plan = self._decode(payload, key)
         return _place(ids, plan, self.size, "HWC", self._fill, None)

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from ..decoders.base import ArraySpec, write_into
+from ..decoders.base import ArraySpec, is_random, sample_key, write_into
 from ..decoders.basic import Json
 from ..errors import CorruptRecordError, DecodeError
 from ..recordio import RecordReader
@@ -139,6 +139,7 @@ class InlineRun:
         self.specs = list(specs)
         self.calls = [bytes if k == _PASS else _FAST.get(type(d), d) if k == _RAGGED else d
                       for k, d in zip(self.kinds, self.cfg.decoders)]
+        self.randoms = [is_random(d) and k != _PASS for k, d in zip(self.kinds, self.cfg.decoders)]
         # counters of the group stage, added to stats at the end of the pass
         self.records = self.nbytes = self.skipped_groups = self.sharded_out = 0
 
@@ -193,7 +194,7 @@ class InlineRun:
         cfg = self.cfg
         if (self.nf == 1 and kind == "single" and batch_size is None and cfg.shuffle is None
                 and cfg.num_shards == 1 and cfg.even_shards is None and not self.skip
-                and self.kinds[0] != _FIXED and self.kinds[0] != _TUPLE):
+                and self.kinds[0] != _FIXED and self.kinds[0] != _TUPLE and not self.randoms[0]):
             gen = self._single(on_end)
         else:
             gen = self._general(batch_size, drop_last, kind, names, on_end)
@@ -258,7 +259,9 @@ class InlineRun:
         if self.aborted:
             raise _ended()
         nf, kinds, calls, specs = self.nf, self.kinds, self.calls, self.specs
-        decoders = self.cfg.decoders
+        cfg = self.cfg
+        decoders, randoms = cfg.decoders, self.randoms
+        keyed = any(randoms)
         fields = range(nf)
         raise_ = self.cfg.on_error == "raise"
         shape = None if kind == "tuple" else shaper(kind, names)
@@ -281,6 +284,8 @@ class InlineRun:
                         arrays, lists = new_arrays(), new_lists()
                     vals: List[Any] = [None] * nf
                     f, p = 0, None
+                    # as in a decoder process (parrecio.pipeline.worker): the same key, the same pixels
+                    key = sample_key(cfg.seed, self.epoch, cfg.shard_index, seq) if keyed else None
                     try:
                         for f in fields:
                             k, p = kinds[f], parts[f]
@@ -292,16 +297,17 @@ class InlineRun:
                                 continue
                             # as a decoder process: a read-only memoryview, released after the call
                             p = p.toreadonly() if type(p) is memoryview else memoryview(p)
+                            fkey = key if randoms[f] else None
                             try:
                                 if k == _RAGGED:
-                                    vals[f] = calls[f](p)
+                                    vals[f] = calls[f](p) if fkey is None else calls[f](p, key=fkey)
                                 elif batched:
                                     out = arrays[f]
                                     out = out[row, ...] if k == _FIXED else \
                                         tuple(a[row, ...] if a is not None else None for a in out)
-                                    vals[f] = write_into(decoders[f], p, specs[f], out)
+                                    vals[f] = write_into(decoders[f], p, specs[f], out, fkey)
                                 else:
-                                    vals[f] = self._one_fixed(f, p)
+                                    vals[f] = self._one_fixed(f, p, fkey)
                             finally:
                                 p.release()  # BufferError if the decoder kept it
                     except Exception as exc:
@@ -356,17 +362,17 @@ class InlineRun:
             self._count(delivered, skipped, on_end)
 
     # -- decoding helpers --------------------------------------------------------------------------
-    def _one_fixed(self, f: int, payload: Any) -> Any:
+    def _one_fixed(self, f: int, payload: Any, key: Optional[int] = None) -> Any:
         """A fixed-shape field of one sample (no batch), as the pipeline gives it: ``arr[0]`` of an
         array of one row, written through ``arr[0, ...]`` (so a ``()`` shape gives a numpy scalar)."""
         spec = self.specs[f]
         if isinstance(spec, ArraySpec):
             arr = np.empty((1,) + spec.shape, spec.dtype)
-            write_into(self.cfg.decoders[f], payload, spec, arr[0, ...])
+            write_into(self.cfg.decoders[f], payload, spec, arr[0, ...], key)
             return arr[0]
         arrs = [None if s is None else np.empty((1,) + s.shape, s.dtype) for s in spec]
         rest = write_into(self.cfg.decoders[f], payload, spec,
-                          tuple(None if a is None else a[0, ...] for a in arrs))
+                          tuple(None if a is None else a[0, ...] for a in arrs), key)
         return tuple(r if a is None else a[0] for a, r in zip(arrs, rest))
 
     def _batch_parts(self, batch_size: int, shape: Any):

@@ -92,6 +92,7 @@ class Task:
     dest: List[Tuple[str, int, int, int]] = field(default_factory=list)
     isolated: bool = False  # a re-run after a crash: its worker gets no other task meanwhile
     split: bool = False     # pickle each value on its own (a re-run after a result that did not unpickle)
+    epoch: int = 0          # the pass's epoch: with the group's sequence number, the key of random decoders
 
 
 @dataclass

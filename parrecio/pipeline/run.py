@@ -255,7 +255,7 @@ class Run:
         dest = self.slots.dest(cs.pos0 + start, n) if cs.pos0 is not None else []
         task = Task(self.res.pool.next_id(), c.first_seq, start, n, c.segment or self.res.ring.name,
                     c.ring_offs[start * nf:(start + n) * nf], c.lens[start * nf:(start + n) * nf], dest,
-                    isolated, split)
+                    isolated, split, self.epoch)
         self.tasks[task.task_id] = cs
         self.res.pool.submit(worker, task)
 

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ..decoders.base import write_into
+from ..decoders.base import is_random, sample_key, write_into
 from .config import PipelineConfig
 from .mapped import MappedFiles, is_mapped
 from .messages import RemoteError, Stop, Task, TaskDone
@@ -128,19 +128,27 @@ def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, sl
     dests = _expand_dest(task, cfg.layout, slots)
     decoded = [f for f in range(nf) if not cfg.passthrough[f]]
     decoders, specs, offs, lens = cfg.decoders, cfg.layout.specs, task.ring_offs, task.lens
+    randoms = [is_random(d) for d in decoders]
+    keyed = any(randoms)
+    seq0 = task.chunk_seq + task.start  # the sequence number of the task's first group
     try:
         for j in range(n):
             outs = dests[j] or _NO_OUTS
             base = j * nf
             f = -1
+            # the sample's key: its fields draw the same crop whoever decodes it, and on every re-run
+            key = sample_key(cfg.seed, task.epoch, cfg.shard_index, seq0 + j) if keyed else None
             try:
                 for f in decoded:
                     off = offs[base + f]
                     payload = mem[off:off + lens[base + f]]
                     try:
                         spec = specs[f]
-                        v = decoders[f](payload) if spec is None else write_into(decoders[f], payload, spec,
-                                                                                 outs[f])
+                        k = key if randoms[f] else None
+                        if spec is None:
+                            v = decoders[f](payload) if k is None else decoders[f](payload, key=k)
+                        else:
+                            v = write_into(decoders[f], payload, spec, outs[f], k)
                     finally:
                         payload.release()
                     col = columns[f]
