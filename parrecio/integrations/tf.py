@@ -33,21 +33,47 @@ Anything else (JSON dicts, lists of mixed values) cannot be inferred: pass ``out
 decoder with array output. Inference sees one batch only: a column of varying shape (``BoundingBoxes()``
 without ``max_boxes``) whose first batch happens to be uniform is stacked and described as dense, and a
 later ragged batch then raises; prefer fixed outputs (``max_boxes=``) or pass ``output_signature``. The
-same holds for unbatched readers (``batch_size=None``), where a sample's shape is taken as fixed. ``tf.data`` copies every value into a TF tensor (``from_generator`` cannot
-share memory), so the shared-memory slots are released as soon as a batch is converted.
+same holds for unbatched readers (``batch_size=None``), where a sample's shape is taken as fixed.
+
+Memory: the dataset's tensors are **copies**. ``from_generator`` would otherwise wrap an aligned numpy
+array without copying it, and every batch that ``tf.data`` keeps (``prefetch``, ``shuffle``, ``cache``, a
+list of tensors) would keep its shared-memory output slot leased, so that the reader allocates new ones
+without bound. One copy per batch keeps the reader's memory bounded; the slot is free again as soon as
+the batch is converted.
+
+Threads: ``tf.data`` runs the generator in threads of its own, not in the one that iterates the dataset.
+Starting a new iteration while an older iterator of the same dataset is unfinished ends the older pass
+here (the reader itself would refuse a new pass from another thread while one is open); used again, that
+older iterator gives what it had already buffered and then fails with the
+:class:`~parrecio.errors.PipelineError` message (raised by TensorFlow as a ``tf.errors.OpError``) instead of
+silently stopping short.
+
+Keras: ``model.fit(dataset(reader), epochs=n)`` runs one pass per epoch when the items are ``(x, y)``
+tuples (``fields=[Image(...), ClassLabel()]``); for dict fields, map them:
+``dataset(reader).map(lambda d: (d["image"], d["label"]))``. When the number of batches is not known in
+advance, Keras warns "Your input ran out of data" at the end of the first epoch and goes on with the
+next; if ``len(reader)`` is known (``.idx`` files), ``ds.apply(tf.data.experimental.assert_cardinality(
+len(reader)))`` tells Keras the length up front (not with ``on_error="skip"``, which may deliver fewer).
+
+Tested with TensorFlow 2.21 (tensorflow-cpu) and Keras 3 in ``tests/test_integrations_tf.py``; the parts
+that need no TensorFlow in ``tests/test_integrations_misc.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Tuple
 
 import numpy as np
 
+from ..errors import PipelineError
 from .dlpack import NUMERIC_KINDS
 
-__all__ = ["FieldSpec", "infer_signature", "to_tensor_specs", "prepare", "flatten_ragged", "batches",
-           "dataset"]
+if TYPE_CHECKING:  # only for the annotations: importing this module imports no TensorFlow
+    import tensorflow as tf
+
+__all__ = ["FieldSpec", "infer_signature", "to_tensor_specs", "from_tensor_specs", "prepare", "flatten_ragged",
+           "batches", "dataset"]
 
 
 @dataclass(frozen=True)
@@ -151,10 +177,14 @@ def flatten_ragged(arrays: list) -> Tuple[np.ndarray, np.ndarray]:
     return values, lengths
 
 
-def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, np.ndarray], Any]] = None) -> Any:
+def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, np.ndarray], Any]] = None,
+            copy: bool = False) -> Any:
     """Shape one item for ``from_generator``: walk ``value`` alongside ``signature``; ``ragged`` leaves
     become ``ragged(values, row_lengths)`` (default: the ``(values, row_lengths)`` pair), tuples stay
-    tuples (namedtuples become plain tuples), everything else is passed on (tf converts it)."""
+    tuples (namedtuples become plain tuples), everything else is passed on (tf converts it).
+
+    ``copy``: dense numpy arrays are copied, so that nothing passed on is a view of the reader's shared
+    memory (ragged leaves are always new arrays: their concatenation)."""
     if isinstance(signature, FieldSpec):
         if signature.kind == "ragged":
             values, lengths = flatten_ragged(list(value))
@@ -164,34 +194,70 @@ def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, n
                             f"as a list (values of different shapes): the first batch happened to be "
                             f"uniform; give the decoder a fixed output (e.g. BoundingBoxes(max_boxes=...)) "
                             f"or pass output_signature")
+        if copy and isinstance(value, np.ndarray):
+            return value.copy()
         return _plain(value)
     if isinstance(signature, dict):
-        return {k: prepare(value[k], s, ragged) for k, s in signature.items()}
+        return {k: prepare(value[k], s, ragged, copy) for k, s in signature.items()}
     if isinstance(signature, tuple):
-        return tuple(prepare(v, s, ragged) for v, s in zip(value, signature))
-    return _plain(value)  # a user-given signature leaf (a tf.TypeSpec): leave it to tf
+        return tuple(prepare(v, s, ragged, copy) for v, s in zip(value, signature))
+    if copy and isinstance(value, np.ndarray):  # a user-given signature leaf (a tf.TypeSpec): tf converts it
+        return value.copy()
+    return _plain(value)
+
+
+class _Pass:
+    """One pass begun by a generator of :func:`batches`: the reader's iterator, and whether a newer
+    pass ended it."""
+
+    __slots__ = ("it", "superseded")
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self.it = it
+        self.superseded = False
+
+    def end(self) -> None:
+        try:
+            _close(self.it)
+        except ValueError as e:  # "generator already executing": another thread is inside it right now
+            raise PipelineError("this dataset is being iterated by another iterator at this moment (a "
+                                "prefetching one?): iterate a parrecio dataset with one iterator at a "
+                                "time") from e
+        self.superseded = True
 
 
 def batches(reader: Any, first: Any = None, first_iter: Optional[Iterator[Any]] = None
             ) -> Callable[[], Iterator[Any]]:
     """A generator function for ``from_generator``: each call is one pass of ``reader``; the first call
-    yields ``first`` and then the rest of ``first_iter`` (a pass already begun) when given."""
+    yields ``first`` and then the rest of ``first_iter`` (a pass already begun) when given.
+
+    A call ends the pass of the previous call if that one is unfinished (``tf.data`` runs each in its
+    own thread, where the reader would refuse a new pass); the previous generator then raises
+    :class:`~parrecio.errors.PipelineError` when resumed, instead of stopping short."""
     pending = [(first, first_iter)] if first_iter is not None else []
+    latest: list = [None]  # the _Pass of the latest call
 
     def gen() -> Iterator[Any]:
         if pending:
-            head, it = pending.pop()
-            try:
-                yield head
-                yield from it
-            finally:
-                _close(it)
-            return
-        it = iter(reader)
+            it = pending[0][1]
+            head = [pending.pop()[0]]  # popped as it is yielded: not kept for the rest of the pass
+        else:
+            if latest[0] is not None:
+                latest[0].end()
+            it, head = iter(reader), []
+        this = latest[0] = _Pass(it)
         try:
+            while head:
+                yield head.pop()
             yield from it
+            if this.superseded:
+                raise PipelineError("this iteration of the dataset was ended by a newer one (a new "
+                                    "pass of the reader): iterate a parrecio dataset with one iterator "
+                                    "at a time")
         finally:
             _close(it)
+            if latest[0] is this:
+                latest[0] = None
 
     return gen
 
@@ -222,13 +288,47 @@ def to_tensor_specs(signature: Any) -> Any:
     return conv(signature)
 
 
-def dataset(reader: Any, output_signature: Any = None):
+def from_tensor_specs(specs: Any) -> Any:
+    """Nested ``tf.TensorSpec`` / ``tf.RaggedTensorSpec`` -> nested :class:`FieldSpec` (imports tf): how
+    :func:`prepare` must shape the values for them. Dicts and tuples are walked; :class:`FieldSpec`
+    leaves and any other leaf (another ``tf.TypeSpec``, a list) are kept, and their values are passed on
+    to tf as they come. A ``RaggedTensorSpec`` must have ``ragged_rank=1``, ``row_splits_dtype=tf.int64``
+    and a numeric dtype (a list of arrays that vary in their first dimension), else ``ValueError``."""
+    import tensorflow as tf
+
+    def conv(s):
+        if isinstance(s, dict):
+            return {k: conv(v) for k, v in s.items()}
+        if isinstance(s, tuple):
+            return tuple(conv(v) for v in s)
+        if not isinstance(s, (tf.TensorSpec, tf.RaggedTensorSpec)):
+            return s
+        shape = tuple(s.shape.as_list()) if s.shape.rank is not None else None
+        if isinstance(s, tf.RaggedTensorSpec):
+            if s.ragged_rank != 1 or s.dtype == tf.string or shape is None or len(shape) < 2 \
+                    or s.row_splits_dtype != tf.int64:
+                raise ValueError(f"{s}: parrecio feeds a ragged column (a list of arrays that vary in their "
+                                 f"first dimension) as tf.RaggedTensorSpec((None, None, ...), <numeric "
+                                 f"dtype>, ragged_rank=1, row_splits_dtype=tf.int64)")
+            return FieldSpec("ragged", shape, s.dtype.name)
+        if s.dtype == tf.string:
+            return FieldSpec("string", shape, "string")
+        return FieldSpec("tensor", shape, s.dtype.name)
+
+    return conv(specs)
+
+
+def dataset(reader: Any, output_signature: Any = None) -> "tf.data.Dataset":
     """``tf.data.Dataset`` of the reader's items; each pass over the dataset is one pass of the reader.
 
     ``output_signature``: nested ``tf.TypeSpec`` (as for ``from_generator``) or nested
     :class:`FieldSpec`; ``None`` infers it from the first item, which starts the reader's first pass
     now (that item is yielded first when the dataset is first iterated). Ragged columns are fed as
-    ``tf.RaggedTensor`` when the signature says so.
+    ``tf.RaggedTensor`` when the signature says so (an inferred ragged column, or a given
+    ``tf.RaggedTensorSpec`` with ``ragged_rank=1``). The tensors are copies of the reader's arrays
+    (see the module docstring: shared memory stays bounded). Raises ``TypeError`` naming the column when
+    the first item cannot be described (that first pass is then ended), ``ValueError`` when the stream is
+    empty.
     """
     import tensorflow as tf
 
@@ -239,18 +339,27 @@ def dataset(reader: Any, output_signature: Any = None):
         try:
             first = next(it)
         except StopIteration:
+            _close(it)
             raise ValueError("cannot infer output_signature: the reader's stream is empty") from None
-        output_signature = infer_signature(first, batched=batched)
-    neutral = output_signature
-    specs = to_tensor_specs(output_signature)
+        try:
+            output_signature = infer_signature(first, batched=batched)
+        except TypeError:
+            first = None
+            _close(it)
+            raise
+    neutral = from_tensor_specs(output_signature)   # how to shape the values
+    specs = to_tensor_specs(output_signature)       # what tf is told (a given tf.TypeSpec stays as it is)
     gen = batches(reader, first, it)
+    del first, it
 
     def ragged(values, lengths):
         return tf.RaggedTensor.from_row_lengths(values, row_lengths=lengths)
 
     def generator():
         for item in gen():
-            yield prepare(item, neutral, ragged)
+            out = prepare(item, neutral, ragged, copy=True)
+            del item  # no view of a shared-memory slot is kept while the generator waits
+            yield out
 
     return tf.data.Dataset.from_generator(generator, output_signature=specs)
 

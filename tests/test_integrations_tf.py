@@ -1,0 +1,307 @@
+"""parrecio.integrations.tf and .keras with TensorFlow for real: the tf.data dataset gives exactly the
+reader's batches on every pass (dense, ragged, strings, dicts, unbatched), its tensors are copies (the
+reader's shared memory stays bounded), a new pass from another tf.data thread ends an unfinished one, and
+Keras ``fit`` trains on every batch of every epoch.  Skipped where TensorFlow is not installed (.ci/run
+installs tensorflow-cpu; the framework-free parts are in test_integrations_misc.py)."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up notices: not on every failure
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from image_helpers import gt_boxes_json, png  # noqa: E402
+from parrecio import ParallelReader, RecordWriter  # noqa: E402
+from parrecio.decoders import BoundingBoxes, ClassLabel, Image, Json, Raw  # noqa: E402
+from parrecio.integrations.keras import generator, steps_per_epoch  # noqa: E402
+from parrecio.integrations.tf import FieldSpec, dataset  # noqa: E402
+from parrecio.pipeline.shm import leftover  # noqa: E402
+
+N = 37          # samples: 4 full batches of 8 and a last one of 5
+BATCH = 8
+SIZE = (32, 32)
+BATCHES = -(-N // BATCH)
+
+
+def _boxes(i: int) -> list:
+    """Sample i has i % 4 boxes: every batch of 8 mixes 0, 1, 2 and 3 boxes (ragged)."""
+    return [(j % 4, 2 + j, 3 + j, 10 + i % 5, 8) for j in range(i % 4)]
+
+
+@pytest.fixture(scope="module")
+def rec(tmp_path_factory):
+    """[image, Ground Truth boxes JSON, class label] per sample; the images differ in size."""
+    path = tmp_path_factory.mktemp("tf") / "det.rec"
+    with RecordWriter(str(path)) as w:
+        for i in range(N):
+            width, height = 40 + i % 5, 30 + i % 3
+            w.write(png(width, height, seed=i))
+            w.write(gt_boxes_json(_boxes(i), width, height))
+            w.write(str(i % 3).encode())
+    return path
+
+
+@pytest.fixture(scope="module")
+def cls_rec(tmp_path_factory):
+    """[image, class label] per sample: items are (x, y) as Keras takes them."""
+    path = tmp_path_factory.mktemp("tf") / "cls.rec"
+    with RecordWriter(str(path)) as w:
+        for i in range(N):
+            w.write(png(40 + i % 5, 30 + i % 3, seed=i))
+            w.write(str(i % 3).encode())
+    return path
+
+
+def fixed_fields():
+    return [Image(SIZE), BoundingBoxes(max_boxes=4), ClassLabel()]
+
+
+def _copy(item):
+    """A deep copy of a reader's item (its arrays are views of shared memory)."""
+    if isinstance(item, dict):
+        return {k: _copy(v) for k, v in item.items()}
+    if isinstance(item, tuple):
+        return tuple(_copy(v) for v in item)
+    if isinstance(item, list):
+        return [_copy(v) for v in item]
+    if isinstance(item, (np.ndarray, np.generic)):
+        return np.array(item, copy=True)
+    return item
+
+
+def assert_same(got, want, where="item"):
+    """``got`` (what tf.data gave) is ``want`` (what the reader gave): structure, dtypes, shapes, bytes."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), where
+        for k in want:
+            assert_same(got[k], want[k], f"{where}[{k!r}]")
+    elif isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{where}[{i}]")
+    elif isinstance(want, list) and all(isinstance(v, bytes) for v in want):
+        assert isinstance(got, tf.Tensor) and got.dtype == tf.string, where
+        assert got.numpy().tolist() == want, where
+    elif isinstance(want, list):  # ragged: one array per sample, of varying first dimension
+        assert isinstance(got, tf.RaggedTensor), f"{where}: {type(got).__name__}"
+        assert got.row_lengths().numpy().tolist() == [len(w) for w in want], where
+        rows = [r.numpy() for r in got]
+        for j, (r, w) in enumerate(zip(rows, want)):
+            assert r.dtype == w.dtype and r.shape == w.shape, f"{where} row {j}"
+            assert r.tobytes() == w.tobytes(), f"{where} row {j}"
+    else:
+        assert isinstance(got, tf.Tensor), f"{where}: {type(got).__name__}"
+        g = got.numpy()
+        assert g.dtype == want.dtype and g.shape == want.shape, f"{where}: {g.dtype}{g.shape} != {want.dtype}{want.shape}"
+        assert g.tobytes() == want.tobytes(), f"{where}: values differ"
+
+
+def assert_passes(ds, want, passes=2):
+    for p in range(passes):
+        got = list(ds)
+        assert len(got) == len(want), f"pass {p}"
+        for b, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"pass {p} batch {b}")
+
+
+def test_fixed_shapes_every_pass_byte_exact(rec, no_leaks):
+    """Image + padded boxes + label: the signature is inferred from the first batch, and each of two
+    passes over the dataset (the second through prefetch, so from other tf.data threads) gives exactly the
+    reader's own batches, the short last batch included."""
+    with ParallelReader(rec, fields=fixed_fields(), workers=2, batch_size=BATCH) as reader:
+        want = [_copy(b) for b in reader]
+        assert [len(b[0]) for b in want] == [BATCH] * (N // BATCH) + [N % BATCH]
+        ds = dataset(reader)
+        assert ds.element_spec == (tf.TensorSpec((None, *SIZE, 3), tf.uint8),
+                                   tf.TensorSpec((None, 4, 5), tf.float32),
+                                   tf.TensorSpec((None,), tf.int64))
+        assert_passes(ds, want, passes=1)
+        assert_passes(ds.prefetch(2), want, passes=1)
+        assert reader.stats.epochs == 3           # the reference pass and one per pass of the dataset
+        assert [int(x) for x in tf.concat([y for _, _, y in ds], 0)] == [i % 3 for i in range(N)]
+
+
+def test_ragged_boxes_strings_and_dicts(rec, no_leaks):
+    """Dict fields; BoundingBoxes() without max_boxes gives a list of (k, 5) arrays per batch, fed as a
+    tf.RaggedTensor; Raw() gives bytes, fed as tf.string."""
+    fields = {"image": Image(SIZE), "boxes": BoundingBoxes(), "label": Raw()}
+    with ParallelReader(rec, fields=fields, workers=2, batch_size=BATCH) as reader:
+        want = [_copy(b) for b in reader]
+        assert isinstance(want[0]["boxes"], list)               # ragged in the reader's own output
+        ds = dataset(reader)
+        assert ds.element_spec == {
+            "image": tf.TensorSpec((None, *SIZE, 3), tf.uint8),
+            "boxes": tf.RaggedTensorSpec((None, None, 5), tf.float32, ragged_rank=1, row_splits_dtype=tf.int64),
+            "label": tf.TensorSpec((None,), tf.string)}
+        assert_passes(ds, want)
+        got = next(iter(ds))
+        np.testing.assert_array_equal(got["boxes"][3].numpy()[:, 0], [0, 1, 2])   # sample 3: 3 boxes
+
+
+def test_unbatched_samples(rec, no_leaks):
+    with ParallelReader(rec, fields=fixed_fields(), workers=1) as reader:
+        want = [_copy(s) for s in reader]
+        ds = dataset(reader)
+        assert ds.element_spec == (tf.TensorSpec((*SIZE, 3), tf.uint8), tf.TensorSpec((4, 5), tf.float32),
+                                   tf.TensorSpec((), tf.int64))
+        assert_passes(ds, want)
+
+
+def test_given_signature_tf_and_fieldspec(rec, no_leaks):
+    """output_signature given as tf specs (a RaggedTensorSpec included) or as FieldSpecs: no pass starts
+    before the dataset is iterated, and the values are shaped for the signature."""
+    fields = [Image(SIZE), BoundingBoxes(), ClassLabel()]
+    with ParallelReader(rec, fields=fields, workers=2, batch_size=BATCH) as reader:
+        want = [_copy(b) for b in reader]
+        sig = (tf.TensorSpec((None, *SIZE, 3), tf.uint8),
+               tf.RaggedTensorSpec((None, None, 5), tf.float32, ragged_rank=1, row_splits_dtype=tf.int64),
+               tf.TensorSpec((None,), tf.int64))
+        ds = dataset(reader, output_signature=sig)
+        assert reader.stats.epochs == 1 and ds.element_spec == sig
+        assert_passes(ds, want, passes=1)
+        neutral = (FieldSpec("tensor", (None, *SIZE, 3), "uint8"), FieldSpec("ragged", (None, None, 5), "float32"),
+                   FieldSpec("tensor", (None,), "int64"))
+        ds = dataset(reader, output_signature=neutral)
+        assert ds.element_spec == sig
+        assert_passes(ds, want, passes=1)
+        for bad in (tf.RaggedTensorSpec((None, None, None, 5), tf.float32, ragged_rank=2),
+                    tf.RaggedTensorSpec((None, None, 5), tf.float32, ragged_rank=1, row_splits_dtype=tf.int32)):
+            with pytest.raises(ValueError, match="ragged_rank=1, row_splits_dtype=tf.int64"):
+                dataset(reader, output_signature=(sig[0], bad, sig[2]))
+        assert reader.stats.epochs == 3                          # a refused signature starts no pass
+
+
+def test_tensors_are_copies_shared_memory_stays_bounded(rec, no_leaks):
+    """Keeping every batch of a pass (as prefetch, shuffle or cache would) keeps no output slot of the
+    reader: tf.data would otherwise wrap the aligned shared-memory arrays as they are, and the reader
+    would allocate a new slot for each batch kept."""
+    mine = f"parrecio-{os.getpid()}-"
+    with ParallelReader(rec, fields=fixed_fields(), workers=2, batch_size=2) as reader:
+        ds = dataset(reader)
+        for _ in ds:
+            pass
+        segments = len(leftover(mine))
+        kept = list(ds)
+        assert len(kept) == -(-N // 2)
+        assert len(leftover(mine)) == segments
+        images = kept[0][0].numpy()
+        reference = Image(SIZE)(png(40, 30, seed=0))
+        np.testing.assert_array_equal(images[0], reference)
+    np.testing.assert_array_equal(kept[0][0].numpy()[0], reference)      # still valid after close()
+    del kept, images
+    gc.collect()
+
+
+def test_new_iteration_ends_an_unfinished_one(rec, no_leaks):
+    """tf.data runs each iteration of the dataset in its own thread: a new one while an older iterator is
+    unfinished ends that older pass (instead of the reader refusing a pass from another thread), and the
+    older iterator then raises a clear error after what it had buffered."""
+    with ParallelReader(rec, fields=fixed_fields(), workers=2, batch_size=BATCH) as reader:
+        want = [_copy(b) for b in reader]
+        ds = dataset(reader)
+        first = next(iter(ds))                                   # a peek: that iterator is dropped at once
+        assert_same(first, want[0])
+        old = iter(ds)
+        assert_same(next(old), want[0])
+        assert_same(next(old), want[1])
+        assert_passes(ds, want, passes=1)                        # while `old` is alive and unfinished
+        with pytest.raises(tf.errors.OpError, match="ended by a newer one"):
+            for b, item in enumerate(old, start=2):              # buffered batches first, then the error
+                assert_same(item, want[b])
+        del old
+        assert_passes(ds, want, passes=1)
+
+
+def test_errors_are_clear(tmp_path, rec, no_leaks):
+    # a column that cannot be described: TypeError naming it, and the first pass is ended
+    with ParallelReader(rec, fields=[Image(SIZE), Json(), ClassLabel()], workers=1, batch_size=BATCH) as reader:
+        with pytest.raises(TypeError, match=r"\[1\].*pass output_signature"):
+            dataset(reader)
+        assert len(list(reader)) == BATCHES
+    # the first batch is uniform (one box each), a later one is not: inferred dense, then a clear error
+    path = tmp_path / "uniform-first.rec"
+    with RecordWriter(str(path)) as w:
+        for i in range(8):
+            w.write(gt_boxes_json(_boxes(1) if i < 4 else _boxes(i)))
+    with ParallelReader(path, fields=BoundingBoxes(), workers=1, batch_size=4) as reader:
+        ds = dataset(reader)
+        assert ds.element_spec == tf.TensorSpec((None, 1, 5), tf.float32)
+        with pytest.raises(tf.errors.OpError, match=r"max_boxes"):
+            list(ds)
+    # an empty stream cannot give a signature
+    empty = tmp_path / "empty.rec"
+    RecordWriter(str(empty)).close()
+    with ParallelReader(empty, fields=fixed_fields(), workers=1, batch_size=BATCH) as reader:
+        with pytest.raises(ValueError, match="empty"):
+            dataset(reader)
+
+
+# -- Keras ----------------------------------------------------------------------------------------
+
+class CountBatches(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.per_epoch = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.per_epoch.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.per_epoch[-1] += 1
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((*SIZE, 3)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
+                              keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _fit(model, data, **kw):
+    count = CountBatches()
+    before = [w.copy() for w in model.get_weights()]
+    history = model.fit(data, callbacks=[count], verbose=0, shuffle=False, **kw)
+    assert all(np.isfinite(history.history["loss"]))
+    assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    return count.per_epoch
+
+
+def test_keras_fit_dataset_every_batch_of_both_epochs(cls_rec, rec, no_leaks):
+    """model.fit(dataset(reader), epochs=2): one reader pass per epoch, every batch of it trained on
+    (the length is unknown before the first pass: Keras learns it at the end of the first epoch)."""
+    model = _model()
+    with ParallelReader(cls_rec, fields=[Image(SIZE), ClassLabel()], workers=2, batch_size=BATCH) as reader:
+        with pytest.warns(UserWarning, match="ran out of data"):
+            assert _fit(model, dataset(reader).prefetch(tf.data.AUTOTUNE), epochs=2) == [BATCHES, BATCHES]
+        assert reader.stats.epochs == 2 and len(reader) == BATCHES
+        # a known length: given to Keras up front, no warning, still every batch
+        ds = dataset(reader).apply(tf.data.experimental.assert_cardinality(len(reader)))
+        assert _fit(model, ds, epochs=2) == [BATCHES, BATCHES]
+        assert reader.stats.epochs == 4
+    # dict fields (and a column the model does not use): mapped to (x, y)
+    fields = {"image": Image(SIZE), "boxes": BoundingBoxes(), "label": ClassLabel()}
+    with ParallelReader(rec, fields=fields, workers=2, batch_size=BATCH) as reader:
+        ds = dataset(reader).map(lambda d: (d["image"], d["label"]))
+        with pytest.warns(UserWarning, match="ran out of data"):
+            assert _fit(model, ds, epochs=2) == [BATCHES, BATCHES]
+
+
+def test_keras_fit_generator_every_batch_of_both_epochs(rec, no_leaks):
+    """model.fit(generator(reader), steps_per_epoch=...): Keras's epochs are the reader's passes."""
+    model = _model()
+    fields = {"image": Image(SIZE), "boxes": BoundingBoxes(max_boxes=4), "label": ClassLabel()}
+    with ParallelReader(rec, fields=fields, workers=2, batch_size=BATCH) as reader:
+        assert steps_per_epoch(reader) is None                   # no .idx: not known before a first pass
+        assert len(list(reader)) == BATCHES
+        steps = steps_per_epoch(reader)
+        assert steps == BATCHES
+        gen = generator(reader, inputs="image", targets="label")
+        assert _fit(model, gen, steps_per_epoch=steps, epochs=2) == [BATCHES, BATCHES]
+        gen.close()
