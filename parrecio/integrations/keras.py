@@ -13,10 +13,16 @@
     reader.close()
 
 The generator runs pass after pass of the reader (a Keras generator must not run dry between epochs) and
-yields plain numpy arrays (views of shared memory, no copy; Keras converts them). ``steps_per_epoch`` is
-``len(reader)`` when the reader knows its length, else ``None``: then give Keras the number of batches of
-one pass yourself, or Keras's epochs and the reader's passes drift apart (harmless, but epochs no longer
-mean passes). Nothing here imports Keras or TensorFlow.
+yields plain numpy arrays (views of shared memory, no copy; Keras converts them). With the TensorFlow
+backend, Keras feeds a generator through ``tf.data.Dataset.from_generator`` and ``prefetch``, which may
+wrap those arrays without copying them: the batches it holds (the first ones it peeks at to infer the
+signature, those it prefetches) keep their output slots until Keras is done with them, a bounded number.
+``steps_per_epoch`` is ``len(reader)`` when the reader knows its length, else ``None``: then give Keras the
+number of batches of one pass yourself, or Keras's epochs and the reader's passes drift apart (harmless,
+but epochs no longer mean passes). Nothing here imports Keras or TensorFlow. For ``tf.data``, and
+``model.fit(ds, epochs=n)`` without ``steps_per_epoch``, see :func:`parrecio.integrations.tf.dataset`.
+
+Tested with TensorFlow 2.21 (tensorflow-cpu) and Keras 3 in ``tests/test_integrations_tf.py``.
 """
 
 from __future__ import annotations
