@@ -311,3 +311,76 @@ def test_augmenting_decoders_are_values():
                          "mean=(0.485, 0.456, 0.406))")
     assert eval(repr(img), {"Image": Image, "RandomResizedCrop": RandomResizedCrop}) == img
     assert hash(img) == hash(dataclasses.replace(img))
+
+
+# -- decoding only the region a crop reads (parrecio/decoders/_jpegregion.c) ----------------------------------
+
+jpegregion = pytest.importorskip("parrecio.decoders._jpegregion") if not os.environ.get("CI") else \
+    __import__("parrecio.decoders._jpegregion", fromlist=["_"])  # CI builds it: its absence is a failure there
+
+
+def _variants():
+    """JPEGs as cameras and tools write them: 4:2:0, 4:2:2, 4:4:4, progressive, grey, restart markers."""
+    arr = photo(347, 261, seed=9)
+    return {"420": encode(arr, quality=90, subsampling=2), "422": encode(arr, quality=85, subsampling=1),
+            "444": encode(arr, quality=95, subsampling=0), "progressive": encode(arr, quality=88, progressive=True),
+            "grey": jpeg(301, 203, seed=3, mode="L"), "restarts": encode(arr, quality=90, restart_marker_blocks=4),
+            "cmyk": encode(np.asarray(PILImage.fromarray(arr).convert("CMYK")), mode="CMYK")}
+
+
+def test_decode_region_gives_a_whole_decodes_pixels_away_from_its_side_edges():
+    rng = random.Random(5)
+    for name, payload in _variants().items():
+        whole = PILImage.open(__import__("io").BytesIO(payload))
+        if whole.mode == "CMYK":
+            assert jpegregion.decode_region(payload, 0, 0, 10, 10, 1, False) is None  # Pillow's conversions
+            continue
+        ref, grey = np.asarray(whole), whole.mode == "L"
+        width, height = whole.size
+        for _ in range(40):
+            w, h = rng.randint(1, width), rng.randint(1, height)
+            x, y = rng.randint(0, width - w), rng.randint(0, height - h)
+            x_req = max(0, x - 2)
+            buf, x0, got_w = jpegregion.decode_region(payload, x_req, y, min(width, x + w + 2) - x_req, h, 1, grey)
+            assert x0 <= x_req and x0 % 8 == 0 and got_w >= min(width, x + w + 2) - x_req
+            region = np.frombuffer(buf, np.uint8).reshape((h, got_w) if grey else (h, got_w, 4))
+            got = region[:, x - x0:x - x0 + w] if grey else region[:, x - x0:x - x0 + w, :3]
+            assert np.array_equal(got, ref[y:y + h, x:x + w]), (name, x, y, w, h)
+    assert jpegregion.decode_region(_variants()["420"], 340, 0, 20, 5, 1, False) is None  # outside the image
+    assert jpegregion.decode_region(b"\xff\xd8\xff\xe0 not a jpeg", 0, 0, 4, 4, 1, False) is None
+
+
+@pytest.mark.parametrize("draft", [False, True])
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_fused_decoder_reads_only_the_region_with_the_same_pixels(monkeypatch, draft, mode):
+    import parrecio.decoders.image as image_module
+    calls = []
+    real = image_module._jpegregion
+
+    class Counting:
+        @staticmethod
+        def decode_region(*args):
+            calls.append(args[1:])
+            return real.decode_region(*args)
+
+    for size in (224, 48):
+        fused = Image(size=size, mode=mode, crop=RandomResizedCrop(), flip=0.5, draft=draft)
+        for name, payload in _variants().items():
+            for key in range(6):
+                monkeypatch.setattr(image_module, "_jpegregion", Counting)
+                got = fused(payload, key=key)
+                monkeypatch.setattr(image_module, "_jpegregion", None)
+                assert np.array_equal(got, fused(payload, key=key)), (name, key, size)
+    assert len(calls) == 2 * 6 * 6  # every variant but CMYK, which Pillow opens as CMYK: decoded whole
+    if draft:
+        assert any(scale > 1 for *_, scale, _ in calls)  # the small output let libjpeg scale the DCT
+
+
+def test_a_truncated_jpeg_is_refused_as_without_region_decoding():
+    from parrecio import DecodeError
+    payload = encode(photo(320, 240, seed=2), quality=90)
+    cut = payload[:len(payload) // 2]
+    assert jpegregion.decode_region(cut, 0, 200, 100, 30, 1, False) is None  # libjpeg warned: Pillow judges
+    with pytest.raises(DecodeError, match="truncated or corrupt JPEG"):
+        Image(size=64, crop=CenterCrop(0.9))(cut)
+    assert Image(size=64, crop=CenterCrop(0.9), allow_truncated=True)(cut).shape == (64, 64, 3)

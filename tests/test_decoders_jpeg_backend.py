@@ -91,7 +91,8 @@ def test_same_pixels_as_pillow(sj, kind, resize, layout):
                                      dict(size=(56, 56), draft=2.0, resize="shorter"),
                                      dict(size=(56, 72), draft=True, mode="L", resize="letterbox"),
                                      dict(size=None, draft=True, mode="L"),
-                                     dict(size=(224, 224), reducing_gap=2.0, resample="bicubic")])
+                                     dict(size=(224, 224), reducing_gap=2.0, resample="bicubic"),
+                                     dict(size=(900, 900), draft=True, resize="shorter")])  # upscaling: no DCT
 def test_same_pixels_with_modes_and_draft(sj, kind, options):
     payload = KINDS[kind]()
     pillow, fast = both(**options)

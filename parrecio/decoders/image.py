@@ -58,6 +58,10 @@ from PIL import ImageFile, features
 
 from ..errors import DecodeError
 from .base import ArraySpec
+try:  # the JPEG region decoder (setup.py builds it where libjpeg's headers are; else whole decodes)
+    from . import _jpegregion
+except ImportError:  # pragma: no cover - depends on the build
+    _jpegregion = None
 from .augment import Crop, check_crop, check_flip, normalization_lut, sample_rng, write_pixels
 from .value import Value, derive
 from .simplejpeg_backend import (_JPEG_MAGIC, _prefix3, _require_simplejpeg, _simplejpeg,
@@ -92,6 +96,7 @@ _TRANSPOSE = {  # EXIF orientation -> the transpose that shows the image upright
 _EXIF_ORIENTATION = 0x0112
 
 Size = Union[int, Tuple[int, int]]
+_UPSAMPLE_MARGIN = 8  # columns around a decoded JPEG region (see _PillowDecoder._region_load)
 
 
 class Geometry(NamedTuple):
@@ -351,6 +356,11 @@ class _PillowDecoder(Value):
         orientation = _orientation(image) if exif_transpose else 1
         upright = (raw_size[1], raw_size[0]) if orientation >= 5 else raw_size
         plan = self._plan_of(upright[0], upright[1], key)
+        if (self.crop is not None and orientation == 1 and _jpegregion is not None and image.format == "JPEG"
+                and image.mode in ("RGB", "L")):
+            loaded = self._region_load(payload, image, plan, draft_mode, draft)
+            if loaded is not None:
+                return loaded
         factors = (1.0, 1.0)
         if (draft or draft_mode) and image.format == "JPEG":
             request = self._draft_request(raw_size, orientation, draft, plan) if draft else None
@@ -360,6 +370,39 @@ class _PillowDecoder(Value):
                 factors = (result[1][2] / raw_size[0], result[1][3] / raw_size[1])
         _load(image, allow_truncated)
         return _Loaded(image, raw_size, orientation, factors, plan)
+
+    def _region_load(self, payload: Any, image: PILImage.Image, plan: _Plan, draft_mode: Optional[str],
+                     gap: float) -> Optional["_Loaded"]:
+        """Decode only the rows and columns of the JPEG that the crop reads (``_jpegregion``), at the DCT
+        scale Pillow's ``draft`` would pick; None when libjpeg does not take it (Pillow decodes it whole).
+
+        The region is the crop box plus a margin: ``_UPSAMPLE_MARGIN`` columns each side, beyond which
+        libjpeg's chroma upsampling at a region edge cannot reach (inside it the pixels are a full
+        decode's), and with DCT scaling also the resize filter's reach (it reads around a fractional box).
+        """
+        width, height = image.size
+        scale = 1
+        request = self._draft_request((width, height), 1, gap, plan) if gap else None
+        if request:
+            ratio = min(width // request[0], height // request[1])
+            scale = next((s for s in (8, 4, 2) if ratio >= s), 1)  # ratio 0: upscaling
+        fx = fy = 1.0 / scale
+        scaled_w, scaled_h = -(-width // scale), -(-height // scale)
+        bx, by, bw, bh = plan.box_x * fx, plan.box_y * fy, plan.box_w * fx, plan.box_h * fy
+        mx, my = _UPSAMPLE_MARGIN, 0
+        if scale != 1 or not all(v == int(v) for v in (bx, by, bw, bh)):  # resize(box=): the filter's reach
+            mx += math.ceil(bw / plan.content_w) + 1
+            my += math.ceil(bh / plan.content_h) + 1
+        x0, y0 = max(0, math.floor(bx) - mx), max(0, math.floor(by) - my)
+        x1, y1 = min(scaled_w, math.ceil(bx + bw) + mx), min(scaled_h, math.ceil(by + bh) + my)
+        gray = image.mode == "L" or draft_mode == "L"
+        got = _jpegregion.decode_region(payload, x0, y0, x1 - x0, y1 - y0, scale, gray)
+        if got is None:
+            return None
+        buf, ox, decoded_w = got
+        mode = "L" if gray else "RGBX"  # RGBX: 4 bytes a pixel, Pillow's own layout (no unpacking)
+        region = PILImage.frombuffer(mode, (decoded_w, y1 - y0), buf, "raw", mode, 0, 1)
+        return _Loaded(region, (width, height), 1, (fx, fy), plan, (float(ox), float(y0)))
 
     def _draft_request(self, raw_size: Tuple[int, int], orientation: int, gap: float,
                        plan: Optional[_Plan]) -> Optional[Tuple[int, int]]:
@@ -386,7 +429,7 @@ class _PillowDecoder(Value):
         x0, y0, box_w, box_h = _raw_box(loaded.orientation, raw_w, raw_h, plan)
         size = (plan.content_h, plan.content_w) if swap else (plan.content_w, plan.content_h)
         fx, fy = loaded.factors
-        x0, y0 = x0 * fx, y0 * fy
+        x0, y0 = x0 * fx - loaded.origin[0], y0 * fy - loaded.origin[1]
         box = (max(0.0, x0), max(0.0, y0), min(image.width, x0 + box_w * fx), min(image.height, y0 + box_h * fy))
         if size == image.size and box == (0, 0, image.width, image.height):
             return image
@@ -401,6 +444,7 @@ class _Loaded(NamedTuple):
     orientation: int                 # EXIF orientation to undo (1: none)
     factors: Tuple[float, float]     # draft scale: decoded pixels per header pixel, per axis
     plan: Optional[_Plan]            # the sample's resize (None: none), upright frame
+    origin: Tuple[float, float] = (0.0, 0.0)  # where ``image`` starts in the decoded frame (a region)
 
 
 def _floats(value: Union[float, Sequence[float], None]) -> Union[float, Tuple[float, ...], None]:
@@ -631,7 +675,7 @@ class Image(_PillowDecoder):
         request = self._draft_request((width, height), orientation, gap, plan) if gap else None
         if request:
             ratio = min(width // request[0], height // request[1])
-            scale = next(s for s in (8, 4, 2, 1) if ratio >= s)
+            scale = next((s for s in (8, 4, 2) if ratio >= s), 1)  # ratio 0: upscaling
         gray = colorspace == "Gray" or draft_mode == "L"  # as Pillow: L for grey JPEGs, luma-only draft
         out_w, out_h = -(-width // scale), -(-height // scale)
         # RGBX: Pillow keeps RGB pixels in 4 bytes, so an RGBX array maps into an image without a copy
