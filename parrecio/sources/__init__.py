@@ -1,4 +1,5 @@
-"""Sources: files, directories, globs, FIFOs, stdin, file objects and SageMaker channels as RecordIO streams.
+"""Sources: files, directories, globs, FIFOs, stdin, file objects, SageMaker channels and ``s3://`` URLs as
+RecordIO streams.
 
 :func:`resolve` turns the ``channel`` a user gives into a :class:`Source`; the reader process calls
 :meth:`Source.streams` once per epoch and reads each :class:`Stream` to its end.  The SageMaker helpers
@@ -10,10 +11,11 @@ from .base import DEFAULT_FIFO_TIMEOUT, Source, Stream
 from .fds import FdCarrier, FdSource, PumpSource, StdinSource, fileobj_source
 from .files import FileSource, expand_patterns, list_recordio_files
 from .sagemaker import FileChannelSource, PipeChannelSource, channel_source, read_input_config
-from .resolver import resolve
+from .resolver import open_indexed, read_groups, resolve
+from .s3 import S3Index, S3Source
 
 __all__ = [
-    "resolve", "Source", "Stream", "DEFAULT_FIFO_TIMEOUT",
+    "resolve", "open_indexed", "read_groups", "Source", "Stream", "DEFAULT_FIFO_TIMEOUT", "S3Source", "S3Index",
     "FileSource", "FdSource", "StdinSource", "PumpSource", "FdCarrier", "fileobj_source",
     "FileChannelSource", "PipeChannelSource", "channel_source", "read_input_config",
     "expand_patterns", "list_recordio_files",

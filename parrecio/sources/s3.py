@@ -1,0 +1,851 @@
+"""``s3://`` channels: the objects under a prefix (or one object) as one RecordIO stream, every epoch.
+
+```
+ consumer process                                   reader process
+ resolve("s3://b/data/")                            S3Source.streams(e)
+   list the prefix once (key order), apply the        GET object 0 --stream--> ring windows
+   directory rule, note the .idx objects              ... 32 MiB before its end: a thread GETs object 1
+   -> S3Source (settings, listing; no client)         and reads its first 1 MiB; object 1 starts at once
+```
+
+**Which objects.**  ``s3://bucket/prefix/`` (or ``s3://bucket``) lists every key under the prefix,
+recursively, in S3's key order (the order SageMaker's File mode lays out a channel, and the "name order"
+of :func:`parrecio.sources.files.list_recordio_files` with ``recursive``): the ``*.rec`` objects; if there
+are none, every object except ``*.idx`` / ``*.lst``.  Keys with a hidden part (``.x`` after the prefix)
+and folder markers (keys ending in ``/``) never count.  ``s3://bucket/key`` is that one object if it
+exists, else the prefix ``key/``.  The listing is made once, in the consumer (errors come early, every
+epoch reads the same objects); each epoch GETs them again.  A list of ``s3://`` URLs is read in order.
+
+**Streaming.**  An object is read with one GET, in reads of at most 256 KiB straight into the input ring
+(``readinto``), never whole in memory.  When the reader comes within 32 MiB of an object's end (or at its
+start for smaller ones), a thread GETs the next object and reads its first 1 MiB, so that no gap of
+request latency opens between objects.  A body that breaks off (a reset, a read timeout, a connection
+dropped while a slow consumer paused the reader) is resumed with a ranged GET from the byte it stopped
+at, ``If-Match`` the ETag of the first response: a changed object is an error, never mixed bytes.
+
+**Indexed shuffling.**  When every object has its ``.idx`` beside it (the one rule of
+:func:`parrecio.recordio.paths.index_path`), :meth:`S3Source.index_pairs` gives the pipeline
+``(url, S3Index)`` pairs and ``shuffle=True`` draws the same global permutation as for local files;
+:class:`S3IndexedReader` reads each record with a ranged GET (``Range: bytes=offset-next_offset``), with
+``read_ahead`` (16) groups of the epoch's order in flight on a thread pool (latency, not bandwidth, is
+what limits random reads of S3).  The ``.idx`` objects are fetched by the process that needs them, in
+parallel; an :class:`S3Index` is an ``os.PathLike`` whose path is an anonymous in-memory copy
+(``/dev/fd/N`` of a memfd), so that code written for local ``.idx`` files (``read_index``,
+``len(reader)``) reads it unchanged.
+
+**Errors** name the URL: an empty prefix, no such bucket, no such key and access denied are a
+:class:`~parrecio.errors.SourceError` at once (never retried).  Connection failures, timeouts, 5xx and
+throttling (``SlowDown``, 429, ``RequestTimeout``) are retried by botocore's ``standard`` retry mode,
+``max_attempts`` (5) attempts in all with exponential backoff and full jitter (base 1 s, at most 20 s
+a wait); a broken body is resumed the same number of times without progress (and at most 4x that in all
+per object), after 0.2, 0.4, ... s (at most 5 s); then a ``SourceError`` that names the URL, the byte and
+the last cause.  Every request has a ``connect_timeout`` (10 s) and a ``read_timeout`` (30 s), so no
+wait is unbounded; the pipeline's own liveness (``close()`` kills a reader stuck in a read after a
+second, the lifeline ends it when the consumer dies) holds as for any stream.
+
+**Configuration** is the standard AWS one, read by botocore: ``AWS_ENDPOINT_URL`` /
+``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``,
+``AWS_PROFILE`` and the shared config files, instance and container roles, ``AWS_DEFAULT_REGION``.
+``storage_options=`` (a dict, through :func:`parrecio.sources.resolver.resolve`) says anything
+explicitly: ``endpoint_url``, ``region_name``, ``profile_name``, ``aws_access_key_id``,
+``aws_secret_access_key``, ``aws_session_token`` (s3fs's ``key``, ``secret``, ``token``, ``profile``,
+``region`` too), ``anon`` (unsigned requests, public buckets), ``max_attempts``, ``connect_timeout``,
+``read_timeout``, ``read_ahead``, and ``config_kwargs`` / ``client_kwargs`` passed to
+``botocore.config.Config`` / ``session.client("s3", ...)``.  The ``AWS_*`` environment is taken when the
+source is made and applied in the reader process: under ``forkserver`` children inherit the environment
+of the fork server, started once, not the consumer's of the moment.
+
+**The client library: boto3** (``pip install 'parrecio[s3]'``; botocore underneath).  Chosen over
+fsspec + s3fs because: it pulls 6 small pure-Python packages (botocore, s3transfer, jmespath,
+python-dateutil, six, urllib3; never Pillow) where s3fs pulls aiobotocore, aiohttp and 10 more, with
+botocore pinned to aiobotocore's range, which breaks other boto3 users in the environment; it installs
+in about 5 s; ranged GETs and ``If-Match`` are one keyword each; its ``standard`` retry mode is AWS's
+documented policy, configurable in one place; and it is synchronous: s3fs runs an asyncio event loop in
+a thread of its own, which is not fork-safe and must be re-made in every child.  Clients are never
+pickled and never cross a fork: each process makes its own on first use (:class:`_Conn`), so the
+source travels to the reader process under every start method.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+import posixpath
+import random
+import threading
+import time
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from ..errors import CorruptRecordError, SourceError
+from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
+from .base import Source, Stream
+
+__all__ = ["S3Source", "S3Index", "S3IndexedReader", "is_s3_url", "parse_url", "check_storage_options"]
+
+SCHEME = "s3://"
+READ_CHUNK = 256 << 10        # bytes asked of the body per read: records flow even from a slow stream
+HEAD_BYTES = 1 << 20          # bytes of the next object read ahead by the prefetch thread
+PREFETCH_AT = 32 << 20        # the next object's GET starts this many bytes before the current one ends
+_SPAN_READ = 64 << 10         # bytes asked for when a record's span is unknown (index reads)
+INFLIGHT_BYTES = 64 << 20     # index reads in flight: at most about this many bytes of spans
+_RESUME_BACKOFF = 0.2         # seconds before the first resume of a broken body (doubles, at most 5 s)
+
+DEFAULTS = {"max_attempts": 5, "connect_timeout": 10.0, "read_timeout": 30.0, "read_ahead": 16}
+_ALIASES = {"key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": "aws_session_token",
+            "profile": "profile_name", "region": "region_name"}
+_SESSION_KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "profile_name",
+                 "region_name")
+_KNOWN = frozenset(_SESSION_KEYS + ("endpoint_url", "anon", "config_kwargs", "client_kwargs")
+                   + tuple(DEFAULTS))
+
+# error codes that retrying cannot fix (the request is refused as it is)
+_DENIED = frozenset({"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                     "ExpiredToken", "InvalidToken", "AccountProblem", "AllAccessDisabled",
+                     "InvalidObjectState"})
+_MISSING_KEY = frozenset({"NoSuchKey", "404", "NotFound"})
+
+
+def is_s3_url(channel: Any) -> bool:
+    return isinstance(channel, str) and channel.startswith(SCHEME)
+
+
+def parse_url(url: str) -> Tuple[str, str]:
+    """``"s3://bucket/some/key"`` -> ``("bucket", "some/key")``; SourceError for a URL without a bucket."""
+    if not is_s3_url(url):
+        raise SourceError(f"not an s3:// URL: {url!r}")
+    bucket, _, key = url[len(SCHEME):].partition("/")
+    if not bucket:
+        raise SourceError(f"{url!r}: no bucket name (expected s3://bucket/prefix/ or s3://bucket/key)")
+    return bucket, key
+
+
+def check_storage_options(options: Optional[dict]) -> Dict[str, Any]:
+    """The validated ``storage_options`` (aliases resolved, defaults filled in); ValueError / TypeError
+    naming the option otherwise."""
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise TypeError(f"storage_options must be a dict, not {type(options).__name__}")
+    out: Dict[str, Any] = dict(DEFAULTS)
+    for name, value in options.items():
+        key = _ALIASES.get(name, name)
+        if key not in _KNOWN:
+            raise ValueError(f"storage_options: unknown option {name!r}; known: "
+                             f"{', '.join(sorted(_KNOWN | set(_ALIASES)))}")
+        out[key] = value
+    for name in ("max_attempts", "read_ahead"):
+        v = out[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"storage_options[{name!r}] must be an int >= 1, not {v!r}")
+    for name in ("connect_timeout", "read_timeout"):
+        v = out[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"storage_options[{name!r}] must be a number of seconds > 0, not {v!r}")
+        out[name] = float(v)
+    for name in ("config_kwargs", "client_kwargs"):
+        if name in out and not isinstance(out[name], dict):
+            raise TypeError(f"storage_options[{name!r}] must be a dict, not {type(out[name]).__name__}")
+    return out
+
+
+def _import_boto3():
+    try:
+        import boto3
+        import botocore.config
+    except ImportError as exc:
+        raise ImportError("reading s3:// channels needs boto3: pip install 'parrecio[s3]' "
+                          f"(or pip install boto3): {exc}") from exc
+    return boto3, botocore.config
+
+
+# -- clients, one per process -------------------------------------------------------------------------
+_LOCK = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()  # another thread of the parent may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+class _Conn:
+    """How to reach the bucket: the validated options and the ``AWS_*`` environment when the source was
+    made.  Picklable; its client is made in the process that uses it, on first use, and never leaves it
+    (not pickled, and not used after a fork: a child makes its own)."""
+
+    def __init__(self, options: Dict[str, Any]) -> None:
+        self.options = options
+        self.env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        self._home = os.getpid()
+        self._client: Any = None
+        self._client_pid = 0
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_client"], state["_client_pid"] = None, 0
+        return state
+
+    @property
+    def max_attempts(self) -> int:
+        return self.options["max_attempts"]
+
+    def client(self) -> Any:
+        pid = os.getpid()
+        if self._client is not None and self._client_pid == pid:
+            return self._client
+        with _LOCK:
+            if self._client is None or self._client_pid != pid:
+                if pid != self._home:  # another process (the reader): the consumer's AWS_* environment
+                    for k in [k for k in os.environ if k.startswith("AWS_") and k not in self.env]:
+                        del os.environ[k]
+                    os.environ.update(self.env)
+                self._client = self._make()
+                self._client_pid = pid
+        return self._client
+
+    def _make(self) -> Any:
+        boto3, bconfig = _import_boto3()
+        o = self.options
+        session = boto3.session.Session(**{k: o[k] for k in _SESSION_KEYS if o.get(k) is not None})
+        cfg = dict(retries={"mode": "standard", "max_attempts": o["max_attempts"]},
+                   connect_timeout=o["connect_timeout"], read_timeout=o["read_timeout"],
+                   max_pool_connections=o["read_ahead"] + 4)
+        if o.get("anon"):
+            import botocore
+            cfg["signature_version"] = botocore.UNSIGNED
+        cfg.update(o.get("config_kwargs") or {})
+        kwargs = dict(o.get("client_kwargs") or {})
+        if o.get("endpoint_url"):
+            kwargs["endpoint_url"] = o["endpoint_url"]
+        try:
+            return session.client("s3", config=bconfig.Config(**cfg), **kwargs)
+        except Exception as exc:  # a bad profile, region or endpoint: say so, naming the settings
+            raise SourceError(f"cannot make an S3 client ({type(exc).__name__}: {exc})") from exc
+
+    def endpoint(self) -> str:
+        try:
+            return str(self.client().meta.endpoint_url)
+        except Exception:
+            return "?"
+
+
+# -- errors -------------------------------------------------------------------------------------------
+def _code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        err = response.get("Error") or {}
+        code = err.get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return str(code or "")
+    return ""
+
+
+def _error(conn: _Conn, url: str, exc: BaseException, doing: str) -> SourceError:
+    """A SourceError naming the URL for what botocore raised while ``doing`` something."""
+    import botocore.exceptions as bex
+    code = _code(exc)
+    bucket, _ = parse_url(url)
+    if isinstance(exc, bex.NoCredentialsError):
+        msg = (f"{url}: no AWS credentials found ({doing}): set AWS_ACCESS_KEY_ID and "
+               f"AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or storage_options=dict(key=..., secret=...), or "
+               f"storage_options=dict(anon=True) for a public bucket")
+    elif code == "NoSuchBucket":
+        msg = f"{url}: no such bucket {bucket!r} (endpoint {conn.endpoint()})"
+    elif code in _MISSING_KEY:
+        msg = f"{url}: no such object (endpoint {conn.endpoint()})"
+    elif code in _DENIED:
+        msg = (f"{url}: access denied ({doing}: {code}: {_message(exc)}); check the credentials, the "
+               f"bucket policy and the region (endpoint {conn.endpoint()}); not retried")
+    elif code == "PreconditionFailed":
+        msg = (f"{url}: the object changed since it was listed or its reading began ({doing}: its ETag "
+               f"differs); make a new reader to read the new version")
+    elif isinstance(exc, bex.ClientError):
+        msg = (f"{url}: {doing} failed after {conn.max_attempts} attempt(s): {code}: {_message(exc)} "
+               f"(endpoint {conn.endpoint()})")
+    else:
+        msg = (f"{url}: {doing} failed after {conn.max_attempts} attempt(s): {type(exc).__name__}: {exc} "
+               f"(endpoint {conn.endpoint()})")
+    err = SourceError(msg)
+    err.__cause__ = exc
+    return err
+
+
+def _message(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str((response.get("Error") or {}).get("Message") or exc)
+    return str(exc)
+
+
+def _call(conn: _Conn, url: str, doing: str, op: str, **kwargs: Any) -> Any:
+    """``client.op(**kwargs)``, botocore's errors as SourceError (retries are botocore's)."""
+    import botocore.exceptions as bex
+    try:
+        return getattr(conn.client(), op)(**kwargs)
+    except (bex.BotoCoreError, bex.ClientError) as exc:
+        raise _error(conn, url, exc, doing) from exc
+
+
+def _body_errors() -> tuple:
+    """What reading a response body raises when the connection breaks."""
+    import http.client
+    import botocore.exceptions as bex
+    import urllib3.exceptions as uex
+    return (bex.BotoCoreError, uex.HTTPError, http.client.HTTPException, OSError, ValueError)
+
+
+# -- the source ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Obj:
+    url: str
+    bucket: str
+    key: str
+    size: int
+    etag: Optional[str]
+
+
+class S3Source(Source):
+    """Objects of one or more ``s3://`` URLs (prefixes or objects), read one after the other, every epoch.
+
+    Made in the consumer by :meth:`from_urls`, which lists the prefixes; read in the reader process
+    (:meth:`streams`).  ``objects`` is the listing, in reading order."""
+
+    kind = "s3"
+
+    def __init__(self, objects: Sequence[_Obj], conn: _Conn, *, name: str,
+                 indexes: Optional[Dict[str, str]] = None) -> None:
+        if not objects:
+            raise SourceError(f"{name}: no objects")
+        self.objects = tuple(objects)
+        self.name = name
+        self._conn = conn
+        self._indexes = dict(indexes or {})  # object url -> url of its .idx, for the listed ones
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool_pid = 0
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_pool"], state["_pool_pid"] = None, 0
+        return state
+
+    @classmethod
+    def from_urls(cls, urls: Sequence[str], *, storage_options: Optional[dict] = None,
+                  name: Optional[str] = None) -> "S3Source":
+        """List ``urls`` (each a prefix or an object, see the module docstring) into one source."""
+        options = check_storage_options(storage_options)
+        for url in urls:
+            if not is_s3_url(url):
+                raise SourceError(f"a channel list mixes s3:// URLs with {url!r}: give only s3:// URLs")
+            parse_url(url)
+        _import_boto3()
+        conn = _Conn(options)
+        objects: List[_Obj] = []
+        indexes: Dict[str, str] = {}
+        for url in urls:
+            found, idx = _list_url(conn, url)
+            objects.extend(found)
+            indexes.update(idx)
+        if name is None:
+            name = urls[0] if len(urls) == 1 else (
+                f"[{', '.join(urls[:3])}{', ...' if len(urls) > 3 else ''}] ({len(urls)} URLs)")
+        return cls(objects, conn, name=name, indexes=indexes)
+
+    # -- streaming ---------------------------------------------------------------------------------
+    def streams(self, epoch: int) -> Iterator[Stream]:
+        self.check_epoch(epoch)
+        objs, conn = self.objects, self._conn
+        ahead: Dict[int, _Prefetch] = {}
+
+        def start(i: int) -> None:  # the GET of object i, in a thread (once)
+            if i < len(objs) and i not in ahead:
+                ahead[i] = _Prefetch(conn, objs[i], threaded=True)
+
+        try:
+            for i, obj in enumerate(objs):
+                opened = ahead.pop(i, None) or _Prefetch(conn, obj, threaded=False)
+                raw = _ObjectStream(conn, obj, opened, lambda i=i: start(i + 1))
+                yield Stream(obj.url, io.BufferedReader(raw, buffer_size=READ_CHUNK))
+        finally:
+            for p in ahead.values():
+                p.cancel()
+
+    # -- indexed reading ---------------------------------------------------------------------------
+    def index_pairs(self) -> Tuple[Tuple[str, "S3Index"], ...]:
+        """``((object url, S3Index), ...)`` when every object has an ``.idx`` beside it, else ``()``."""
+        if not all(o.url in self._indexes for o in self.objects):
+            return ()
+        return tuple((o.url, S3Index(self._indexes[o.url], self._conn)) for o in self.objects)
+
+    def open_indexed(self, rec: str, idx: Any, *, join: str = "mxnet",
+                     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> "S3IndexedReader":
+        """A reader of the records of object ``rec`` by the offsets of its index ``idx``."""
+        obj = next((o for o in self.objects if o.url == rec), None)
+        if obj is None:
+            raise SourceError(f"{rec}: not an object of this source ({self.name})")
+        if not isinstance(idx, S3Index):
+            idx = S3Index(str(idx), self._conn)
+        return S3IndexedReader(obj, idx, self._conn, self.executor(), join=join,
+                               max_record_bytes=max_record_bytes)
+
+    def executor(self) -> ThreadPoolExecutor:
+        """This process's thread pool for ranged reads and index fetches (``read_ahead`` threads)."""
+        if self._pool is None or self._pool_pid != os.getpid():
+            self._pool = ThreadPoolExecutor(self._conn.options["read_ahead"],
+                                            thread_name_prefix="parrecio-s3")
+            self._pool_pid = os.getpid()
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+        return self._pool
+
+    def release(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None and self._pool_pid == os.getpid():
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _list_url(conn: _Conn, url: str) -> Tuple[List[_Obj], Dict[str, str]]:
+    """The objects of one URL by the rules of the module docstring, and the .idx URL of each one that
+    has an index object beside it."""
+    bucket, key = parse_url(url)
+    if key and not key.endswith("/"):  # one object, if there is such a key; else the prefix key/
+        import botocore.exceptions as bex
+        try:
+            head = conn.client().head_object(Bucket=bucket, Key=key)
+        except bex.ClientError as exc:
+            if _code(exc) not in _MISSING_KEY:
+                raise _error(conn, url, exc, "HEAD") from exc
+            head = None
+        except bex.BotoCoreError as exc:
+            raise _error(conn, url, exc, "HEAD") from exc
+        if head is not None:
+            obj = _Obj(url, bucket, key, int(head.get("ContentLength", 0)), head.get("ETag"))
+            idx_key = posixpath.splitext(key)[0] + ".idx"
+            indexes = {}
+            if idx_key != key:
+                try:
+                    conn.client().head_object(Bucket=bucket, Key=idx_key)
+                    indexes[url] = f"{SCHEME}{bucket}/{idx_key}"
+                except bex.ClientError as exc:
+                    if _code(exc) not in _MISSING_KEY:
+                        raise _error(conn, f"{SCHEME}{bucket}/{idx_key}", exc, "HEAD") from exc
+                except bex.BotoCoreError as exc:
+                    raise _error(conn, f"{SCHEME}{bucket}/{idx_key}", exc, "HEAD") from exc
+            return [obj], indexes
+        prefix = key + "/"
+    else:
+        prefix = key
+    listed: List[Tuple[str, int, Optional[str]]] = []
+    token: Optional[str] = None
+    while True:
+        kwargs: Dict[str, Any] = dict(Bucket=bucket, Prefix=prefix)
+        if token:
+            kwargs["ContinuationToken"] = token
+        page = _call(conn, url, "listing the objects", "list_objects_v2", **kwargs)
+        for item in page.get("Contents", ()):
+            listed.append((item["Key"], int(item.get("Size", 0)), item.get("ETag")))
+        if not page.get("IsTruncated"):
+            break
+        token = page.get("NextContinuationToken")
+    listed.sort()  # S3 lists in key (UTF-8 byte) order already; other servers may not
+    kept = [(k, s, e) for k, s, e in listed
+            if not k.endswith("/") and not any(p.startswith(".") for p in k[len(prefix):].split("/"))]
+    recs = [item for item in kept if item[0].endswith(".rec")]
+    chosen = recs or [item for item in kept if not item[0].endswith((".idx", ".lst"))]
+    if not chosen:
+        where = f"{SCHEME}{bucket}/{prefix}"
+        if key and not key.endswith("/"):
+            raise SourceError(f"{url}: no such object, and no objects under {where} "
+                              f"(endpoint {conn.endpoint()})")
+        raise SourceError(f"{where}: no objects under this prefix (looked for *.rec, then for any object "
+                          f"other than *.idx/*.lst, recursively; endpoint {conn.endpoint()})")
+    keys = {k for k, _, _ in kept}
+    objects, indexes = [], {}
+    for k, size, etag in chosen:
+        obj_url = f"{SCHEME}{bucket}/{k}"
+        objects.append(_Obj(obj_url, bucket, k, size, etag))
+        idx_key = posixpath.splitext(k)[0] + ".idx"
+        if idx_key in keys and idx_key != k:
+            indexes[obj_url] = f"{SCHEME}{bucket}/{idx_key}"
+    return objects, indexes
+
+
+class _Prefetch:
+    """The GET of one object and its first ``HEAD_BYTES`` bytes, now or in a thread of its own."""
+
+    def __init__(self, conn: _Conn, obj: _Obj, *, threaded: bool) -> None:
+        self.conn, self.obj = conn, obj
+        self.body: Any = None
+        self.head = b""
+        self.etag: Optional[str] = None
+        self.size = 0
+        self.error: Optional[BaseException] = None
+        self._cancelled = False
+        self._done = threading.Event()
+        if threaded:
+            threading.Thread(target=self._run, name=f"parrecio-s3 prefetch {obj.key}", daemon=True).start()
+        else:
+            self._run()
+
+    def _run(self) -> None:
+        try:
+            resp = _call(self.conn, self.obj.url, "GET", "get_object", Bucket=self.obj.bucket,
+                         Key=self.obj.key)
+            self.body, self.etag = resp["Body"], resp.get("ETag")
+            self.size = int(resp.get("ContentLength", 0))
+            try:
+                self.head = self.body.read(min(HEAD_BYTES, self.size)) if self.size else b""
+            except _body_errors():
+                self.head = b""  # the stream resumes from byte 0 with a ranged GET
+                self._close_body()
+        except BaseException as exc:  # handed to the reader when it comes to this object
+            self.error = exc
+        finally:
+            self._done.set()
+            if self._cancelled:
+                self._close_body()
+
+    def result(self) -> "_Prefetch":
+        """Wait for the GET (bounded: every attempt has its timeouts), then this object or its error."""
+        o = self.conn.options
+        bound = o["max_attempts"] * (o["connect_timeout"] + o["read_timeout"] + 25.0)
+        if not self._done.wait(bound):
+            raise SourceError(f"{self.obj.url}: GET did not finish within {bound:.0f} s")
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        if self._done.is_set():
+            self._close_body()
+
+    def _close_body(self) -> None:
+        body, self.body = self.body, None
+        if body is not None:
+            try:
+                body.close()
+            except Exception:
+                pass
+
+
+class _ObjectStream(io.RawIOBase):
+    """One object's bytes: the prefetched head, then its body, resumed by ranged GETs when it breaks."""
+
+    def __init__(self, conn: _Conn, obj: _Obj, opened: _Prefetch, near_end: Any) -> None:
+        super().__init__()
+        self._conn, self._obj, self._opened = conn, obj, opened
+        self._near_end = near_end
+        self._ready = False
+        self._body: Any = None
+        self._head = memoryview(b"")
+        self._pos = 0
+        self._size = 0
+        self._etag: Optional[str] = None
+        self._stalls = 0     # failures since the last byte that came
+        self._failures = 0   # failures of this object in all
+
+    def readable(self) -> bool:
+        return True
+
+    def _open(self) -> None:
+        p = self._opened.result()
+        self._body, self._etag, self._size = p.body, p.etag, p.size
+        self._head = memoryview(p.head)
+        p.body = None  # ours now
+        self._ready = True
+        if self._size - len(self._head) <= PREFETCH_AT:
+            self._near_end()
+
+    def readinto(self, buf) -> int:
+        if not self._ready:
+            self._open()
+        view = memoryview(buf).cast("B")
+        n = min(len(view), READ_CHUNK)
+        if n == 0 or self._pos >= self._size:
+            return 0
+        if self._head:
+            k = min(n, len(self._head))
+            view[:k] = self._head[:k]
+            self._head = self._head[k:]
+        else:
+            k = self._read_body(view[:n])
+        self._pos += k
+        if self._size - self._pos <= PREFETCH_AT:
+            self._near_end()
+        return k
+
+    def _read_body(self, view: memoryview) -> int:
+        errors = _body_errors()
+        while True:
+            cause: Any = "the connection broke off"
+            if self._body is not None:
+                try:
+                    k = _readinto(self._body, view)
+                    if k:
+                        self._stalls = 0
+                        return k
+                    cause = f"the body ended at byte {self._pos} of {self._size}"
+                except errors as exc:
+                    cause = exc
+            self._failed(cause)
+            self._body = self._resume()
+
+    def _failed(self, cause: Any) -> None:
+        self._close_body()
+        self._stalls += 1
+        self._failures += 1
+        attempts = self._conn.max_attempts
+        if self._stalls > attempts or self._failures > 4 * attempts:
+            what = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(cause)
+            err = SourceError(f"{self._obj.url}: reading failed at byte {self._pos} of {self._size} after "
+                              f"{self._failures} interruption(s) ({what}; endpoint {self._conn.endpoint()})")
+            if isinstance(cause, BaseException):
+                err.__cause__ = cause
+            raise err
+        time.sleep(min(5.0, _RESUME_BACKOFF * 2 ** (self._stalls - 1)) * random.uniform(0.5, 1.0))
+
+    def _resume(self) -> Any:
+        kwargs = dict(Bucket=self._obj.bucket, Key=self._obj.key, Range=f"bytes={self._pos}-")
+        if self._etag:
+            kwargs["IfMatch"] = self._etag
+        return _call(self._conn, self._obj.url, f"GET from byte {self._pos}", "get_object", **kwargs)["Body"]
+
+    def _close_body(self) -> None:
+        body, self._body = self._body, None
+        if body is not None:
+            try:
+                body.close()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self._close_body()
+            if not self._ready:
+                self._opened.cancel()
+        super().close()
+
+
+def _readinto(body: Any, view: memoryview) -> int:
+    readinto = getattr(body, "readinto", None)
+    if readinto is not None:
+        return readinto(view)
+    data = body.read(len(view))
+    view[:len(data)] = data
+    return len(data)
+
+
+# -- indexes ------------------------------------------------------------------------------------------
+class S3Index(os.PathLike):
+    """The ``.idx`` object at ``url``, as a path: ``os.fspath()`` fetches it (once per process) into an
+    anonymous in-memory file and returns ``/dev/fd/N``, so ``read_index`` and ``open`` read it as a local
+    ``.idx``.  ``str()`` is the URL; equal and hashed by it; pickles without the file."""
+
+    def __init__(self, url: str, conn: _Conn) -> None:
+        self.url = url
+        self._conn = conn
+        self._fd: Optional[int] = None
+        self._fd_pid = 0
+        self._lock, self._lock_pid = threading.Lock(), os.getpid()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_fd"], state["_fd_pid"] = None, 0
+        del state["_lock"], state["_lock_pid"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock, self._lock_pid = threading.Lock(), os.getpid()
+
+    def __fspath__(self) -> str:
+        if self._fd is None or self._fd_pid != os.getpid():
+            if self._lock_pid != os.getpid():  # a forked copy: a thread of the parent may have held it
+                self._lock, self._lock_pid = threading.Lock(), os.getpid()
+            with self._lock:
+                if self._fd is None or self._fd_pid != os.getpid():
+                    self._fd = self._fetch()
+                    self._fd_pid = os.getpid()
+                    weakref.finalize(self, _close_fd, self._fd, self._fd_pid)
+        os.lseek(self._fd, 0, os.SEEK_SET)  # where /dev/fd/N shares the offset (not Linux)
+        return f"/dev/fd/{self._fd}"
+
+    def _fetch(self) -> int:
+        bucket, key = parse_url(self.url)
+        resp = _call(self._conn, self.url, "GET", "get_object", Bucket=bucket, Key=key)
+        try:
+            data = resp["Body"].read()
+        except _body_errors() as exc:  # one more try: the index is small
+            try:
+                data = _call(self._conn, self.url, "GET", "get_object", Bucket=bucket, Key=key)["Body"].read()
+            except _body_errors() as exc2:
+                raise _error(self._conn, self.url, exc2, "reading the index") from exc
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("parrecio-idx", os.MFD_CLOEXEC)
+        else:  # pragma: no cover - not Linux
+            import tempfile
+            fd = os.dup(tempfile.TemporaryFile().fileno())
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        return fd
+
+    def __str__(self) -> str:
+        return self.url
+
+    def __repr__(self) -> str:
+        return f"S3Index({self.url!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, S3Index) and other.url == self.url
+
+    def __hash__(self) -> int:
+        return hash(("S3Index", self.url))
+
+
+def _close_fd(fd: int, pid: int) -> None:
+    if os.getpid() == pid:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class S3IndexedReader:
+    """Records of one object read by their index offsets with ranged GETs: what
+    :class:`~parrecio.recordio.IndexedRecordReader` is for a local file (``offsets``, ``read_at``,
+    ``close``).  ``read_ahead`` tells :func:`parrecio.sources.resolver.read_groups` how many groups to
+    request ahead, on ``executor``.  The index is fetched on the executor at once; :attr:`offsets`
+    waits for it."""
+
+    def __init__(self, obj: _Obj, idx: S3Index, conn: _Conn, executor: ThreadPoolExecutor, *,
+                 join: str = "mxnet", max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+        self.rec_path = obj.url
+        self.idx_path = idx.url
+        self.join = check_join(join)
+        self.max_record_bytes = int(max_record_bytes)
+        self.read_ahead = conn.options["read_ahead"]
+        self.inflight_bytes = INFLIGHT_BYTES
+        self.executor = executor
+        self._obj, self._idx, self._conn = obj, idx, conn
+        self._etag = obj.etag  # of the listing: every read must see the object that was listed
+        self._size = obj.size
+        self._entries: "Future" = executor.submit(self._read_index)
+        self._sorted: Optional[List[int]] = None
+        self.closed = False
+
+    def _read_index(self) -> List[int]:
+        from ..recordio import read_index
+        try:
+            return [o for _, o in read_index(self._idx)]
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(exc.reason, exc.offset, source=self.idx_path) from None
+        except SourceError as exc:
+            if "/dev/fd/" in str(exc):
+                raise SourceError(f"could not read index {self.idx_path}: {exc.__cause__ or exc}") from exc
+            raise
+
+    @property
+    def offsets(self) -> List[int]:
+        o = self._conn.options
+        offs = self._entries.result(o["max_attempts"] * (o["connect_timeout"] + o["read_timeout"] + 25))
+        if self._sorted is None:
+            self._sorted = sorted(set(offs))
+        return list(offs)
+
+    def span(self, offset: int) -> int:
+        """Bytes from ``offset`` to the next indexed offset (or the end): what one read asks for."""
+        if self._sorted is None:
+            self.offsets
+        i = bisect.bisect_right(self._sorted, offset)
+        span = (self._sorted[i] if i < len(self._sorted) else self._size) - offset
+        return min(max(span, HEADER_SIZE), self.max_record_bytes + HEADER_SIZE + 3)
+
+    def read_at(self, offset: int) -> bytes:
+        """The payload of the record whose first frame starts at byte ``offset`` (thread-safe)."""
+        if self.closed:
+            raise ValueError("I/O operation on a closed S3IndexedReader")
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, not {offset}")
+        got = read_record(_RangeSource(self, self.span(offset)), offset, join=self.join,
+                          max_record_bytes=self.max_record_bytes, source=self.rec_path)
+        if got is None:
+            raise CorruptRecordError("no record here: offset at or past the end of the object", offset,
+                                     source=self.rec_path)
+        return got[0].tobytes()
+
+    def fetch(self, start: int, nbytes: int) -> bytes:
+        """Bytes ``[start, start + nbytes)`` of the object (fewer at its end), with one ranged GET;
+        a body that breaks off is asked again from where it stopped (bounded, as for streams)."""
+        if nbytes <= 0 or start >= self._size:
+            return b""
+        end = min(start + nbytes, self._size)
+        out = bytearray()
+        stalls = failures = 0
+        errors = _body_errors()
+        while start + len(out) < end:
+            at = start + len(out)
+            kwargs = dict(Bucket=self._obj.bucket, Key=self._obj.key, Range=f"bytes={at}-{end - 1}")
+            if self._etag:
+                kwargs["IfMatch"] = self._etag
+            resp = _call(self._conn, self.rec_path, f"ranged GET of bytes {at}-{end - 1}", "get_object",
+                         **kwargs)
+            cause: Any = None
+            body = resp["Body"]
+            try:
+                data = body.read()
+                if data:
+                    out += data
+                    stalls = 0
+                    continue
+                cause = f"the body ended at byte {at}"
+            except errors as exc:
+                cause = exc
+            finally:
+                body.close()
+            stalls += 1
+            failures += 1
+            attempts = self._conn.max_attempts
+            if stalls > attempts or failures > 4 * attempts:
+                raise SourceError(f"{self.rec_path}: ranged read failed at byte {at} after {failures} "
+                                  f"interruption(s) ({cause}; endpoint {self._conn.endpoint()})")
+            time.sleep(min(5.0, _RESUME_BACKOFF * 2 ** (stalls - 1)) * random.uniform(0.5, 1.0))
+        return bytes(out)
+
+    def close(self) -> None:
+        self.closed = True
+        self._entries.cancel()
+
+    def __enter__(self) -> "S3IndexedReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"S3IndexedReader({self.rec_path!r})"
+
+
+class _RangeSource:
+    """A FrameSource (:func:`parrecio.recordio.framing.read_record`) over ranged GETs: the record's span
+    first, more only if the record runs past it."""
+
+    __slots__ = ("reader", "first", "lo", "data")
+
+    def __init__(self, reader: S3IndexedReader, first: int) -> None:
+        self.reader, self.first = reader, first
+        self.lo = 0
+        self.data = memoryview(b"")
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        rel = offset - self.lo
+        if rel < 0 or rel + nbytes > len(self.data):
+            self.data = memoryview(self.reader.fetch(offset, max(nbytes, self.first)))
+            self.lo, rel = offset, 0
+            self.first = _SPAN_READ  # the span was for the first read only
+        return self.data[rel:rel + nbytes]
