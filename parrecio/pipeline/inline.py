@@ -580,38 +580,47 @@ class InlineRun:
     def _indexed(self) -> Iterator[Any]:
         """This shard's groups read by their ``.idx`` offsets, in the epoch's order
         (:meth:`parrecio.pipeline.reader_proc._Reader._run_indexed`)."""
-        from ..recordio import IndexedRecordReader
+        from ..sources.resolver import open_indexed, read_groups
         cfg, nf = self.cfg, self.nf
         readers: list = []
         offsets: list = []
+        groups = None
+        names = [str(rec) for rec, _ in cfg.index_paths]
         try:
-            for rec, idx in cfg.index_paths:
-                r = IndexedRecordReader(rec, idx, join=cfg.join, max_record_bytes=cfg.max_record_bytes)
+            for rec, idx in cfg.index_paths:  # local files: pread; s3:// objects: ranged GETs, read ahead
+                r = open_indexed(self.res.source, rec, idx, join=cfg.join,
+                                 max_record_bytes=cfg.max_record_bytes)
                 readers.append(r)
                 self._open.append(r)
-                offs, cut = whole_groups(r.offsets, nf, rec, cfg.on_error)
+            for stream_id, r in enumerate(readers):
+                offs, cut = whole_groups(r.offsets, nf, names[stream_id], cfg.on_error)
                 self.skipped_groups += cut
                 offsets.append(offs)
             order, others = epoch_order(cfg, self.epoch, offsets)
             self.sharded_out += others
             st = self.stats
-            for stream_id, g in order[self.skip:]:
-                offs = offsets[stream_id][g * nf:(g + 1) * nf]
+            groups = read_groups(readers, offsets, nf, order[self.skip:])
+            while True:
                 t0 = time.perf_counter()
                 try:
-                    payloads = [readers[stream_id].read_at(o) for o in offs]
-                except CorruptRecordError:
-                    if cfg.on_error == "raise":
-                        raise
-                    self.skipped_groups += 1
-                    st.skipped_records += 1
-                    yield None, offs[0], cfg.index_paths[stream_id][0]
-                    continue
+                    item = next(groups, None)
                 finally:
                     st.read_time += time.perf_counter() - t0
+                if item is None:
+                    break
+                stream_id, offs, payloads = item
+                if isinstance(payloads, CorruptRecordError):
+                    if cfg.on_error == "raise":
+                        raise payloads
+                    self.skipped_groups += 1
+                    st.skipped_records += 1
+                    yield None, offs[0], names[stream_id]
+                    continue
                 self.records += nf
                 self.nbytes += sum(map(len, payloads))
-                yield payloads, offs[0], cfg.index_paths[stream_id][0]
+                yield payloads, offs[0], names[stream_id]
         finally:
+            if groups is not None:
+                groups.close()
             for r in readers:
                 r.close()

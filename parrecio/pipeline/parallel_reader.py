@@ -94,7 +94,8 @@ class ParallelReader:
     Args:
         channel: where the stream comes from: a ``.rec`` path, a directory (its ``.rec`` files in name
             order), a glob, a list of those, ``"-"`` for stdin, a FIFO path, an open binary file object,
-            or a SageMaker channel name (see :func:`parrecio.sources.resolve`).
+            a SageMaker channel name, or an ``s3://bucket/prefix/`` or ``s3://bucket/key`` URL (see
+            :func:`parrecio.sources.resolve`).
         fields: one decoder per record position of a group; the group size is ``len(fields)``.  A
             sequence gives tuples, a mapping ``name -> decoder`` gives dicts, a single decoder gives its
             value, ``None`` gives each record's payload as ``bytes``.  A decoder is any callable
@@ -136,7 +137,8 @@ class ParallelReader:
             timeouts...): how the work is done, never what is delivered.  The same keywords given here
             directly still work for one release, with a DeprecationWarning.
         **source_options: passed to :func:`parrecio.sources.resolve` (``sm_input_dir``, ``pipe_dir``,
-            ``config_dir``, ``fifo_timeout``, ...).
+            ``config_dir``, ``fifo_timeout``; ``storage_options`` for ``s3://`` channels, see
+            :mod:`parrecio.sources.s3`).
     """
 
     def __init__(self, channel: Any, fields: Fields = None, *, workers: Optional[int] = None,
@@ -498,8 +500,13 @@ def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
 
 
 def _index_paths(source: Any) -> tuple:
-    """``((rec, idx), ...)`` when the source is regular files that all have an ``.idx`` beside them."""
+    """``((rec, idx), ...)`` when the source is regular files that all have an ``.idx`` beside them, or
+    a source that says its own pairs (``s3://`` objects: ``(url, S3Index)``, the index a path-like that
+    ``read_index`` reads, see :mod:`parrecio.sources.s3`)."""
     import stat
+    pairs = getattr(source, "index_pairs", None)
+    if callable(pairs):
+        return tuple(pairs())
     paths = getattr(source, "paths", None)
     if not paths:
         return ()

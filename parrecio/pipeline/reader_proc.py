@@ -2,7 +2,7 @@
 
 ::
 
-    source (file, FIFO, stdin, SageMaker channel)
+    source (file, FIFO, stdin, SageMaker channel, s3:// objects)
        |  RecordReader: frames -> records (multipart joined)
        v
     [ reader process ] --records--> groups of len(fields) --(offset, length)--> Chunk --> consumer
@@ -14,8 +14,8 @@ and sends one small ``Chunk`` message per chunk of groups, with each payload's p
 
 - a regular file is mapped and framed in place; payloads are described by their file offsets, and the
   workers read them from the page cache (:mod:`parrecio.pipeline.mapped`);
-- a stream (FIFO, stdin, a file object) is read straight into windows of the input ring and framed
-  there (:mod:`parrecio.pipeline.ring_windows`): the kernel's copy is the only one;
+- a stream (FIFO, stdin, a file object, an S3 object) is read straight into windows of the input ring
+  and framed there (:mod:`parrecio.pipeline.ring_windows`): the kernel's copy is the only one;
 - what cannot stay where it was read -- multipart records, groups in the shuffle buffer, groups too big
   for the ring -- is copied into the ring, or into a one-off segment (``stats.reader_copied_bytes``).
 
@@ -336,15 +336,20 @@ class _Reader:
     def _run_indexed(self) -> None:
         """The groups of every file read by their ``.idx`` offsets, in this shard's order of the epoch
         (:func:`parrecio.pipeline.plan.indexed_order`: a global permutation, then the shard's slice)."""
-        from ..recordio import IndexedRecordReader
+        from ..sources.resolver import open_indexed, read_groups
         cfg, st, nf = self.cfg, self.stats, self.cfg.nfields
         readers, offsets = [], []
+        groups = None
         try:
+            # local files: an IndexedRecordReader each (pread); s3:// objects: the source's reader
+            # (ranged GETs, groups requested ahead on a thread pool; their .idx fetched in parallel)
+            for rec, idx in cfg.index_paths:
+                readers.append(open_indexed(self.job.source, rec, idx, join=cfg.join,
+                                            max_record_bytes=cfg.max_record_bytes))
             for stream_id, (rec, idx) in enumerate(cfg.index_paths):
-                r = IndexedRecordReader(rec, idx, join=cfg.join, max_record_bytes=cfg.max_record_bytes)
-                readers.append(r)
-                self.data.send(StreamStart(stream_id, rec))
-                offs, cut = whole_groups(r.offsets, nf, rec, cfg.on_error)
+                r = readers[stream_id]
+                self.data.send(StreamStart(stream_id, str(rec)))
+                offs, cut = whole_groups(r.offsets, nf, str(rec), cfg.on_error)
                 st.skipped_groups += cut
                 offsets.append(offs)
             order, others = epoch_order(cfg, self.job.epoch, offsets)
@@ -352,13 +357,11 @@ class _Reader:
             # A resumed epoch starts at its position in the order (self.seq == skip); a group that
             # cannot be read still takes its place in the order, so positions stay those of the order.
             skip, self.skip = self.skip, 0
-            for stream_id, g in order[skip:]:
-                offs = offsets[stream_id][g * nf:(g + 1) * nf]
-                try:
-                    payloads = [readers[stream_id].read_at(o) for o in offs]
-                except CorruptRecordError:
+            groups = read_groups(readers, offsets, nf, order[skip:])
+            for stream_id, offs, payloads in groups:
+                if isinstance(payloads, CorruptRecordError):
                     if cfg.on_error == "raise":
-                        raise
+                        raise payloads
                     st.skipped_groups += 1
                     st.skipped_records += 1
                     self.flush()  # a chunk's groups have consecutive positions
@@ -369,6 +372,8 @@ class _Reader:
                 self._emit_group(stream_id, payloads, offs[0])
                 self._handle_ctrl()
         finally:
+            if groups is not None:
+                groups.close()
             for r in readers:
                 r.close()
 
