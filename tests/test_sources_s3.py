@@ -1,0 +1,497 @@
+"""s3:// channels against a real local S3 server (moto's ThreadedMotoServer on 127.0.0.1), not a mock of
+the client: listing, streaming, prefetch, ranged index reads, errors, retries, no hang, no leak.
+
+Faults are injected by :class:`FaultProxy`, a small HTTP proxy in front of moto: it answers chosen
+requests with an S3 error, cuts a body short, or never answers.  Every address is on the loopback.
+Data is generated here; nothing is committed."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import logging
+import os
+import pickle
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+boto3 = pytest.importorskip("boto3")
+moto_server = pytest.importorskip("moto.server")
+
+from parrecio import ParallelReader  # noqa: E402
+from parrecio.decoders import Raw  # noqa: E402
+from parrecio.errors import CorruptRecordError, PipelineError, SourceError  # noqa: E402
+from parrecio.recordio import RecordWriter  # noqa: E402
+from parrecio.sources import S3Source, resolve  # noqa: E402
+from parrecio.sources import s3 as s3mod  # noqa: E402
+from pipeline_helpers import Fixed  # noqa: E402
+from source_helpers import make_payloads, records_of  # noqa: E402
+
+FAST = {"max_attempts": 2, "connect_timeout": 2, "read_timeout": 2}  # error tests end in seconds
+
+
+# -- the server, the environment, the data --------------------------------------------------------
+@pytest.fixture(scope="module")
+def moto():
+    """A moto S3 server on a free loopback port, for the whole module: its endpoint URL."""
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws(moto, monkeypatch, tmp_path):
+    """The standard AWS configuration pointing at moto: AWS_ENDPOINT_URL and dummy credentials, no
+    profile or config file of the machine."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    return boto3.client("s3", endpoint_url=moto, region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+_BUCKETS = iter(range(10 ** 6))
+
+
+def new_bucket(client) -> str:
+    name = f"parrecio-test-{next(_BUCKETS)}"
+    client.create_bucket(Bucket=name)
+    return name
+
+
+def write_data(client, tmp_path, *, index=True, sizes=(40, 25, 60), hi=3000, big=None):
+    """Local .rec files (with .idx if ``index``) in tmp_path/local, the same objects under
+    s3://bucket/data/, plus objects that must not be read (an .lst, a hidden object, a folder marker,
+    and the .idx objects when streaming).  ``big``: one more object of about that many bytes (several
+    reads of the body, beyond the prefetched head).  Returns (bucket, local dir)."""
+    bucket = new_bucket(client)
+    local = tmp_path / "local"
+    local.mkdir(parents=True)
+    names = [f"part-{i}.rec" for i in range(len(sizes))]
+    for i, (name, n) in enumerate(zip(names, sizes)):
+        write_one(local / name, make_payloads(n, seed=i, hi=hi), index)
+    if big:
+        n = big // 50_000 + 1
+        write_one(local / "part-9-big.rec", make_payloads(n, seed=99, lo=45_000, hi=55_000), index)
+    (local / "empty.rec").write_bytes(b"")  # an empty object reads as no records, as an empty file
+    if index:
+        (local / "empty.idx").write_bytes(b"")
+    for path in sorted(local.iterdir()):
+        client.upload_file(str(path), bucket, f"data/{path.name}")
+    client.put_object(Bucket=bucket, Key="data/train.lst", Body=b"0\t0\tx.jpg\n")
+    client.put_object(Bucket=bucket, Key="data/.hidden.rec", Body=b"not RecordIO")
+    client.put_object(Bucket=bucket, Key="data/sub/", Body=b"")  # a console-made folder marker
+    client.put_object(Bucket=bucket, Key="other/x.rec", Body=b"outside the prefix")
+    return bucket, local
+
+
+def write_one(path, payloads, index):
+    with RecordWriter(str(path), index=str(path.with_suffix(".idx")) if index else None) as w:
+        for key, payload in enumerate(payloads):
+            w.write(payload, key=key)
+
+
+def two_epochs(channel, **kwargs):
+    with ParallelReader(channel, **kwargs) as reader:
+        return [list(reader), list(reader)], reader.config
+
+
+# -- a proxy that injects faults --------------------------------------------------------------------
+class FaultProxy:
+    """Forwards HTTP to moto; ``rule(method, key_part, action, times)`` makes the next ``times``
+    matching requests fail: ``("error", status, code)``, ``("cut", nbytes)`` (headers and the first
+    nbytes of the body, then the connection closes) or ``("hang",)`` (no answer until ``release()``).
+    ``log`` lists (method, path, Range header, what was done)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.split("//", 1)[1]
+        self.rules: list = []
+        self.log: list = []
+        self.lock = threading.Lock()
+        self.released = threading.Event()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _any(self):
+                proxy.handle(self)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def rule(self, method, key_part, action, times=1):
+        with self.lock:
+            self.rules.append([method, key_part, action, times])
+
+    def requests(self, method=None, key_part=""):
+        with self.lock:
+            return [e for e in self.log if (method is None or e[0] == method) and key_part in e[1]]
+
+    def release(self):
+        self.released.set()
+
+    def close(self):
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _match(self, method, path):
+        with self.lock:
+            for r in self.rules:
+                if r[3] > 0 and r[0] == method and r[1] in path:
+                    r[3] -= 1
+                    return r[2]
+        return None
+
+    def handle(self, h):
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else b""
+        action = self._match(h.command, h.path)
+        with self.lock:
+            self.log.append((h.command, h.path, h.headers.get("Range"), action and action[0]))
+        if action and action[0] == "hang":
+            self.released.wait(30)
+            h.close_connection = True
+            return
+        if action and action[0] == "error":
+            _, status, code = action
+            xml = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code>"
+                   f"<Message>injected by the test proxy</Message></Error>").encode()
+            h.send_response(status)
+            h.send_header("Content-Type", "application/xml")
+            h.send_header("Content-Length", str(0 if h.command == "HEAD" else len(xml)))
+            h.end_headers()
+            if h.command != "HEAD":
+                h.wfile.write(xml)
+            return
+        conn = http.client.HTTPConnection(self.upstream, timeout=30)
+        try:
+            headers = {k: v for k, v in h.headers.items() if k.lower() not in ("connection",)}
+            conn.request(h.command, h.path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        h.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                h.send_header(k, v)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        if h.command == "HEAD":
+            return
+        if action and action[0] == "cut":
+            h.wfile.write(data[:action[1]])
+            h.wfile.flush()
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        h.wfile.write(data)
+
+
+@pytest.fixture
+def proxy(moto, aws, monkeypatch):
+    """A FaultProxy in front of moto, made the endpoint (AWS_ENDPOINT_URL)."""
+    p = FaultProxy(moto)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", p.url)
+    yield p
+    p.close()
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def test_prefix_two_epochs_equal_local_directory(aws, tmp_path, no_leaks):
+    """The .rec objects under a prefix, in key order, two epochs: byte-exact the local directory's
+    records, payloads and decoded arrays, through ParallelReader with 2 workers and with workers=0."""
+    bucket, local = write_data(aws, tmp_path, index=False, big=3 << 20)
+    url = f"s3://{bucket}/data/"
+    source = resolve(url)
+    assert isinstance(source, S3Source) and source.name == url and source.kind == "s3"
+    assert [o.key for o in source.objects] == [f"data/{p.name}" for p in sorted(local.glob("*.rec"))]
+    assert source.index_pairs() == ()  # no .idx objects: streamed, shuffled with a buffer
+
+    expected, _ = two_epochs(str(local), workers=0)
+    assert len(expected[0]) == 40 + 25 + 60 + len(records_of((local / "part-9-big.rec").read_bytes()))
+    got, cfg = two_epochs(url, workers=2)
+    assert got == expected and cfg.index_paths == ()
+    assert two_epochs(url, workers=0)[0] == expected
+
+    # decoded arrays (fixed shape, written into shared memory by the decoder processes), in batches
+    want, _ = two_epochs(str(local), fields=Fixed(), batch_size=16, workers=0)
+    have, _ = two_epochs(url, fields=Fixed(), batch_size=16, workers=2)
+    assert [len(e) for e in have] == [len(e) for e in want]
+    for a, b in zip(sum(have, []), sum(want, [])):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_single_object_and_prefix_without_slash(aws, tmp_path, no_leaks):
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(30, 10))
+    one = f"s3://{bucket}/data/part-1.rec"
+    payloads = records_of((local / "part-1.rec").read_bytes())
+    source = resolve(one)
+    assert [o.key for o in source.objects] == ["data/part-1.rec"]
+    got, _ = two_epochs(one, workers=2)
+    assert got == [payloads, payloads]
+    # s3://bucket/data (no object of that key): the prefix data/, as a directory
+    assert [o.key for o in resolve(f"s3://{bucket}/data").objects] == \
+        ["data/empty.rec", "data/part-0.rec", "data/part-1.rec"]
+    # a list of URLs, read in the given order
+    both = resolve([one, f"s3://{bucket}/data/part-0.rec"])
+    assert [o.key for o in both.objects] == ["data/part-1.rec", "data/part-0.rec"]
+
+
+def test_prefix_without_rec_objects_takes_the_others(aws, tmp_path):
+    bucket = new_bucket(aws)
+    for name in ("shard-2", "shard-10", "shard-1"):
+        aws.put_object(Bucket=bucket, Key=f"p/{name}", Body=b"x")
+    for name in ("shard.idx", "shard.lst", ".DS_Store", "sub/"):
+        aws.put_object(Bucket=bucket, Key=f"p/{name}", Body=b"")
+    assert [o.key for o in resolve(f"s3://{bucket}/p/").objects] == ["p/shard-1", "p/shard-10", "p/shard-2"]
+
+
+def test_index_shuffle_same_order_as_local(aws, tmp_path, no_leaks):
+    """With .idx objects, shuffle=True is the global permutation of the local indexed files, read by
+    ranged GETs: the same multiset and the same order for the same seed, every epoch; len() from the
+    indexes, before any pass."""
+    bucket, local = write_data(aws, tmp_path, index=True, sizes=(30, 20, 25))
+    url = f"s3://{bucket}/data/"
+    with ParallelReader(url, shuffle=True, seed=7, workers=2) as reader:
+        assert reader.config.shuffle == "index"
+        assert [str(r) for r, _ in reader.config.index_paths] == [o.url for o in reader.source.objects]
+        assert len(reader) == 75
+        got = [list(reader), list(reader)]
+    expected, cfg = two_epochs(str(local), shuffle=True, seed=7, workers=0)
+    assert cfg.shuffle == "index"
+    assert two_epochs(str(local), shuffle=True, seed=7, workers=2)[0] == expected  # local, processes
+    assert got == expected
+    assert got[0] != got[1] and sorted(got[0]) == sorted(got[1])
+    assert sorted(got[0]) == sorted(two_epochs(str(local), workers=0)[0][0])  # the same multiset
+    # workers=0, and groups of two records (a group stays whole, the same permutation of groups)
+    assert two_epochs(url, shuffle=True, seed=7, workers=0)[0] == expected
+    fields = [Raw(), Raw()]
+    bucket2, local2 = write_data(aws, tmp_path / "two", index=True, sizes=(16, 24))
+    want, _ = two_epochs(str(local2), fields=fields, shuffle=True, seed=3, workers=0)
+    have, _ = two_epochs(f"s3://{bucket2}/data/", fields=fields, shuffle=True, seed=3, workers=2)
+    assert have == want
+
+
+def test_index_shuffle_corrupt_record_as_local(aws, tmp_path, no_leaks):
+    """A corrupt record read by index: skipped and counted as for the local file (either pipeline),
+    or an error naming the object's URL and the offset."""
+    bucket, local = write_data(aws, tmp_path, index=True, sizes=(20, 20))
+    path = local / "part-1.rec"
+    offset = int((local / "part-1.idx").read_text().splitlines()[5].split("\t")[1])  # record 5
+    data = bytearray(path.read_bytes())
+    data[offset:offset + 4] = b"XXXX"
+    path.write_bytes(bytes(data))
+    aws.upload_file(str(path), bucket, "data/part-1.rec")
+    url = f"s3://{bucket}/data/"
+    expected = {}
+    for workers in (0, 2):
+        with ParallelReader(str(local), shuffle=True, seed=1, on_error="skip", workers=workers) as reader:
+            expected[workers] = (list(reader), reader.stats.skipped, reader.stats.skipped_records)
+    assert expected[0] == expected[2] and len(expected[0][0]) == 39
+    for workers in (0, 2):
+        with ParallelReader(url, shuffle=True, seed=1, on_error="skip", workers=workers) as reader:
+            assert (list(reader), reader.stats.skipped, reader.stats.skipped_records) == expected[0]
+        with ParallelReader(url, shuffle=True, seed=1, workers=workers) as reader:
+            with pytest.raises(CorruptRecordError, match=rf"byte offset {offset} of {url}part-1.rec"):
+                list(reader)
+
+
+def test_index_reads_are_ranged(proxy, aws, tmp_path, no_leaks):
+    bucket, _ = write_data(aws, tmp_path, index=True, sizes=(12,))
+    two_epochs(f"s3://{bucket}/data/", shuffle=True, workers=0)
+    gets = proxy.requests("GET", "/data/part-0.rec")
+    assert len(gets) >= 24 and all(r and r.startswith("bytes=") and "-" in r[6:] for _, _, r, _ in gets)
+
+
+def test_environment_is_the_consumers_under_forkserver(aws, tmp_path, monkeypatch, no_leaks):
+    """The fork server was started before AWS_ENDPOINT_URL was set (children inherit its environment,
+    not ours): the reader process still uses the consumer's AWS_* settings."""
+    from multiprocessing import forkserver
+    forkserver.ensure_running()
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(5,))
+    source = resolve(f"s3://{bucket}/data/")
+    clone = pickle.loads(pickle.dumps(source))  # as it travels to the reader: settings, no client
+    assert clone._conn._client is None and clone.objects == source.objects
+    got, _ = two_epochs(f"s3://{bucket}/data/", workers=1)
+    assert got[0] == records_of((local / "part-0.rec").read_bytes())
+
+
+def test_storage_options(moto, aws, tmp_path, monkeypatch, no_leaks):
+    """Explicit settings instead of the environment; unknown options and options for a local path are
+    refused before anything is opened."""
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(8,))
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    options = {"endpoint_url": moto, "key": "testing", "secret": "testing", "region": "us-east-1"}
+    got, _ = two_epochs(f"s3://{bucket}/data/", storage_options=options, workers=1)
+    assert got[1] == records_of((local / "part-0.rec").read_bytes())
+    with pytest.raises(ValueError, match="unknown option 'endpoint'"):
+        ParallelReader(f"s3://{bucket}/data/", storage_options={"endpoint": moto})
+    with pytest.raises(ValueError, match="max_attempts"):
+        resolve(f"s3://{bucket}/data/", storage_options={"max_attempts": 0})
+    with pytest.raises(ValueError, match="s3:// channels only"):
+        ParallelReader(str(local), storage_options=options)
+    with pytest.raises(SourceError, match="mixes"):
+        resolve([f"s3://{bucket}/data/", str(local)])
+
+
+def test_prefetch_requests_the_next_object_before_the_current_one_ends(proxy, aws, tmp_path, monkeypatch):
+    """Read here with small thresholds: object 1's GET is made while object 0 still has bytes left,
+    and each object's bytes are exactly the file's."""
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(300, 300), hi=3000)
+    monkeypatch.setattr(s3mod, "PREFETCH_AT", 64 << 10)
+    monkeypatch.setattr(s3mod, "HEAD_BYTES", 16 << 10)
+    monkeypatch.setattr(s3mod, "READ_CHUNK", 8 << 10)
+    source = resolve(f"s3://{bucket}/data/")
+    assert [o.key for o in source.objects] == ["data/empty.rec", "data/part-0.rec", "data/part-1.rec"]
+    streams = source.streams(0)
+    first = next(streams)
+    assert first.name == f"s3://{bucket}/data/empty.rec" and first.file.read() == b""
+    wait_for(lambda: proxy.requests("GET", "/data/part-0.rec"))  # asked for before it is reached
+    stream = next(streams)
+    data = (local / "part-0.rec").read_bytes()
+    head = stream.file.read(len(data) - (32 << 10))  # within 64 KiB of its end: object 1 is asked for
+    wait_for(lambda: proxy.requests("GET", "/data/part-1.rec"))
+    assert len(proxy.requests("GET", "/data/part-0.rec")) == 1  # one GET, streamed in 8 KiB reads
+    assert head + stream.file.read() == data
+    stream.file.close()
+    last = next(streams)
+    assert last.file.read() == (local / "part-1.rec").read_bytes()
+    assert next(streams, None) is None
+    assert len(proxy.requests("GET", "/data/part-1.rec")) == 1
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+def test_empty_prefix_is_an_error_naming_it(aws):
+    bucket = new_bucket(aws)
+    aws.put_object(Bucket=bucket, Key="data/x.idx", Body=b"0\t0\n")
+    with pytest.raises(SourceError, match=rf"s3://{bucket}/empty/: no objects under this prefix"):
+        ParallelReader(f"s3://{bucket}/empty/")
+    with pytest.raises(SourceError, match=rf"s3://{bucket}/data/: no objects"):
+        resolve(f"s3://{bucket}/data/")  # only an index: nothing to read
+    with pytest.raises(SourceError, match=rf"s3://{bucket}/nope.rec: no such object"):
+        resolve(f"s3://{bucket}/nope.rec")
+
+
+def test_missing_bucket_is_an_error_naming_it(aws):
+    with pytest.raises(SourceError, match=r"s3://no-such-bucket-here/data/: no such bucket "
+                                          r"'no-such-bucket-here'"):
+        ParallelReader("s3://no-such-bucket-here/data/")
+    with pytest.raises(SourceError, match="no such bucket"):
+        resolve("s3://no-such-bucket-here/key.rec")
+    with pytest.raises(SourceError, match="no bucket name"):
+        resolve("s3:///key.rec")
+
+
+def test_access_denied_is_not_retried(proxy, aws, tmp_path, no_leaks):
+    bucket, _ = write_data(aws, tmp_path, index=False, sizes=(5,))
+    proxy.rule("GET", f"/{bucket}?list-type=2", ("error", 403, "AccessDenied"), times=10)
+    with pytest.raises(SourceError, match=rf"s3://{bucket}/data/: access denied.*not retried"):
+        resolve(f"s3://{bucket}/data/")
+    assert len(proxy.requests("GET", f"/{bucket}?list-type=2")) == 1
+    proxy.rules.clear()
+    # denied in the reader process: the GET of an object
+    proxy.rule("GET", "/data/part-0.rec", ("error", 403, "AccessDenied"), times=10)
+    with ParallelReader(f"s3://{bucket}/data/", workers=1) as reader:
+        with pytest.raises(SourceError, match=rf"s3://{bucket}/data/part-0.rec: access denied"):
+            list(reader)
+    assert len(proxy.requests("GET", "/data/part-0.rec")) == 1
+
+
+def test_throttling_and_5xx_are_retried_then_succeed(proxy, aws, tmp_path, no_leaks):
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(20, 20))
+    proxy.rule("GET", f"/{bucket}?list-type=2", ("error", 503, "SlowDown"), times=2)
+    proxy.rule("GET", "/data/part-1.rec", ("error", 500, "InternalError"), times=1)
+    proxy.rule("GET", "/data/part-1.rec", ("error", 503, "SlowDown"), times=1)
+    got, _ = two_epochs(f"s3://{bucket}/data/", workers=2)
+    assert got[0] == got[1] == two_epochs(str(local), workers=0)[0][0]
+    assert [a for *_, a in proxy.requests("GET", f"/{bucket}?list-type=2")] == ["error", "error", None]
+    assert [a for *_, a in proxy.requests("GET", "/data/part-1.rec")] == ["error", "error", None, None]
+
+
+def test_a_broken_body_is_resumed_with_a_ranged_get(proxy, aws, tmp_path, no_leaks):
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(10,), big=3 << 20)
+    proxy.rule("GET", "/data/part-9-big.rec", ("cut", (3 << 20) // 2), times=1)
+    got, _ = two_epochs(f"s3://{bucket}/data/", workers=2)
+    assert got[0] == got[1] == two_epochs(str(local), workers=0)[0][0]
+    gets = proxy.requests("GET", "/data/part-9-big.rec")
+    assert gets[0][3] == "cut" and gets[1][2] is not None and gets[1][2].startswith("bytes=")
+    assert int(gets[1][2][6:].rstrip("-")) > 0  # resumed where it stopped, not from the start
+
+
+def test_unreachable_endpoint_is_a_clear_error_without_hang(aws, monkeypatch):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    t0 = time.monotonic()
+    with pytest.raises(SourceError, match=r"s3://bucket/data/: listing the objects failed after 2 attempt"):
+        ParallelReader("s3://bucket/data/", storage_options=FAST)
+    assert time.monotonic() - t0 < 15
+
+
+def test_persistent_failures_in_the_reader_end_with_a_clear_error(proxy, aws, tmp_path, no_leaks):
+    """Every GET of an object fails (5xx), or the server never answers: after the bounded retries
+    the pass raises a SourceError naming the object, within seconds, and nothing is left behind."""
+    bucket, _ = write_data(aws, tmp_path, index=False, sizes=(10, 10))
+    proxy.rule("GET", "/data/part-1.rec", ("error", 503, "ServiceUnavailable"), times=100)
+    t0 = time.monotonic()
+    with ParallelReader(f"s3://{bucket}/data/", workers=1, storage_options=FAST) as reader:
+        got = []
+        with pytest.raises(SourceError, match=rf"s3://{bucket}/data/part-1.rec: GET failed after 2 "
+                                              r"attempt\(s\): ServiceUnavailable"):
+            for item in reader:
+                got.append(item)
+        assert len(got) == 10  # the first object was delivered before the error
+    assert time.monotonic() - t0 < 20
+    proxy.rule("GET", "/data/part-0.rec", ("hang",), times=100)
+    t0 = time.monotonic()
+    with ParallelReader(f"s3://{bucket}/data/", workers=0, storage_options=FAST) as reader:
+        with pytest.raises(SourceError, match=rf"s3://{bucket}/data/part-0.rec: GET failed.*Timeout"):
+            list(reader)
+    assert time.monotonic() - t0 < 20
+    proxy.release()
+
+
+def test_close_while_the_reader_waits_for_a_hung_server(proxy, aws, tmp_path, no_leaks):
+    bucket, _ = write_data(aws, tmp_path, index=False, sizes=(10,))
+    proxy.rule("GET", "/data/part-0.rec", ("hang",), times=100)
+    reader = ParallelReader(f"s3://{bucket}/data/", workers=1)  # default timeouts: 30 s a read
+    it = iter(reader)
+    threading.Timer(1.0, reader.close).start()
+    t0 = time.monotonic()
+    with pytest.raises(PipelineError, match="close"):
+        next(it)
+    assert time.monotonic() - t0 < 10
+    proxy.release()
