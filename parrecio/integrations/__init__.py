@@ -7,9 +7,11 @@ before you use it::
     from parrecio.integrations.tf import dataset                                # tf.data
     from parrecio.integrations.keras import generator, steps_per_epoch          # Keras fit()
     from parrecio.integrations.dlpack import map_arrays                         # JAX, CuPy, ... via DLPack
+    from parrecio.integrations.ray import read_recordio                         # Ray Data (a Datasource)
 
 ``parrecio.integrations.torch`` etc. also work as attributes after ``import parrecio.integrations``
-(loaded on first access).
+(loaded on first access); ``parrecio.integrations.ray`` is imported by its full name (it decodes in Ray's
+read tasks, not through a ParallelReader: ``pip install 'parrecio[ray]'``).
 """
 
 from __future__ import annotations
