@@ -42,10 +42,12 @@ def _where(index: Optional[int], offset: Optional[int], source: Optional[str]) -
 class _Located(ParrecioError):
     """An error that names where in the stream it happened: sample index, byte offset, source name."""
 
+    # Set by every __init__ (and _rebuild), never on the class: a wrapper that forwards missing attributes
+    # to the error it wraps (Ray's RayTaskError(DecodeError)) would find class-level Nones first.
     reason: str
-    index: Optional[int] = None
-    offset: Optional[int] = None
-    source: Optional[str] = None
+    index: Optional[int]
+    offset: Optional[int]
+    source: Optional[str]
 
     def _format(self) -> str:
         where = _where(self.index, self.offset, self.source)

@@ -284,7 +284,7 @@ def test_decode_error_names_file_offset_and_sample(ray_cluster, broken, name):
     message = str(info.value)
     assert f"field 'image' ({FIELDS['image']!r})" in message
     assert f"(sample 5, byte offset {offset} of {path})" in message
-    err = getattr(info.value, "cause", info.value)   # Ray's RayTaskError(DecodeError) holds ours as .cause
+    err = info.value  # Ray's RayTaskError(DecodeError): its attributes are our error's (.cause)
     assert (err.index, err.offset, err.source) == (5, offset, path)
     rows = read_recordio(path, FIELDS, on_error="skip", override_num_blocks=3).take_all()
     assert sorted(r["label"] for r in rows) == [0, 1, 2, 3, 4, 6, 7, 8]
