@@ -14,7 +14,8 @@ JSON line::
 - ``mxnet``: ``mx.io.ImageRecordIter(data_shape=(3, 224, 224), batch_size=64, preprocess_threads=2,
   resize=224, dtype=...)`` (MXNet resizes the shorter side to 224 and centre-crops; without ``resize``
   it would only crop, doing less work than the others).  MXNet 1.9.1 caps the decode threads at
-  ``cores - 1``: on 2 cores one thread, whatever ``preprocess_threads`` says.
+  ``omp_get_num_procs() / 2 - 1``: on 2 cores one thread, whatever ``preprocess_threads`` says
+  (bench/bench_augment.py lifts the cap with a preloaded shim).
 - ``pillow``: the same decode as ``torch``'s dataset in a plain loop, one process.
 - ``parrecio``: ``ParallelReader(images.rec, fields=ImageRecord(Image(size=(224, 224))), workers=W,
   batch_size=64)`` (Pillow-SIMD in the dev venv).
@@ -250,9 +251,10 @@ def peer_mxnet(data: str, dtype: str, threads: int, epochs: int, augment: bool =
     return {"peer": f"mxnet ImageRecordIter ({dtype}{', augment' if augment else ''})", "mxnet": mx.__version__,
             "dtype": dtype,
             "preprocess_threads_requested": threads,
-            "preprocess_threads_effective": max(1, min(threads, cores - 1)),
-            "note": "MXNet 1.9.1 caps decode threads at cores-1 (iter_image_recordio_2.cc); resize=224 "
-                    "(shorter side) + centre crop", "batch_shape": shape[0], **res}
+            "preprocess_threads_effective": max(1, min(threads, cores // 2 - 1)),
+            "note": "MXNet 1.9.1 caps decode threads at omp_get_num_procs()/2 - 1 (iter_image_recordio_2.cc); "
+                    + ("random_resized_crop + rand_mirror + mean/std" if augment else
+                       "resize=224 (shorter side) + centre crop"), "batch_shape": shape[0], **res}
 
 
 def peer_parrecio(data: str, workers: int, epochs: int, augment: bool = False) -> Dict[str, Any]:
