@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from typing import Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Union
 
 from ..errors import CorruptRecordError, SourceError
 from .framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
@@ -80,22 +80,25 @@ def read_index(idx_path: Union[str, "os.PathLike[str]"]) -> List[tuple]:
     return list(zip(keys, offsets))
 
 
-class _PreadSource:
-    """A :class:`~parrecio.recordio.framing.FrameSource` over ``os.pread``, one per read (thread-safe)."""
+class WindowSource:
+    """A :class:`~parrecio.recordio.framing.FrameSource` over ``fetch(offset, nbytes) -> bytes`` (a
+    ``pread``, a ranged GET), one per record read (so thread-safe): one window of bytes at a time, the
+    first ``first`` bytes long (the record's span, from the index), later ones ``later`` (a multipart
+    record that runs past it)."""
 
-    __slots__ = ("fd", "readahead", "lo", "data")
+    __slots__ = ("fetch", "first", "later", "lo", "data")
 
-    def __init__(self, fd: int, readahead: int) -> None:
-        self.fd, self.readahead = fd, readahead
+    def __init__(self, fetch: Any, first: int, later: int = _DEFAULT_READ) -> None:
+        self.fetch, self.first, self.later = fetch, first, later
         self.lo = 0
         self.data = memoryview(b"")
 
     def view(self, offset: int, nbytes: int) -> memoryview:
         rel = offset - self.lo
         if rel < 0 or rel + nbytes > len(self.data):
-            self.data = memoryview(os.pread(self.fd, max(nbytes, self.readahead), offset))
+            self.data = memoryview(self.fetch(offset, max(nbytes, self.first)))
             self.lo, rel = offset, 0
-            self.readahead = _DEFAULT_READ  # the hint was for the first read only
+            self.first = self.later  # the span was for the first read only
         return self.data[rel:rel + nbytes]
 
 
@@ -169,7 +172,8 @@ class IndexedRecordReader:
         i = bisect.bisect_right(self._sorted, offset)
         span = (self._sorted[i] if i < len(self._sorted) else self._size) - offset
         span = min(max(span, HEADER_SIZE), self.max_record_bytes + HEADER_SIZE + 3)
-        got = read_record(_PreadSource(self._fd, span), offset, join=self.join,
+        fd = self._fd
+        got = read_record(WindowSource(lambda at, n: os.pread(fd, n, at), span), offset, join=self.join,
                           max_record_bytes=self.max_record_bytes, source=self.rec_path)
         if got is None:
             raise CorruptRecordError("no record here: offset at or past the end of the file", offset,

@@ -82,6 +82,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import CorruptRecordError, SourceError
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
+from ..recordio.index import WindowSource
 from .base import Source, Stream
 
 __all__ = ["S3Source", "S3Index", "S3IndexedReader", "is_s3_url", "parse_url", "check_storage_options"]
@@ -772,7 +773,7 @@ class S3IndexedReader:
             raise ValueError("I/O operation on a closed S3IndexedReader")
         if offset < 0:
             raise ValueError(f"offset must be >= 0, not {offset}")
-        got = read_record(_RangeSource(self, self.span(offset)), offset, join=self.join,
+        got = read_record(WindowSource(self.fetch, self.span(offset), _SPAN_READ), offset, join=self.join,
                           max_record_bytes=self.max_record_bytes, source=self.rec_path)
         if got is None:
             raise CorruptRecordError("no record here: offset at or past the end of the object", offset,
@@ -829,23 +830,3 @@ class S3IndexedReader:
 
     def __repr__(self) -> str:
         return f"S3IndexedReader({self.rec_path!r})"
-
-
-class _RangeSource:
-    """A FrameSource (:func:`parrecio.recordio.framing.read_record`) over ranged GETs: the record's span
-    first, more only if the record runs past it."""
-
-    __slots__ = ("reader", "first", "lo", "data")
-
-    def __init__(self, reader: S3IndexedReader, first: int) -> None:
-        self.reader, self.first = reader, first
-        self.lo = 0
-        self.data = memoryview(b"")
-
-    def view(self, offset: int, nbytes: int) -> memoryview:
-        rel = offset - self.lo
-        if rel < 0 or rel + nbytes > len(self.data):
-            self.data = memoryview(self.reader.fetch(offset, max(nbytes, self.first)))
-            self.lo, rel = offset, 0
-            self.first = _SPAN_READ  # the span was for the first read only
-        return self.data[rel:rel + nbytes]
