@@ -7,8 +7,12 @@ segmentation mask (the PNG of a Ground Truth ``-ref`` attribute) to class ids, r
 
 How one payload goes through ``Image``::
 
-    payload --Image.open (lazy: header only)--> size check (max_pixels) --[draft]--> load() (strict)
-            --> convert(mode) --> one resize(size, box) --> [EXIF transpose] --> one copy into out
+    payload --Image.open (lazy: header only)--> size check (max_pixels) --> plan (box, flip: the
+            sample's key) --[draft]--> load() (strict) --> convert(mode) --> one resize(size, box)
+            --> [EXIF transpose] --> one copy into out (mirrored with flip, through the mean/std table)
+
+With ``crop`` a JPEG's load() is ``_jpegregion``: only the rows and columns of the box are decoded
+(:meth:`_PillowDecoder._region_load`); augmentations: :mod:`parrecio.decoders.augment`.
 
 Geometry.  ``resize`` says how the source fills the ``size`` frame; all three are one Pillow ``resize``
 call with a source ``box``, so no pixel is computed twice and none outside the output:
@@ -381,11 +385,7 @@ class _PillowDecoder(Value):
         decode's), and with DCT scaling also the resize filter's reach (it reads around a fractional box).
         """
         width, height = image.size
-        scale = 1
-        request = self._draft_request((width, height), 1, gap, plan) if gap else None
-        if request:
-            ratio = min(width // request[0], height // request[1])
-            scale = next((s for s in (8, 4, 2) if ratio >= s), 1)  # ratio 0: upscaling
+        scale = _dct_scale((width, height), self._draft_request((width, height), 1, gap, plan) if gap else None)
         fx = fy = 1.0 / scale
         scaled_w, scaled_h = -(-width // scale), -(-height // scale)
         bx, by, bw, bh = plan.box_x * fx, plan.box_y * fy, plan.box_w * fx, plan.box_h * fy
@@ -445,6 +445,15 @@ class _Loaded(NamedTuple):
     factors: Tuple[float, float]     # draft scale: decoded pixels per header pixel, per axis
     plan: Optional[_Plan]            # the sample's resize (None: none), upright frame
     origin: Tuple[float, float] = (0.0, 0.0)  # where ``image`` starts in the decoded frame (a region)
+
+
+def _dct_scale(size: Tuple[int, int], request: Optional[Tuple[int, int]]) -> int:
+    """The DCT scale denominator Pillow's ``draft(mode, request)`` picks for a JPEG of ``size``: the
+    largest of 8, 4, 2 that keeps the image at least ``request``, else 1 (no request, or upscaling)."""
+    if not request:
+        return 1
+    ratio = min(size[0] // request[0], size[1] // request[1])
+    return next((s for s in (8, 4, 2) if ratio >= s), 1)
 
 
 def _floats(value: Union[float, Sequence[float], None]) -> Union[float, Tuple[float, ...], None]:
@@ -669,13 +678,10 @@ class Image(_PillowDecoder):
                 orientation = _orientation(PILImage.open(io.BytesIO(payload), formats=("JPEG",)))
             except Exception:
                 return None
-        scale = 1
         upright = (height, width) if orientation >= 5 else (width, height)
         plan = self._plan_of(upright[0], upright[1], key)
-        request = self._draft_request((width, height), orientation, gap, plan) if gap else None
-        if request:
-            ratio = min(width // request[0], height // request[1])
-            scale = next((s for s in (8, 4, 2) if ratio >= s), 1)  # ratio 0: upscaling
+        scale = _dct_scale((width, height), self._draft_request((width, height), orientation, gap, plan)
+                           if gap else None)
         gray = colorspace == "Gray" or draft_mode == "L"  # as Pillow: L for grey JPEGs, luma-only draft
         out_w, out_h = -(-width // scale), -(-height // scale)
         # RGBX: Pillow keeps RGB pixels in 4 bytes, so an RGBX array maps into an image without a copy
