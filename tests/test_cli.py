@@ -447,7 +447,7 @@ def test_compressed_and_empty_inputs_are_named(tmp_path):
             err = cli(*args, check=False).stderr.decode()
             assert f"error: {path}: not a RecordIO stream ({path.stat().st_size} bytes): it is " \
                    f"{kind}-compressed; decompress it first, e.g. {command} {path} | parrecio cat -" in err, err
-    assert cli("bench", empty, check=False).stderr.decode().endswith(f"error: '{empty}': empty, no records to bench\n")
+    assert cli("bench", empty, check=False).stderr.decode().endswith(f"error: {empty}: empty, no records to bench\n")
     assert cli("cat", empty).stdout == b""  # an empty stream is a valid one, of 0 records
     folder = tmp_path / "folder"  # the first file empty, the next one not: bench guesses from the next
     folder.mkdir()

@@ -145,7 +145,7 @@ def peek(channel: str, join: Optional[str]) -> Optional[Tuple[List[str], float]]
     finally:
         source.release()
     if not sizes:
-        what = repr(paths[0]) if len(paths) == 1 else f"the {len(paths)} files of {channel!r}"
+        what = paths[0] if len(paths) == 1 else f"{channel}: all {len(paths)} files"
         raise ParrecioError(f"{what}: empty, no records to bench")
     try:
         per_pos = list(guess_fields(prefixes))
