@@ -60,6 +60,21 @@ def test_main_defined_decoders_and_lambdas_under_spawn_and_forkserver(how, metho
     assert words[:4] == ["ok", str(_expected()), "01", "8"], proc.stdout
 
 
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+@pytest.mark.parametrize("how", ["script", "-m"])
+def test_a_script_without_a_main_guard_runs_once(tmp_path, how, method):
+    """The README's first snippet saved as train.py, no ``if __name__ == "__main__":``: the children do
+    not re-import it (it would start a reader in each of them), so its top level runs once."""
+    code = "print('top level ran', flush=True)\n" + SCRIPT.replace("METHOD", repr(method))
+    (tmp_path / "train_script.py").write_text(code)
+    argv = [str(tmp_path / "train_script.py")] if how == "script" else ["-m", "train_script"]
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("top level ran") == 1, proc.stdout
+    assert proc.stdout.split()[3:7] == ["ok", str(_expected()), "01", "8"], proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_a_real_notebook(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

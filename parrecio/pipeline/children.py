@@ -12,9 +12,12 @@
   stalled pipe): it removes the run's shared memory, which the dead consumer cannot, and exits.  SIGTERM
   and SIGHUP (a job scheduler, ``timeout``, a closed terminal: usually sent to the whole process group)
   get the same clean-up when the consumer died of it too.
-- :func:`start` starts a child.  Under ``spawn``/``forkserver`` multiprocessing re-imports ``__main__`` in
-  the child by its path; a script piped to ``python -`` has the path ``<stdin>``, which does not exist.
-  Such a ``__main__`` is started like an interactive session's: not re-imported.
+- :func:`start` starts a child.  Under ``spawn``/``forkserver`` multiprocessing would re-import the user's
+  ``__main__`` in the child (by its path, or its module name under ``python -m``): a script without an
+  ``if __name__ == "__main__":`` guard -- the README's first snippet saved as a file -- would then run
+  again in every decoder process and in the fork server, and fail there.  Our children need nothing of
+  ``__main__``: what a decoder takes from it travels by value (:mod:`parrecio.pipeline.shipping`).  So
+  ``__main__`` is started like an interactive session's: never re-imported.
 - :func:`register_for_fork`: after ``os.fork()`` in the consumer (a logging or evaluation helper), the
   child must not own the parent's pipeline: it closes its copies of the consumer's pipe ends (above all
   the lifeline's write end, which would keep the children of a killed parent alive) and forgets the
@@ -33,7 +36,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .shm import sweep
 
-__all__ = ["child_entry", "start", "describe_exit", "register_for_fork", "main_is_importable", "close_quietly"]
+__all__ = ["child_entry", "start", "describe_exit", "register_for_fork", "close_quietly"]
 
 TERMINATION_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
                             if s is not None)
@@ -83,34 +86,32 @@ def _watchdog(prefix: str, lifeline: Any) -> None:
     os._exit(0)
 
 
-def main_is_importable() -> bool:
-    """Whether a spawned child re-imports ``__main__``, so that what it defines reaches the child
-    (False for ``python -``, ``python -c``, notebooks and other interactive sessions)."""
-    main = sys.modules.get("__main__")
-    if getattr(main, "__spec__", None) is not None:
-        return True  # python -m: re-imported by module name
-    path = getattr(main, "__file__", None)
-    return path is not None and os.path.isfile(path)
+_HIDING = threading.Lock()
 
 
 @contextlib.contextmanager
-def _main_without_file() -> Iterator[None]:
-    """Hide a ``__main__.__file__`` that names no file while a child starts (see the module docstring)."""
+def _main_not_reimported() -> Iterator[None]:
+    """While a child starts, hide what multiprocessing re-imports ``__main__`` by (its ``__file__``, its
+    ``__spec__``), as for an interactive session; see the module docstring."""
     main = sys.modules.get("__main__")
-    if main is None or main_is_importable() or getattr(main, "__file__", None) is None:
+    if main is None:
         yield
         return
-    path = main.__file__
-    del main.__file__
-    try:
-        yield
-    finally:
-        main.__file__ = path
+    with _HIDING:
+        saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        main.__dict__["__spec__"] = None
+        try:
+            yield
+        finally:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
 def start(proc: Any) -> None:
-    """Start the multiprocessing process ``proc`` (see :func:`_main_without_file`)."""
-    with _main_without_file():
+    """Start the multiprocessing process ``proc``, without re-importing ``__main__`` in it (and, when this
+    start launches the fork server, in the fork server: see :func:`_main_not_reimported`)."""
+    with _main_not_reimported():
         proc.start()
 
 

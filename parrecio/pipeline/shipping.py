@@ -9,8 +9,9 @@
                                  at once with a PipelineError that names it and says why
 
 Pickle stores a function or class as "module.qualname", which a child resolves by importing the module.
-That fails for ``__main__`` when the children cannot import it (no file behind it) and for lambdas and
-local functions everywhere.  cloudpickle -- what Ray, Dask and joblib/loky use -- stores those by value
+That fails for ``__main__``, which the children never import (:func:`parrecio.pipeline.children.start`:
+a script without a ``__main__`` guard would run again in each of them), and for lambdas and local
+functions everywhere.  cloudpickle -- what Ray, Dask and joblib/loky use -- stores those by value
 instead.  Decoders are pickled once per process start, never per sample.
 """
 
@@ -18,8 +19,6 @@ from __future__ import annotations
 
 import pickle
 from typing import Any, Sequence, Tuple
-
-from .children import main_is_importable
 
 __all__ = ["Shipped", "ship", "unship"]
 
@@ -47,7 +46,7 @@ def ship(decoder: Any, name: str, method: str) -> Any:
         data = pickle.dumps(decoder)
     except Exception:
         data = None
-    if data is not None and (b"__main__" not in data or main_is_importable()):
+    if data is not None and b"__main__" not in data:
         return decoder
     try:
         import cloudpickle
