@@ -384,3 +384,57 @@ def test_a_truncated_jpeg_is_refused_as_without_region_decoding():
     with pytest.raises(DecodeError, match="truncated or corrupt JPEG"):
         Image(size=64, crop=CenterCrop(0.9))(cut)
     assert Image(size=64, crop=CenterCrop(0.9), allow_truncated=True)(cut).shape == (64, 64, 3)
+
+
+def test_damaged_jpegs_fail_or_decode_alike_with_and_without_region_decoding(monkeypatch):
+    """Bit flips and cuts (fuzzing the C extension's error paths): the region path gives the whole-decode
+    path's array, or the same error."""
+    import parrecio.decoders.image as image_module
+    from parrecio import DecodeError
+    region = image_module._jpegregion
+    good = encode(photo(200, 150, seed=6), quality=85)
+    rng = random.Random(11)
+    fused = Image(size=48, crop=RandomResizedCrop(), flip=0.5)
+    outcomes = set()
+    for trial in range(120):
+        data = bytearray(good)
+        if trial % 3 == 0:
+            data = data[:rng.randint(2, len(data) - 1)]
+        else:
+            for _ in range(rng.randint(1, 6)):
+                data[rng.randrange(20, len(data))] ^= 1 << rng.randrange(8)
+        results = []
+        for module in (region, None):
+            monkeypatch.setattr(image_module, "_jpegregion", module)
+            try:
+                results.append(fused(bytes(data), key=trial))
+            except DecodeError as exc:
+                results.append(type(exc))
+        if isinstance(results[0], np.ndarray) and isinstance(results[1], np.ndarray):
+            assert np.array_equal(results[0], results[1]), trial
+            outcomes.add("decoded")
+        else:
+            assert results[0] == results[1], (trial, results)
+            outcomes.add("refused")
+    assert outcomes == {"decoded", "refused"}
+
+
+def test_a_cut_jpeg_with_an_exif_thumbnail_is_still_seen_as_cut():
+    """The thumbnail in the EXIF header ends in FF D9 too: only the main image's end marker counts."""
+    from parrecio import DecodeError
+    from parrecio.decoders.image import _ends_in_eoi
+    thumb = PILImage.fromarray(photo(64, 48, seed=1))
+    main = PILImage.fromarray(photo(320, 240, seed=2))
+    exif = main.getexif()
+    buf = __import__("io").BytesIO()
+    thumb.save(buf, "JPEG")
+    app1 = b"Exif\0\0" + exif.tobytes()  # a header segment that carries a whole JPEG, as cameras write
+    segment = b"\xff\xe1" + (len(app1) + 2 + len(buf.getvalue())).to_bytes(2, "big") + app1 + buf.getvalue()
+    payload = encode(np.asarray(main), quality=90)
+    payload = payload[:2] + segment + payload[2:]
+    assert _ends_in_eoi(payload) and _ends_in_eoi(payload + b"\0\0trailing")
+    cut = payload[:len(payload) * 2 // 3]
+    assert b"\xff\xd9" in cut and not _ends_in_eoi(cut)
+    assert Image(size=32)(payload).shape == (32, 32, 3)
+    with pytest.raises(DecodeError, match="truncated"):
+        Image(size=32, crop=CenterCrop(0.2))(cut)  # the centre is decoded before the cut: still refused

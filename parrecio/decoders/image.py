@@ -384,6 +384,8 @@ class _PillowDecoder(Value):
         libjpeg's chroma upsampling at a region edge cannot reach (inside it the pixels are a full
         decode's), and with DCT scaling also the resize filter's reach (it reads around a fractional box).
         """
+        if not _ends_in_eoi(payload):
+            return None  # cut short: the rows below the crop are never read, so Pillow says it (strictness)
         width, height = image.size
         scale = _dct_scale((width, height), self._draft_request((width, height), 1, gap, plan) if gap else None)
         fx = fy = 1.0 / scale
@@ -445,6 +447,29 @@ class _Loaded(NamedTuple):
     factors: Tuple[float, float]     # draft scale: decoded pixels per header pixel, per axis
     plan: Optional[_Plan]            # the sample's resize (None: none), upright frame
     origin: Tuple[float, float] = (0.0, 0.0)  # where ``image`` starts in the decoded frame (a region)
+
+
+def _ends_in_eoi(payload: Any) -> bool:
+    """Whether a JPEG has its end-of-image marker after its first scan begins: ``FF D9`` never occurs in
+    entropy-coded data (an ``FF`` byte there is stuffed as ``FF 00``), so a file cut short lacks it,
+    wherever the cut.  Usually the last two bytes; else (bytes after the marker, as some cameras write)
+    it is looked for past the headers, whose EXIF thumbnail may hold an end marker of its own."""
+    view = memoryview(payload)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    if bytes(view[-2:]) == b"\xff\xd9":
+        return True
+    data = view.tobytes()
+    pos = 2  # after SOI: marker segments (FF xx, a 2-byte big-endian length) up to the first SOS
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0xDA:
+            return data.find(b"\xff\xd9", pos) >= 0
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+    return False
 
 
 def _dct_scale(size: Tuple[int, int], request: Optional[Tuple[int, int]]) -> int:
