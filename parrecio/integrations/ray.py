@@ -149,7 +149,7 @@ class _Settings:
 
 def _settings(fields: Any, join: str, on_error: str, max_record_bytes: Any, include_paths: Any,
               include_offsets: Any, seed: Any = None, epoch: Any = 0) -> _Settings:
-    from ..pipeline.parallel_reader import _normalize_fields  # the one rule for names and kinds
+    from ..pipeline.fields import normalize_fields  # the one rule for names and kinds
     if join not in JOINS:
         raise ValueError(f"join must be 'mxnet' or 'concat', not {join!r}")
     if on_error not in _ON_ERROR:
@@ -168,7 +168,7 @@ def _settings(fields: Any, join: str, on_error: str, max_record_bytes: Any, incl
             raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
         if value < 0:
             raise ValueError(f"{name} must be >= 0, not {value!r}")
-    kind, names, decoders = _normalize_fields(fields)
+    kind, names, decoders = normalize_fields(fields)
     passthrough = tuple(is_passthrough(d) for d in decoders)
     randoms = tuple(is_random(d) and not p for d, p in zip(decoders, passthrough))
     specs = tuple(None if p else spec_of(d) for d, p in zip(decoders, passthrough))

@@ -27,14 +27,14 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from ..decoders.base import ArraySpec, is_passthrough, spec_of
-from ..decoders.basic import Raw
 from ..errors import PipelineError
 from ..recordio.paths import index_path
 from ..sources import resolve
 from .batching import batches, position, unbatched
+from .fields import Fields, normalize_fields
 from .shipping import ship
 from .config import PipelineConfig
 from .inline import InlineRun
@@ -52,7 +52,6 @@ __all__ = ["ParallelReader"]
 _END = object()
 POLL_INTERVAL = 1.0  # seconds: how long a wait sleeps at most before it looks around again (no setting)
 
-Fields = Union[None, Callable[[Any], Any], Sequence[Callable[[Any], Any]], Mapping[str, Callable[[Any], Any]]]
 
 
 class State(enum.Enum):
@@ -164,7 +163,7 @@ class ParallelReader:
         shuffle_buffer = count("shuffle_buffer", shuffle_buffer)
         tuning = _tuning(tuning, source_options)
         methods = multiprocessing.get_all_start_methods()
-        kind, names, decoders = _normalize_fields(fields)
+        kind, names, decoders = normalize_fields(fields)
         start_method = tuning.start_method or ("forkserver" if "forkserver" in methods else "spawn")
         shipped = decoders
         if workers and start_method != "fork":  # workers=0: decoders stay in this process
@@ -465,7 +464,6 @@ def _travels(passthrough: List[bool], layout: SlotLayout) -> List[bool]:
 
 
 
-
 def _tuning(tuning: Optional[Tuning], options: dict) -> Tuning:
     """The Tuning to use: ``tuning``, with the tuning keywords given to ParallelReader itself (the
     signature of the first release) taken out of ``options`` and applied, with a DeprecationWarning."""
@@ -522,28 +520,3 @@ def _index_paths(source: Any) -> tuple:
     return tuple(out)
 
 
-def _normalize_fields(fields: Fields):
-    """-> (kind, names, decoders) with kind 'single' | 'tuple' | 'dict'."""
-    if fields is None:
-        return "single", ["record"], [Raw()]
-    if isinstance(fields, Mapping):
-        if not fields:
-            raise ValueError("fields must not be empty")
-        names = [str(k) for k in fields]
-        decs = list(fields.values())
-        kind = "dict"
-    elif isinstance(fields, (list, tuple)):
-        if not fields:
-            raise ValueError("fields must not be empty")
-        names = [str(i) for i in range(len(fields))]
-        decs = list(fields)
-        kind = "tuple"
-    elif callable(fields):
-        return "single", ["0"], [fields]
-    else:
-        raise TypeError(f"fields must be None, a decoder, a sequence or a mapping of decoders, "
-                        f"not {type(fields).__name__}")
-    for name, d in zip(names, decs):
-        if not callable(d):
-            raise TypeError(f"field {name!r}: a decoder must be callable, got {d!r}")
-    return kind, names, decs
