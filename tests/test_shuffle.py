@@ -101,3 +101,26 @@ def test_len(tmp_path, no_leaks):
             len(reader)
         n = sum(1 for _ in reader)
         assert len(reader) == n == 5
+
+
+def test_len_reads_the_indexes_once_and_side_by_side(tmp_path, monkeypatch, no_leaks):
+    """len() of many files: each .idx read once per reader, concurrently (an s3:// index is a GET each)."""
+    import threading
+
+    import parrecio.recordio as recordio
+    paths = []
+    for i in range(4):
+        paths.append(tmp_path / f"part-{i}.rec")
+        _write(paths[-1], 10 + i, index=True)
+    real, calls = recordio.read_index, []
+    barrier = threading.Barrier(4, timeout=10)  # all four reads must be in flight at once
+
+    def read_index(path):
+        calls.append(path)
+        barrier.wait()
+        return real(path)
+
+    monkeypatch.setattr(recordio, "read_index", read_index)
+    reader = ParallelReader([str(p) for p in paths], fields=[Raw(), Raw()], workers=1, batch_size=4)
+    assert len(reader) == -(-(10 + 11 + 12 + 13) // 4) and len(reader) == 12 and len(calls) == 4
+    reader.close()

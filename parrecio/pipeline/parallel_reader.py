@@ -197,6 +197,7 @@ class ParallelReader:
         self._progress = (0, 0, False)  # (epoch, position, completed) where the last pass stopped
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
         self._pass_samples: Optional[int] = None  # samples of the last complete pass
+        self._indexed_groups: Optional[int] = None  # groups the .idx files list (read once, by __len__)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -368,10 +369,10 @@ class ParallelReader:
         read for the first time, stdin, a Pipe-mode channel before its first epoch ends)."""
         n = self._pass_samples
         if n is None and self._res.cfg.index_paths:
-            from ..recordio import read_index
             cfg = self._res.cfg
-            groups = sum(len(read_index(idx)) // len(cfg.decoders) for _, idx in cfg.index_paths)
-            n = shard_length(groups, cfg.num_shards, cfg.shard_index, cfg.even_shards)
+            if self._indexed_groups is None:
+                self._indexed_groups = _indexed_groups(cfg.index_paths, len(cfg.decoders))
+            n = shard_length(self._indexed_groups, cfg.num_shards, cfg.shard_index, cfg.even_shards)
         if n is None:
             raise TypeError("the number of samples is not known before a first complete pass "
                             "(no .idx file next to every .rec file)")
@@ -495,6 +496,20 @@ def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
     except ValueError:
         raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} and RANK={os.environ['RANK']!r} "
                          f"must be integers") from None
+
+
+def _indexed_groups(index_paths: tuple, nfields: int) -> int:
+    """Groups listed by the ``.idx`` of every ``(rec, idx)`` pair.  The indexes are read on a few threads:
+    an ``s3://`` one is a GET of its own (tens of ms), so a channel of many objects would otherwise wait
+    for each in turn."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..recordio import read_index
+    idxs = [idx for _, idx in index_paths]
+    if len(idxs) == 1:
+        return len(read_index(idxs[0])) // nfields
+    with ThreadPoolExecutor(min(16, len(idxs))) as pool:
+        return sum(n // nfields for n in pool.map(lambda idx: len(read_index(idx)), idxs))
 
 
 def _index_paths(source: Any) -> tuple:
