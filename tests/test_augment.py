@@ -266,6 +266,23 @@ def test_a_samples_pixels_depend_on_seed_epoch_and_position_only(scenes, no_leak
     assert not any(np.array_equal(images[i], other_seed[i]) for i in range(24))
 
 
+@pytest.mark.parametrize("workers", [2, 0])
+def test_a_resumed_epoch_draws_the_crops_of_an_uninterrupted_one(scenes, workers, no_leaks):
+    """state_dict mid-epoch, a new reader, load_state_dict: the rest of the epoch is the same pixels."""
+    whole, _, _ = _epoch(scenes, epoch=1, shuffle=True)
+    with ParallelReader(scenes, fields=_fields(), workers=workers, batch_size=4, shuffle=True) as reader:
+        reader.set_epoch(1)
+        for i, _ in enumerate(reader):
+            if i == 2:  # three batches delivered
+                state = reader.state_dict()
+                break
+    with ParallelReader(scenes, fields=_fields(), workers=workers, batch_size=4, shuffle=True) as reader:
+        reader.load_state_dict(state)
+        rest = np.concatenate([im for im, _ in reader])
+    assert state["epoch"] == 1 and state["position"] == 12
+    assert rest.shape[0] == 12 and np.array_equal(rest, whole[12:])
+
+
 def test_shards_draw_their_own_crops(scenes, no_leaks):
     first, _, _ = _epoch(scenes, num_shards=2, shard_index=0)
     second, _, _ = _epoch(scenes, num_shards=2, shard_index=1)
