@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import DecodeError
 from ..recordio.irheader import unpack
-from .base import ArraySpec
+from .base import ArraySpec, is_random
 from .image import Image
 from .value import Value, derive
 
@@ -70,7 +70,7 @@ class ImageRecord(Value):
     @property
     def random(self) -> bool:
         """Whether the image decoder is ``random`` (the key is then passed on to it)."""
-        return bool(getattr(self.image, "random", False))
+        return is_random(self.image)
 
     def _label(self, header: Any) -> Label:
         """The label MXNet would see, shaped by ``label_width``."""

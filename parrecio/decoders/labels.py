@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from ..errors import DecodeError
-from .base import ArraySpec
+from .base import ArraySpec, is_random
 from .value import Value, derive, shown_as
 
 __all__ = ["BoundingBoxes", "ClassLabel"]
@@ -143,7 +143,7 @@ class BoundingBoxes(Value):
     def random(self) -> bool:
         """Whether the boxes follow a random crop or flip of ``image`` (then the pipeline gives each sample's
         key, the one the image field gets: same key, same crop)."""
-        return bool(getattr(self.image, "random", False))
+        return is_random(self.image)
 
     def _finish(self, rows: np.ndarray, size: Optional[Tuple[float, float]], key: Optional[int]) -> np.ndarray:
         """Geometry mapping and normalization of parsed rows (float64) -> float32 rows."""
