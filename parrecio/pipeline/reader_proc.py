@@ -50,7 +50,7 @@ from .mapped import map_stream
 from .plan import EvenShards, epoch_order, whole_groups
 from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
 from .poller import Poller
-from .ring import RingWriter
+from .ring import GroupTooLarge, RingWriter
 from .ring_windows import RingWindows
 from .shm import Segment, sweep
 
@@ -207,17 +207,17 @@ class _Reader:
         if self.skip:
             self.skip -= 1
             return
-        ring = self.ring
-        if ring.span([len(b) for b in payloads]) > ring.max_span:
+        sizes = [len(b) for b in payloads]
+        try:
+            offs = self.ring.place(sizes)  # waits for ring space (sending what is pending first)
+        except GroupTooLarge:
             self._emit_oneoff(stream_id, payloads, first_offset)
             return
-        placed, floor = [], ring.head
-        for b in payloads:
-            off = ring.place(len(b), floor)
-            self.mem[off:off + len(b)] = b
-            placed.append((off, len(b)))
-        self.stats.copied_bytes += sum(n for _, n in placed)
-        self._emit_placed(stream_id, placed, first_offset)
+        mem = self.mem
+        for off, b, n in zip(offs, payloads, sizes):
+            mem[off:off + n] = b
+        self.stats.copied_bytes += sum(sizes)
+        self._emit_placed(stream_id, list(zip(offs, sizes)), first_offset)
 
     def _emit_placed(self, stream_id: int, parts: list, first_offset: int,
                      segment: Optional[str] = None) -> None:
@@ -381,10 +381,11 @@ class _Reader:
         """Records -> groups -> ring.  The hot loop of the pipeline for small records: counters are
         locals, and a group whose records all went to the ring takes the short way out.
 
-        A group's records go into the ring as they arrive, each placed relative to the group's start
-        (``floor``); if the group outgrows half the ring, the records placed so far are copied out, the
-        ring is rewound to the group's start, and the group is held here (``held``) for a one-off
-        segment.  Shuffled groups are always held (they wait in the shuffle buffer)."""
+        A mapped file's records stay in the page cache; a stream's are read into ring windows and stay
+        there.  A group that cannot stay where it was read (a multipart record, a group that would
+        outgrow half the ring) is copied out and held here (``held``), then placed whole
+        (:meth:`_emit_group`).  Shuffled groups and equal shards of a stream are always held (they wait
+        in the shuffle buffer, or for the epoch's end)."""
         cfg = self.cfg
         mapped = map_stream(stream.file)
         if mapped is None:
@@ -429,7 +430,6 @@ class _Reader:
             self._frame_flat(stream_id, reader, mm, segment, start)
             return
         ring, mem = self.ring, self.mem
-        place = ring.place
         win = self.windows  # the stream is read into ring windows: records lie where they are read
         ringobj = win.obj if win is not None else None
         max_span = ring.max_span
@@ -439,15 +439,13 @@ class _Reader:
         first_offset = 0
         skipped_seen = 0
         keep = True
-        records = nbytes = copied = 0
+        records = nbytes = 0
         try:
             for offset, view in reader.iter_views():
                 if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
                     skipped_seen = reader.skipped_records
                     if parts:
                         st.skipped_groups += 1
-                        if not held and keep and mm is None and win is None:
-                            ring.rewind(floor)
                         parts, held = [], hold_all
                         if win is not None:
                             win.floor = None
@@ -475,7 +473,7 @@ class _Reader:
                         parts = [bytes(mm[o:o + k]) for o, k in parts]
                         parts.append(bytes(view))
                         held = True
-                elif win is not None:
+                else:  # read into ring windows (a stream that is not held: see _read_stream)
                     if view.obj is ringobj and offset + 8 + n + win.shift - floor <= max_span:
                         parts.append((offset + 8 + win.delta, n))  # in place, 8 bytes after its frame
                     else:  # joined in a new buffer, read into a private one, or the group outgrows half
@@ -483,17 +481,6 @@ class _Reader:
                         parts.append(bytes(view))
                         held = True
                         win.floor = None
-                else:
-                    off = place(n, floor)
-                    if off < 0:  # the group outgrows half the ring: take it out, hold it here
-                        parts = [bytes(mem[o:o + k]) for o, k in parts]
-                        parts.append(bytes(view))
-                        ring.rewind(floor)
-                        held = True
-                    else:
-                        mem[off:off + n] = view
-                        parts.append((off, n))
-                        copied += n
                 if len(parts) == nf:
                     g = self.group_index
                     self.group_index += 1
@@ -522,12 +509,9 @@ class _Reader:
         finally:
             st.records += records
             st.bytes += nbytes
-            st.copied_bytes += copied
         st.skipped_records += reader.skipped_records
         st.skipped_bytes += reader.skipped_bytes
         if parts:
-            if not held and keep and mm is None and win is None:
-                ring.rewind(floor)
             msg = (f"stream ended inside a group: {len(parts)} of {nf} records "
                    f"(the stream's record count is not a multiple of the group size)")
             if cfg.on_error == "raise":

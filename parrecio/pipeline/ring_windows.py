@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Tuple
 
 from ..recordio.reader import Buffers
-from .ring import RingWriter
+from .ring import GroupTooLarge, RingWriter
 
 __all__ = ["RingWindows"]
 
@@ -81,15 +81,17 @@ class RingWindows(Buffers):
         if size <= self.window:
             if kept_pos is not None and head == self.win_end:
                 ring.head = kept_pos  # nothing was placed after the window: it may go on in place
-            off = ring.place(size, low)  # waits for ring space (sending what is pending first)
-            if off >= 0:
+            try:  # waits for ring space (sending what is pending first)
+                off, = ring.place((size,), low)
+            except GroupTooLarge:  # the open group and this window would outgrow half the ring
+                ring.head = head
+            else:
                 self.active = True
                 self.win_pos, self.win_off = ring.placed, off
                 self.win_end = ring.placed + size
                 self.delta, self.shift = off - offset, ring.placed - offset
                 self.unframed = ring.placed  # the bytes carried over (if any) start the window
                 return self.buf, self.mem, off, off + size
-            ring.head = head
         # A record larger than a window, or a group that would outgrow half the ring: a private
         # buffer; what is read there is copied into the ring (or a one-off segment) group by group.
         self.active = False
