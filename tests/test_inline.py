@@ -303,6 +303,12 @@ def test_corrupt_framing_in_both_modes(stream, tmp_path, batch_size, no_leaks):
         assert err.index == n
         assert (len(out) if batch_size is None else sum(len(b[0] if isinstance(b, tuple) else b) for b in out)) == n
         (out,), (err,), st, _ = check_equal(path, fields=fields, batch_size=batch_size, on_error="skip")
+        if isinstance(fields, list):  # groups of two records whose kinds do not tell them apart: the
+            # damage leaves the next group's start unknown, and skipping on would pair records of two
+            # samples (parrecio/pipeline/resync.py): the run stops at the damage, in skip mode too
+            assert isinstance(err, CorruptRecordError) and err.offset == hit and err.index == n
+            assert "cannot tell which record starts the next sample after the corrupt region" in str(err)
+            continue
         assert err is None and st.skipped_records == 1 and st.skipped_bytes > 0
 
 

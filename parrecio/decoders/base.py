@@ -22,6 +22,14 @@ Optional attributes tell the pipeline how to treat a decoder:
     re-run after a crash, and in every rerun of the epoch, and the fields of a sample (an image and its
     boxes) draw the same crop.  :func:`is_random` is the one place that reads the flag.
 
+``payload_kinds = frozenset({...})``
+    The kinds of payload the decoder reads, as :func:`parrecio.decoders.sniff.sniff` names them
+    (``Image``: the image formats and ``"other"``; ``Json``: ``"json"``).  Used for one thing: after a
+    corrupt region, a record that only a group's first field can read starts the next group
+    (:mod:`parrecio.pipeline.resync`).  Leave it out (any payload) unless the decoder refuses every other
+    kind: a kind left out of the set drops records the decoder could have read.
+    :func:`payload_kinds` is the one place that reads it.
+
 The next two let the pipeline write results straight into shared memory instead of pickling them back
 to the consumer:
 
@@ -42,12 +50,12 @@ to the consumer:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Tuple, Union, runtime_checkable
+from typing import Any, FrozenSet, Optional, Protocol, Tuple, Union, runtime_checkable
 
 import numpy as np
 
 __all__ = ["ArraySpec", "Decoder", "OutputSpec", "write_into", "spec_of", "is_passthrough", "is_random",
-           "sample_key"]
+           "payload_kinds", "sample_key"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,12 @@ class Decoder(Protocol):
 def is_passthrough(decoder: Any) -> bool:
     """Whether the field's value is its payload as ``bytes``, never decoded (``decoder.passthrough``)."""
     return bool(getattr(decoder, "passthrough", False))
+
+
+def payload_kinds(decoder: Any) -> Optional[FrozenSet[str]]:
+    """The payload kinds the decoder reads (``decoder.payload_kinds``), None for any."""
+    kinds = getattr(decoder, "payload_kinds", None)
+    return None if kinds is None else frozenset(kinds)
 
 
 def is_random(decoder: Any) -> bool:

@@ -37,6 +37,7 @@ class Json(Value):
     """
 
     output_spec = None
+    payload_kinds = frozenset({"json"})  # what a group's realignment may take for JSON (decoders.base)
 
     def __call__(self, payload: Any) -> Any:
         try:

@@ -279,6 +279,9 @@ class _PillowDecoder(Value):
     crop: Optional[Crop]
     flip: float
 
+    # an image: the formats sniff names, and "other" for the rest Pillow opens (PPM, ICO, TGA, ...)
+    payload_kinds = IMAGE_KINDS | {"other"}
+
     @property
     def random(self) -> bool:
         """Whether the output depends on the sample's key: a random crop, or ``flip`` (the decoder protocol's

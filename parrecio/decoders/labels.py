@@ -88,6 +88,8 @@ class BoundingBoxes(Value):
     truncate: bool = False
     image: Any = None
 
+    payload_kinds = frozenset({"json"})  # Ground Truth JSON only (parrecio.decoders.base)
+
     def __post_init__(self) -> None:
         if self.max_boxes is not None and int(self.max_boxes) < 0:
             raise ValueError(f"max_boxes must be None or >= 0, got {self.max_boxes!r}")
@@ -246,6 +248,11 @@ class ClassLabel(Value):
             spec = None if multi_label else ArraySpec((), dtype)
         derive(self, dtype=given, _dtype=dtype, num_classes=num_classes, multi_label=multi_label,
                class_names=names, _names=dict(names or ()), output_spec=spec)
+
+    @property
+    def payload_kinds(self) -> frozenset:
+        """JSON text; with ``class_names`` bare text too (see :mod:`parrecio.decoders.base`)."""
+        return frozenset({"json", "text"} if self._names else {"json"})
 
     # -- parsing ---------------------------------------------------------------------------------------
     def _parse(self, payload: Any) -> Any:

@@ -92,7 +92,8 @@ from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..decoders.base import ArraySpec, is_passthrough, is_random, sample_key, spec_of, write_into
+from ..decoders.base import (ArraySpec, is_passthrough, is_random, payload_kinds, sample_key, spec_of,
+                             write_into)
 from ..decoders.imagerecord import ImageRecord
 from ..errors import CorruptRecordError, DecodeError, SourceError
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, JOINS, read_record
@@ -535,10 +536,13 @@ def _indexed_groups(task: _Task) -> Iterator[Tuple[int, int, Optional[List[Any]]
 
 def _streamed_groups(task: _Task) -> Iterator[Tuple[int, int, Optional[List[Any]]]]:
     """``(index, offset, payloads)`` per group of a whole file, streamed (no index); with
-    ``on_error="skip"`` a group broken by a corrupt region is dropped and the reader resyncs."""
+    ``on_error="skip"`` a group broken by a corrupt region is dropped, and the groups after it are
+    realigned as ParallelReader does (:mod:`parrecio.pipeline.resync`) or the task fails."""
     st, nf, path = task.settings, task.settings.nfields, task.path
     reader = RecordReader(path, join=st.join, on_corrupt=st.on_error, max_record_bytes=st.max_record_bytes,
                           source_name=path)
+    from ..pipeline.resync import Realigner  # the rule ParallelReader follows
+    realign = Realigner(tuple(payload_kinds(d) for d in st.decoders), st.names, path)
     index, first, parts, seen = 0, 0, [], 0
     try:
         try:
@@ -548,7 +552,10 @@ def _streamed_groups(task: _Task) -> Iterator[Tuple[int, int, Optional[List[Any]
                     if parts:
                         log.warning("parrecio: skipped the group at byte offset %d of %s: a corrupt region "
                                     "inside it was skipped", first, path)
-                        parts = []
+                    realign.damaged(reader.last_corrupt, bool(parts))
+                    parts = []
+                if realign.aligning and not realign.starts_group(offset, view):
+                    continue  # a record of a group the damage broke
                 if not parts:
                     first = offset
                 parts.append(bytes(view))  # the view is valid until the reader's next step only

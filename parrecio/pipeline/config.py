@@ -16,7 +16,7 @@ the one object, and what is not a setting (the source, the epoch, shared-memory 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Optional, Tuple
+from typing import Any, FrozenSet, Optional, Tuple
 
 from .slots import SlotLayout
 
@@ -33,6 +33,7 @@ class PipelineConfig:
     names: Tuple[str, ...]             # field names (for dicts and messages)
     kind: str                          # "single" | "tuple" | "dict": the shape of a sample
     passthrough: Tuple[bool, ...]      # fields whose payload is handed out as bytes, never decoded
+    kinds: Tuple[Optional[FrozenSet[str]], ...]  # payload kinds each field reads (None: any): resync.py
     layout: SlotLayout                 # where fixed-shape outputs live in an output slot
     travels: Tuple[bool, ...]          # fields whose values (or part of them) travel back from workers
     batch_size: Optional[int]

@@ -53,6 +53,7 @@ from ..errors import CorruptRecordError, DecodeError
 from ..recordio import RecordReader
 from .batching import collate, shaper
 from .plan import EvenShards, epoch_order, whole_groups
+from .resync import for_stream
 from .run import _ended
 
 log = logging.getLogger("parrecio")
@@ -533,15 +534,17 @@ class InlineRun:
             skipped_seen = 0
             keep = True
             records = nbytes = 0
+            realign = for_stream(cfg, source)
             try:
                 for offset, view in reader.iter_views():
-                    if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
-                        skipped_seen = reader.skipped_records
-                        if parts:
-                            self.skipped_groups += 1
-                            parts = []
                     records += 1
                     nbytes += len(view)
+                    if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
+                        skipped_seen = reader.skipped_records
+                        realign.damaged(reader.last_corrupt, bool(parts))
+                        parts = []
+                    if realign.aligning and not realign.starts_group(offset, view):
+                        continue  # a record of a group the damage broke
                     if not parts:
                         first_offset = offset
                         if num_shards > 1:
@@ -568,6 +571,7 @@ class InlineRun:
             finally:
                 self.records += records
                 self.nbytes += nbytes
+                self.skipped_groups += realign.skipped_groups
             if parts:
                 msg = (f"stream ended inside a group: {len(parts)} of {nf} records "
                        f"(the stream's record count is not a multiple of the group size)")

@@ -51,6 +51,7 @@ from .plan import EvenShards, epoch_order, whole_groups
 from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
 from .poller import Poller
 from .ring import GroupTooLarge, RingWriter
+from .resync import for_stream
 from .ring_windows import RingWindows
 from .shm import Segment, sweep
 
@@ -440,18 +441,24 @@ class _Reader:
         skipped_seen = 0
         keep = True
         records = nbytes = 0
+        realign = for_stream(cfg, stream.name, start)
         try:
             for offset, view in reader.iter_views():
-                if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
-                    skipped_seen = reader.skipped_records
-                    if parts:
-                        st.skipped_groups += 1
-                        parts, held = [], hold_all
-                        if win is not None:
-                            win.floor = None
                 n = len(view)
                 records += 1
                 nbytes += n
+                if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
+                    skipped_seen = reader.skipped_records
+                    realign.damaged(reader.last_corrupt, bool(parts))
+                    if parts:
+                        parts, held = [], hold_all
+                        if win is not None:
+                            win.floor = None
+                if realign.aligning and not realign.starts_group(offset, view):
+                    if win is not None:  # dropped: its bytes are garbage, released with the next chunk
+                        win.unframed = offset + win.shift + (8 + ((n + 3) & -4) if view.obj is ringobj else 0)
+                        self._advance(win.watermark())
+                    continue
                 if not parts:
                     first_offset = offset
                     floor = ring.head
@@ -509,6 +516,7 @@ class _Reader:
         finally:
             st.records += records
             st.bytes += nbytes
+            st.skipped_groups += realign.skipped_groups
         st.skipped_records += reader.skipped_records
         st.skipped_bytes += reader.skipped_bytes
         if parts:

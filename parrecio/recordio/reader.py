@@ -132,6 +132,8 @@ class RecordReader:
         self.skipped_bytes = 0
         #: ``(offset, nbytes)`` of each dropped region, the first :data:`MAX_CORRUPT_REGIONS` only.
         self.corrupt_regions: List[Tuple[int, int]] = []
+        #: Offset of the last dropped region (None before any).
+        self.last_corrupt: Optional[int] = None
 
     @classmethod
     def over(cls, buffer: Any, start: int = 0, *, join: str = "mxnet", on_corrupt: str = "raise",
@@ -160,6 +162,7 @@ class RecordReader:
         self._error = None
         self.skipped_records = self.skipped_bytes = 0
         self.corrupt_regions = []
+        self.last_corrupt = None
         return self
 
     # -- iteration ---------------------------------------------------------------------------------------
@@ -261,6 +264,7 @@ class RecordReader:
         nbytes = stop - record_start
         self.skipped_records += 1
         self.skipped_bytes += nbytes
+        self.last_corrupt = record_start
         if len(self.corrupt_regions) < MAX_CORRUPT_REGIONS:
             self.corrupt_regions.append((record_start, nbytes))
         return nxt

@@ -1,0 +1,133 @@
+"""Realigning groups after a corrupt region: which record starts the next sample.
+
+::
+
+    stream   [a4][b4][a5 broken][b5][a6][b6][a7][b7]     the RecordReader skips a5 and resyncs on b5
+    groups   (a4, b4)   b5 dropped   (a6, b6)   (a7, b7)   never (b5, a6): an image with another's label
+
+The RecordReader finds the next record after damage (dmlc-core's resync), but not which record of a
+group it is: counting on from there pairs every later record with the wrong sample.  With groups of
+more than one record, the framing loops (the reader process, ``workers=0``, the Ray datasource) hand
+every record after a corrupt region to one :class:`Realigner` until it says which one starts a group:
+
+1. **The .idx** beside the file, when there is one, lists every record's offset: groups start at
+   every ``nf``-th.  Records before the next listed group start are dropped; that one starts a group
+   (the first listed start past the damage, or past the record, when the damage hid the next one).
+2. **Payload kinds** otherwise (:func:`parrecio.decoders.base.payload_kinds`, e.g. ``Image`` reads
+   images, ``Json`` JSON text): a record that only the first field can decode starts a group; one the
+   first field cannot decode is dropped.  A record that the first field and another one could both
+   decode (``[Raw(), Raw()]``, ``[Json(), Json()]``) leaves the group start unknown.
+3. Where neither tells, or the realignment drops more records than damage can explain (``nf + 8``:
+   the index or the fields do not describe the stream), the run stops with a
+   :class:`~parrecio.errors.CorruptRecordError` naming the corrupt region's offset -- under
+   ``on_error="skip"`` too: a skipped sample is counted, a mispaired one would be delivered.
+
+A group of one record needs none of this: every record starts one.  A group left open by the damage,
+or one that lost its first records, is counted in :attr:`Realigner.skipped_groups` -- once per corrupt
+region: groups that one region swallowed whole leave no trace to count them by.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, Callable, FrozenSet, List, Optional, Sequence
+
+from ..decoders.sniff import describe, sniff
+from ..errors import CorruptRecordError
+from ..recordio.index import read_index
+
+__all__ = ["Realigner", "for_stream", "EXTRA_DROPS"]
+
+EXTRA_DROPS = 8  # records dropped past nf - 1 (garbage framed inside the damage) before we give up
+
+
+class Realigner:
+    """Decides, after each corrupt region of one stream, which record starts the next group.
+
+    ``kinds``: per field, the payload kinds its decoder reads (None: any); ``names``: the field names
+    (for messages); ``index``: a function returning the stream's record offsets from its ``.idx`` (read
+    only when damage occurs), or None."""
+
+    def __init__(self, kinds: Sequence[Optional[FrozenSet[str]]], names: Sequence[str], source: str,
+                 index: Optional[Callable[[], Sequence[int]]] = None) -> None:
+        self.nf = len(kinds)
+        self.kinds = tuple(kinds)
+        self.names = tuple(names)
+        self.source = source
+        self._index = index
+        self._starts: Optional[List[int]] = None  # group starts from the .idx, once read
+        self.aligning = False      # records are being dropped until a group start
+        self.skipped_groups = 0    # groups known broken by damage
+        self._region = 0           # offset of the last corrupt region
+        self._next_start: Optional[int] = None
+        self._broken = False       # the group at the damage lost records already
+        self._dropped = 0
+
+    def damaged(self, region: int, open_group: bool) -> None:
+        """A corrupt region at stream offset ``region`` was skipped; ``open_group``: the records of a
+        group were read before it (that group is broken)."""
+        if self.nf == 1:
+            return
+        if self.aligning:
+            self._broken = self._broken or open_group
+        else:
+            self.aligning, self._broken, self._dropped = True, open_group, 0
+        self._region = region
+        self._next_start = None
+        if self._index is not None:
+            if self._starts is None:
+                offs = sorted(self._index())
+                self._starts = offs[:len(offs) // self.nf * self.nf:self.nf]
+            i = bisect.bisect_right(self._starts, region)
+            self._next_start = self._starts[i] if i < len(self._starts) else -1
+
+    def starts_group(self, offset: int, payload: Any) -> bool:
+        """While :attr:`aligning`: whether the record at ``offset`` starts a group (then aligning ends)
+        or is dropped.  Raises CorruptRecordError where the start cannot be known."""
+        if self._next_start is not None:
+            if offset > self._next_start >= 0:  # that start was inside the damage too: the next one
+                i = bisect.bisect_left(self._starts, offset)
+                self._next_start = self._starts[i] if i < len(self._starts) else -1
+            start = offset == self._next_start
+        else:
+            start = self._by_kind(offset, payload)
+        if start:
+            self.aligning = False
+            self.skipped_groups += self._broken
+            return True
+        self._broken = True
+        self._dropped += 1
+        if self._dropped > self.nf - 1 + EXTRA_DROPS:
+            how = ("its .idx lists no group start there" if self._next_start is not None else
+                   "no record the first field could start a sample with")
+            raise CorruptRecordError(
+                f"could not realign the groups of {self.nf} records after the corrupt region at byte "
+                f"{self._region}: {self._dropped} records dropped, {how} (the index or the fields do not "
+                f"describe this stream)", self._region, source=self.source)
+        return False
+
+    def _by_kind(self, offset: int, payload: Any) -> bool:
+        kind = sniff(payload)
+        could = [i for i, k in enumerate(self.kinds) if k is None or kind in k]
+        if 0 not in could:
+            return False
+        if could == [0]:
+            return True
+        others = ", ".join(repr(self.names[i]) for i in could)
+        raise CorruptRecordError(
+            f"cannot tell which record starts the next sample after the corrupt region at byte "
+            f"{self._region}: the record at byte {offset} is {describe(payload)} and could be field {others}, "
+            f"so the groups of {self.nf} records cannot be realigned without pairing records of different "
+            f"samples; a .idx beside the file, or fields that tell a sample's first record from the others "
+            f"(Image then Json), let a reader skip the damage", self._region, source=self.source)
+
+
+def for_stream(cfg: Any, name: str, start: int = 0) -> Realigner:
+    """The Realigner of the stream ``name`` of a pipeline with settings ``cfg`` (a PipelineConfig):
+    with the ``.idx`` that ``cfg.index_paths`` pairs with it, when the stream is read from its start."""
+    idx = next((i for rec, i in cfg.index_paths if str(rec) == name), None) if start == 0 else None
+    index = None
+    if idx is not None:
+        def index() -> List[int]:
+            return [off for _, off in read_index(idx)]
+    return Realigner(cfg.kinds, cfg.names, name, index)
