@@ -317,3 +317,22 @@ def test_driver_node_only_and_raw_records(ray_cluster, data):
     assert sorted(r["offset"] for r in rows)[::3] == [o for p, o in expected if p == paths[1]]
     with pytest.raises(SourceError, match="local:// URLs are not supported; .*driver_node_only=True"):
         read_recordio("local://" + paths[0], FIELDS)
+
+
+def test_groups_after_a_corrupt_region_are_realigned_as_parallel_reader_does(ray_cluster, tmp_path):
+    """A streamed file with the first record of sample 5 damaged (parrecio/pipeline/resync.py): the
+    fields' payload kinds tell the next sample's start, so sample 5 alone is lost, as in ParallelReader;
+    with fields that cannot tell ([Raw, Raw, Raw]) the task stops with the damage's offset."""
+    path = str(tmp_path / "damaged.rec")
+    starts = _write(path, range(10), False)
+    data = bytearray(open(path, "rb").read())
+    data[starts[5]] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    rows = read_recordio(path, FIELDS, on_error="skip").take_all()
+    assert sorted(r["label"] for r in rows) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    with ParallelReader(path, FIELDS, workers=0, on_error="skip") as reader:
+        assert sorted(int(s["label"]) for s in reader) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    with pytest.raises(CorruptRecordError) as info:
+        read_recordio(path, [Raw(), Raw(), Raw()], on_error="skip").take_all()
+    assert info.value.offset == starts[5]
+    assert "cannot tell which record starts the next sample" in str(info.value)
