@@ -22,10 +22,10 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError
-from .run import Span
+from .run import Cursor, Span
 from .slots import SlotLayout
 
-__all__ = ["collate", "shaper", "batches", "unbatched", "position"]
+__all__ = ["collate", "shaper", "batches", "unbatched"]
 
 
 def collate(values: List[Any]) -> Any:
@@ -68,8 +68,9 @@ def _with_parts(col: Optional[list], parts: dict, nparts: int, n: int) -> list:
 
 
 def unbatched(spans: Iterator[Span], layout: SlotLayout, kind: str,
-              names: Optional[Sequence[str]]) -> Iterator[Any]:
-    """One sample at a time, shaped for the user (fixed-shape values are views of their slot)."""
+              names: Optional[Sequence[str]], cursor: Cursor) -> Iterator[Any]:
+    """One sample at a time, shaped for the user (fixed-shape values are views of their slot);
+    ``cursor.pos`` follows the samples handed out."""
     shape = shaper(kind, names)
     nf = len(layout.specs)
     for sp in spans:
@@ -83,12 +84,17 @@ def unbatched(spans: Iterator[Span], layout: SlotLayout, kind: str,
                     cols[f] = _with_parts(cols[f], parts, len(spec), sp.n)
                 elif (f, None) in fixed:
                     cols[f] = list(fixed[(f, None)])
-        if nf == 1:  # j: read by position(), nothing is stored per sample
+        pos = sp.seq
+        if nf == 1:
             col = cols[0]
             for j in range(sp.n):
+                pos += 1
+                cursor.pos = pos
                 yield shape((col[j],))
         else:
-            for j, values in enumerate(zip(*cols)):
+            for values in zip(*cols):
+                pos += 1
+                cursor.pos = pos
                 yield shape(values)
 
 
@@ -133,7 +139,7 @@ def _split(span: Span, k: int) -> tuple:
 
 
 def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: SlotLayout,
-            nfields: int, kind: str, names: Optional[Sequence[str]]) -> Iterator[Any]:
+            nfields: int, kind: str, names: Optional[Sequence[str]], cursor: Cursor) -> Iterator[Any]:
     """Group spans into batches of ``batch_size`` samples (the last one shorter unless ``drop_last``).
 
     When the stream raises a data error (a sample that does not decode, broken framing), the samples
@@ -153,33 +159,18 @@ def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: Slo
                 have += head.n
                 if have == batch_size:
                     cols = _columns(buf, layout, nfields)
-                    pos = buf[-1].seq + buf[-1].n  # read by position()
+                    cursor.pos = buf[-1].seq + buf[-1].n
                     buf, have = [], 0
                     yield shape(tuple(cols))
     except (DecodeError, CorruptRecordError):
         if buf:
             cols = _columns(buf, layout, nfields)
-            pos = buf[-1].seq + buf[-1].n
+            cursor.pos = buf[-1].seq + buf[-1].n
             buf = []
             yield shape(tuple(cols))
         raise
     if buf and not drop_last:
         cols = _columns(buf, layout, nfields)
-        pos = buf[-1].seq + buf[-1].n
+        cursor.pos = buf[-1].seq + buf[-1].n
         buf = []
         yield shape(tuple(cols))
-
-
-def position(items: Iterator[Any]) -> Optional[int]:
-    """The stream position (sequence number) after the last sample that ``items`` -- a suspended
-    :func:`unbatched` or :func:`batches` generator -- has yielded; None before its first item or once
-    it is done.  Read from the generator's frame, so that the loops store nothing per sample."""
-    frame = getattr(items, "gi_frame", None)
-    if frame is None:
-        return None
-    loc = frame.f_locals
-    if "pos" in loc:
-        return loc["pos"]
-    if "j" in loc and "sp" in loc:
-        return loc["sp"].seq + loc["j"] + 1
-    return None

@@ -52,9 +52,9 @@ from ..decoders.basic import Json
 from ..errors import CorruptRecordError, DecodeError
 from ..recordio import RecordReader
 from .batching import collate, shaper
-from .plan import EvenShards, epoch_order, whole_groups
+from .plan import EvenShards, epoch_order, resume_overrun, whole_groups
 from .resync import for_stream
-from .run import _ended
+from .run import Cursor, _ended
 
 log = logging.getLogger("parrecio")
 
@@ -121,7 +121,7 @@ class InlineRun:
         self.cfg = res.cfg
         self.epoch = epoch
         self.skip = skip          # groups of this shard's order already delivered (a resumed epoch)
-        self.end_seq: Optional[int] = None  # the position reached, once the pass's generator is done
+        self.cursor = Cursor(skip)  # where the user stands: set before each item is yielded
         self.nf = self.cfg.nfields
         self.stats = res.stats
         self.thread = threading.current_thread()
@@ -147,15 +147,6 @@ class InlineRun:
     # -- lifecycle (as Run) ------------------------------------------------------------------------
     def ring_in_use(self) -> int:
         return 0
-
-    def position(self) -> int:
-        """Groups of this shard's order consumed so far: delivered, or failed and skipped.  Read from
-        the pass's suspended generator (its ``seq``), so that the per-record loops store nothing."""
-        gen = self._gen() if self._gen is not None else None
-        frame = gen.gi_frame if gen is not None else None
-        if frame is not None and "seq" in frame.f_locals:
-            return frame.f_locals["seq"]
-        return self.end_seq if self.end_seq is not None else self.skip
 
     def abort(self) -> None:
         """End the pass from outside (close(), a new pass): the consumer's iterator raises if resumed."""
@@ -212,6 +203,7 @@ class InlineRun:
         raise_ = self.cfg.on_error == "raise"
         seq = skipped = nbytes = failed = 0
         err = None
+        cursor = self.cursor
         streams = self._streams()
         try:
             try:
@@ -236,6 +228,7 @@ class InlineRun:
                             skipped += 1
                             continue
                         seq += 1
+                        cursor.pos = seq
                         yield value
                         if self.aborted:
                             raise _ended()
@@ -248,7 +241,6 @@ class InlineRun:
             self.completed = True
         finally:
             streams.close()
-            self.end_seq = seq
             self.records += seq + failed
             self.nbytes += nbytes
             self._count(seq - skipped, skipped, on_end)
@@ -271,7 +263,8 @@ class InlineRun:
             new_arrays, new_lists, columns = self._batch_parts(batch_size, shape)
         arrays = lists = None
         row = 0           # samples in the batch being filled
-        seq = self.skip   # position in this shard's order (read by position())
+        seq = batched_to = self.skip   # position in this shard's order; after the batch filled so far
+        cursor = self.cursor
         skipped = delivered = 0
         err = None
         groups = self._groups()
@@ -322,6 +315,7 @@ class InlineRun:
                     seq += 1
                     if not batched:
                         delivered += 1
+                        cursor.pos = seq
                         yield tuple(vals) if shape is None else shape(vals)
                         if self.aborted:
                             raise _ended()
@@ -337,11 +331,13 @@ class InlineRun:
                         else:
                             lst.append(vals[f])
                     row += 1
+                    batched_to = seq  # the position after the batch's last sample
                     if row == batch_size:
                         batch = columns(arrays, lists, row)
                         arrays = lists = None
                         row = 0
                         delivered += batch_size
+                        cursor.pos = batched_to
                         yield batch
                         if self.aborted:
                             raise _ended()
@@ -353,13 +349,13 @@ class InlineRun:
                     batch = columns(arrays, lists, row)
                     arrays = lists = None
                     row = 0
+                    cursor.pos = batched_to
                     yield batch
             if err is not None:
                 raise err
             self.completed = True
         finally:
             groups.close()
-            self.end_seq = seq
             self._count(delivered, skipped, on_end)
 
     # -- decoding helpers --------------------------------------------------------------------------
@@ -502,6 +498,8 @@ class InlineRun:
                     skip -= 1
                     continue
                 yield item
+            if skip:  # a resumed epoch shorter than its saved position
+                raise resume_overrun(self.skip, self.skip - skip, self.epoch)
         finally:
             streams.close()
 
@@ -603,6 +601,8 @@ class InlineRun:
             order, others = epoch_order(cfg, self.epoch, offsets)
             self.sharded_out += others
             st = self.stats
+            if self.skip > len(order):
+                raise resume_overrun(self.skip, len(order), self.epoch)
             groups = read_groups(readers, offsets, nf, order[self.skip:])
             while True:
                 t0 = time.perf_counter()

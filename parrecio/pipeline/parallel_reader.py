@@ -33,7 +33,7 @@ from ..decoders.base import ArraySpec, is_passthrough, payload_kinds, spec_of
 from ..errors import PipelineError
 from ..recordio.paths import index_path
 from ..sources import resolve
-from .batching import batches, position, unbatched
+from .batching import batches, unbatched
 from .fields import Fields, normalize_fields
 from .shipping import ship
 from .config import PipelineConfig
@@ -193,7 +193,6 @@ class ParallelReader:
         self._state = State.NEW
         self._epoch = 0           # the next pass's epoch
         self._skip = 0            # groups the next pass leaves out first (load_state_dict)
-        self._items: Any = None   # the running pass's sample/batch generator (for state_dict)
         self._progress = (0, 0, False)  # (epoch, position, completed) where the last pass stopped
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
         self._pass_samples: Optional[int] = None  # samples of the last complete pass
@@ -254,7 +253,7 @@ class ParallelReader:
         res = self._res
         with res.lock:
             res.stats.wall_time += seconds
-            self._pass_ended(run, run.position())
+            self._pass_ended(run, run.cursor.pos)
             run.shutdown()
             if res.run is run:
                 res.run = None
@@ -263,12 +262,12 @@ class ParallelReader:
 
     def _iterate(self, run: Run) -> Iterator[Any]:
         res, st = self._res, self._res.stats
+        cursor = run.cursor
         if self.batch_size is None:
-            items = unbatched(run.spans(), res.cfg.layout, res.cfg.kind, res.cfg.names)
+            items = unbatched(run.spans(), res.cfg.layout, res.cfg.kind, res.cfg.names, cursor)
         else:
             items = batches(run.spans(), self.batch_size, self.drop_last, res.cfg.layout,
-                            res.cfg.nfields, res.cfg.kind, res.cfg.names)
-        self._items = items
+                            res.cfg.nfields, res.cfg.kind, res.cfg.names, cursor)
         last = start = time.perf_counter()
         first = True
         try:
@@ -291,10 +290,8 @@ class ParallelReader:
         finally:
             with res.lock:
                 st.wall_time += time.perf_counter() - last
-                pos = position(items)
-                self._items = None
                 items.close()
-                self._pass_ended(run, run.skip if pos is None else pos)
+                self._pass_ended(run, cursor.pos)
                 run.shutdown()
                 if res.run is run:
                     res.run = None
@@ -320,48 +317,79 @@ class ParallelReader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (as ``DistributedSampler.set_epoch``): every rank that
-        calls it with the same value gets its part of the same global order."""
-        self._epoch = count("epoch", epoch, minimum=0)
-        self._skip = 0
-        self._progress = (self._epoch, 0, False)
+        calls it with the same value gets its part of the same global order.
+
+        After :meth:`load_state_dict`, ``set_epoch`` of the loaded epoch keeps the loaded position (the
+        resumed loop of the README); another epoch drops it, with a warning."""
+        epoch = count("epoch", epoch, minimum=0)
+        if self._skip and epoch != self._epoch:
+            warnings.warn(f"set_epoch({epoch}) after load_state_dict() of epoch {self._epoch} at position "
+                          f"{self._skip}: the saved position is dropped and epoch {epoch} starts from its "
+                          f"beginning (call set_epoch({self._epoch}) to resume the saved epoch)",
+                          UserWarning, stacklevel=2)
+        if epoch != self._epoch:
+            self._skip = 0
+        self._epoch = epoch
+        self._progress = (self._epoch, self._skip, False)
 
     def state_dict(self) -> dict:
         """Where the data stream stands, as a small picklable dict: the epoch and the position in this
         shard's order of that epoch after the last sample (or batch) you received -- or the start of
-        the next epoch once a pass was complete -- and the settings it depends on.  Give it to
-        :meth:`load_state_dict` of a new reader made with the same arguments to go on from there."""
+        the next epoch once a pass was complete -- the settings it depends on, and what identifies the
+        data (the source, each file's or object's size).  Give it to :meth:`load_state_dict` of a new
+        reader made with the same arguments to go on from there.  After an error you caught, the
+        position is that of the samples delivered before it."""
         cfg = self._res.cfg
         run = self._res.run
         if run is not None:  # mid-pass: after the last item handed out
-            pos = run.position() if isinstance(run, InlineRun) else position(self._items)
-            epoch, pos, done = run.epoch, run.skip if pos is None else pos, False
+            epoch, pos, done = run.epoch, run.cursor.pos, False
         else:  # where the last pass stopped (or what set_epoch/load_state_dict set)
             epoch, pos, done = self._progress
         if done:
             epoch, pos = epoch + 1, 0
-        return {"version": 1, "epoch": epoch, "position": pos, "seed": cfg.seed,
+        return {"version": 2, "epoch": epoch, "position": pos, "seed": cfg.seed,
                 "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
                 "even_shards": cfg.even_shards, "shuffle": cfg.shuffle is not None,
-                "source": str(self._res.source.name)}
+                "nfields": cfg.nfields, "source": str(self._res.source.name),
+                "data": _fingerprint(self._res.source)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next pass is the rest of that epoch, in the same order as
         an uninterrupted run (the reader leaves out the groups delivered before; they are read but
         never decoded).  Raises ``ValueError`` when the state comes from a reader with another seed,
-        sharding or shuffle, and ``PipelineError`` while a pass is being iterated."""
+        sharding, shuffle or group size, from other data (another source, a file or object of another
+        size), or names a position past the epoch's end where that is known (the ``.idx``); and
+        ``PipelineError`` while a pass is being iterated."""
         cfg = self._res.cfg
         if self._res.run is not None:
             raise PipelineError("load_state_dict() while a pass is being iterated: call it before "
                                 "the next `for` loop")
         mine = {"seed": cfg.seed, "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
-                "even_shards": cfg.even_shards, "shuffle": cfg.shuffle is not None}
+                "even_shards": cfg.even_shards, "shuffle": cfg.shuffle is not None, "nfields": cfg.nfields,
+                "source": str(self._res.source.name)}
         for key, value in mine.items():
             if key in state and state[key] != value:
                 raise ValueError(f"state_dict was saved with {key}={state[key]!r}, this reader has "
-                                 f"{key}={value!r}: make the reader with the same arguments")
-        self._epoch = count("epoch", state["epoch"], minimum=0)
-        self._skip = count("position", state["position"], minimum=0)
+                                 f"{key}={value!r}: make the reader with the same arguments and data")
+        saved, data = state.get("data"), _fingerprint(self._res.source)
+        if saved is not None and data is not None:
+            _same_data([tuple(x) for x in saved], data)
+        epoch = count("epoch", state["epoch"], minimum=0)
+        pos = count("position", state["position"], minimum=0)
+        if pos and cfg.index_paths:
+            n = shard_length(self._groups_listed(), cfg.num_shards, cfg.shard_index, cfg.even_shards)
+            if pos > n:
+                raise ValueError(f"state_dict position {pos} is past the end of epoch {epoch}: this "
+                                 f"shard's order has {n} samples (the data changed since it was saved?)")
+        self._epoch, self._skip = epoch, pos
         self._progress = (self._epoch, self._skip, False)
+
+    def _groups_listed(self) -> int:
+        """Groups the ``.idx`` files list (read once)."""
+        if self._indexed_groups is None:
+            cfg = self._res.cfg
+            self._indexed_groups = _indexed_groups(cfg.index_paths, cfg.nfields)
+        return self._indexed_groups
 
     def __len__(self) -> int:
         """Samples (or batches, with ``batch_size``) per pass.  Known from the ``.idx`` files when every
@@ -370,9 +398,7 @@ class ParallelReader:
         n = self._pass_samples
         if n is None and self._res.cfg.index_paths:
             cfg = self._res.cfg
-            if self._indexed_groups is None:
-                self._indexed_groups = _indexed_groups(cfg.index_paths, len(cfg.decoders))
-            n = shard_length(self._indexed_groups, cfg.num_shards, cfg.shard_index, cfg.even_shards)
+            n = shard_length(self._groups_listed(), cfg.num_shards, cfg.shard_index, cfg.even_shards)
         if n is None:
             raise TypeError("the number of samples is not known before a first complete pass "
                             "(no .idx file next to every .rec file)")
@@ -485,9 +511,10 @@ def _tuning(tuning: Optional[Tuning], options: dict) -> Tuning:
 
 
 def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
-    """(num_shards, shard_index), from WORLD_SIZE/RANK when ``num_shards == "env"``."""
-    if num_shards != "env":
-        return int(num_shards), int(shard_index)
+    """(num_shards, shard_index), from WORLD_SIZE/RANK when ``num_shards == "env"``; other values as given,
+    for ``count`` to check (``int()`` here made 2.5 shards 2, and True shard 1)."""
+    if not isinstance(num_shards, str) or num_shards != "env":
+        return num_shards, shard_index
     try:
         return int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     except KeyError as err:
@@ -496,6 +523,41 @@ def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
     except ValueError:
         raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} and RANK={os.environ['RANK']!r} "
                          f"must be integers") from None
+
+
+def _fingerprint(source: Any) -> Optional[List[List[Any]]]:
+    """``[[name, bytes], ...]`` of the files (or ``s3://`` objects) the source reads, None for a
+    stream whose size is unknown (a FIFO, stdin, a Pipe-mode channel): what a saved position is
+    checked against.  Sizes, not times: a copy of the data on another machine is the same data."""
+    objects = getattr(source, "objects", None)
+    if objects:
+        return [[str(o.url), int(o.size)] for o in objects]
+    paths = getattr(source, "paths", None)
+    if not paths:
+        return None
+    out = []
+    for p in paths:
+        try:
+            out.append([os.fspath(p), os.stat(p).st_size])
+        except (OSError, TypeError):
+            return None
+    return out
+
+
+def _same_data(saved: List[tuple], data: List[List[Any]]) -> None:
+    """ValueError naming the first difference between the data a state was saved on and this data."""
+    now = [tuple(x) for x in data]
+    if saved == now:
+        return
+    for (a, na), (b, nb) in zip(saved, now):
+        if a != b:
+            raise ValueError(f"state_dict was saved on {a} ({na} bytes), this reader reads {b} ({nb} bytes) "
+                             f"in its place: a saved position belongs to the data it was saved on")
+        if na != nb:
+            raise ValueError(f"state_dict was saved when {a} had {na} bytes; it has {nb} bytes now: the data "
+                             f"changed, and the saved position would skip or repeat samples")
+    raise ValueError(f"state_dict was saved on {len(saved)} files or objects, this reader reads {len(now)}: "
+                     f"a saved position belongs to the data it was saved on")
 
 
 def _indexed_groups(index_paths: tuple, nfields: int) -> int:

@@ -22,7 +22,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import CorruptRecordError
+from ..errors import CorruptRecordError, SourceError
 
 __all__ = ["EVEN_SHARDS", "indexed_order", "shard_length", "whole_groups", "epoch_order", "EvenShards"]
 
@@ -118,3 +118,11 @@ class EvenShards:
             # the padding repeats the order from its start, cyclically (DistributedSampler's rule)
             return [self.first_row[(self.r - total % self.n) % total]]
         return []
+
+
+def resume_overrun(position: int, samples: int, epoch: int) -> SourceError:
+    """The error of a resumed epoch whose saved position lies past its end: the data changed since the
+    state was saved (a stream's length is known only once it has been read)."""
+    return SourceError(f"the resumed position {position} is past the end of epoch {epoch}: this shard's "
+                       f"order has {samples} samples now; the data changed since the state was saved, "
+                       f"and resuming would skip or repeat samples")

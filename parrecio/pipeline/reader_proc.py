@@ -47,7 +47,7 @@ from ..errors import CorruptRecordError, ParrecioError
 from ..recordio import RecordReader
 from .config import PipelineConfig
 from .mapped import map_stream
-from .plan import EvenShards, epoch_order, whole_groups
+from .plan import EvenShards, epoch_order, resume_overrun, whole_groups
 from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
 from .poller import Poller
 from .ring import GroupTooLarge, RingWriter
@@ -313,6 +313,8 @@ class _Reader:
             for i in self.rng.permutation(len(buf)):
                 self._emit_group(*buf[i])
             buf.clear()
+        if self.skip:  # a resumed epoch shorter than its saved position
+            raise resume_overrun(self.job.skip, self.job.skip - self.skip, self.job.epoch)
         self.flush()
 
     def _group_done(self, stream_id: int, parts: list, first_offset: int) -> None:
@@ -358,6 +360,8 @@ class _Reader:
             # A resumed epoch starts at its position in the order (self.seq == skip); a group that
             # cannot be read still takes its place in the order, so positions stay those of the order.
             skip, self.skip = self.skip, 0
+            if skip > len(order):
+                raise resume_overrun(skip, len(order), self.job.epoch)
             groups = read_groups(readers, offsets, nf, order[skip:])
             for stream_id, offs, payloads in groups:
                 if isinstance(payloads, CorruptRecordError):

@@ -54,7 +54,19 @@ from .wire import Frame
 
 log = logging.getLogger("parrecio")
 
-__all__ = ["Run", "Span"]
+__all__ = ["Run", "Span", "Cursor"]
+
+
+class Cursor:
+    """Where a pass stands in this shard's order: ``pos``, the position (sequence number) after the last
+    sample handed to the user -- what ``state_dict()`` saves.  The generators of
+    :mod:`parrecio.pipeline.batching` (and ``workers=0``'s) set it before each item they yield, so it
+    stays right after an error ends them: the samples delivered, in every mode."""
+
+    __slots__ = ("pos",)
+
+    def __init__(self, pos: int) -> None:
+        self.pos = pos
 
 
 class Span(NamedTuple):
@@ -101,6 +113,7 @@ class Run:
         self.cfg = cfg = res.cfg    # its PipelineConfig
         self.epoch = epoch
         self.skip = skip            # groups of this shard's order already delivered (a resumed epoch)
+        self.cursor = Cursor(skip)  # where the user stands (set by batching's generators)
         self.nf = cfg.nfields
         self.chunks: Deque[_ChunkState] = deque()   # received, not yet delivered (oldest first)
         self.undispatched: Deque[_ChunkState] = deque()

@@ -1,0 +1,134 @@
+"""state_dict / load_state_dict that never repeat or skip: the position after a caught error is the
+samples delivered (in every mode, batched or not), set_epoch of the loaded epoch keeps the loaded
+position, and a state is refused for data it does not belong to (another file, a file that changed
+size, a position past the epoch's end)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+from parrecio import DecodeError, ParallelReader, SourceError
+from parrecio.decoders import Json
+from parrecio.recordio import RecordWriter
+
+
+def _write(path, n, bad=(), index=False):
+    with RecordWriter(path, index=index) as w:
+        for i in range(n):
+            w.write(b"not json" if i in bad else b'{"i": %d}' % i)
+
+
+def _ids(item, batched):
+    """The sample numbers of a sample ({"i": {"i": n}}) or a batch ({"i": [{"i": n}, ...]})."""
+    return [x["i"] for x in item["i"]] if batched else [item["i"]["i"]]
+
+
+def _delivered(reader, batched, stop=None):
+    out = []
+    for item in reader:
+        out += _ids(item, batched)
+        if stop is not None and len(out) >= stop:
+            break
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_position_after_a_caught_error_is_the_samples_delivered(tmp_path, workers, batch_size, no_leaks):
+    path = tmp_path / "e.rec"
+    _write(path, 20, bad={5})
+    batched = batch_size is not None
+    with ParallelReader(path, fields={"i": Json()}, workers=workers, batch_size=batch_size) as r:
+        got = []
+        with pytest.raises(DecodeError) as info:
+            for item in r:
+                got += _ids(item, batched)
+        assert info.value.index == 5 and got == [0, 1, 2, 3, 4]
+        state = r.state_dict()
+    assert (state["epoch"], state["position"]) == (0, 5)
+    with ParallelReader(path, fields={"i": Json()}, workers=workers, batch_size=batch_size,
+                        on_error="skip") as r:
+        r.load_state_dict(state)
+        assert _delivered(r, batched) == list(range(6, 20))  # 5 skipped this time, nothing repeated
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_of_the_loaded_epoch_resumes_it(tmp_path, workers, no_leaks):
+    """The README's distributed loop, resumed: load_state_dict, then set_epoch(state["epoch"])."""
+    path = tmp_path / "s.rec"
+    _write(path, 40)
+    with ParallelReader(path, fields={"i": Json()}, workers=workers) as r:
+        r.set_epoch(3)
+        assert _delivered(r, False, stop=15) == list(range(15))
+        state = r.state_dict()
+    assert (state["epoch"], state["position"]) == (3, 15)
+    with ParallelReader(path, fields={"i": Json()}, workers=workers) as r:
+        r.load_state_dict(state)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            r.set_epoch(state["epoch"])
+        assert _delivered(r, False) == list(range(15, 40))
+        r.set_epoch(4)
+        assert _delivered(r, False) == list(range(40))
+    with ParallelReader(path, fields={"i": Json()}, workers=workers) as r:
+        r.load_state_dict(state)
+        with pytest.warns(UserWarning, match=r"set_epoch\(5\) after load_state_dict\(\) of epoch 3 at "
+                                             r"position 15: the saved position is dropped"):
+            r.set_epoch(5)
+        assert _delivered(r, False) == list(range(40))
+
+
+def test_a_state_belongs_to_its_data(tmp_path, no_leaks):
+    a, b = tmp_path / "a.rec", tmp_path / "b.rec"
+    _write(a, 100)
+    _write(b, 100)
+    with ParallelReader(a, fields={"i": Json()}, workers=0) as r:
+        assert _delivered(r, False, stop=60) == list(range(60))
+        state = r.state_dict()
+    with ParallelReader(b, fields={"i": Json()}, workers=0) as r:
+        with pytest.raises(ValueError, match=f"state_dict was saved with source='{a}', this reader has "
+                                             f"source='{b}'"):
+            r.load_state_dict(state)
+    size = os.path.getsize(a)
+    _write(a, 50)  # rewritten shorter
+    with ParallelReader(a, fields={"i": Json()}, workers=0) as r:
+        with pytest.raises(ValueError, match=f"state_dict was saved when {a} had {size} bytes; it has "
+                                             f"{os.path.getsize(a)} bytes now"):
+            r.load_state_dict(state)
+    with ParallelReader(a, fields=[Json(), Json()], workers=0) as r:
+        with pytest.raises(ValueError, match="state_dict was saved with nfields=1, this reader has nfields=2"):
+            r.load_state_dict(state)
+
+
+def test_a_position_past_the_end_is_refused(tmp_path, no_leaks):
+    path = tmp_path / "i.rec"
+    _write(path, 50, index=True)
+    with ParallelReader(path, fields={"i": Json()}, workers=0) as r:
+        state = dict(r.state_dict(), position=1000)
+        with pytest.raises(ValueError, match="state_dict position 1000 is past the end of epoch 0: this "
+                                             "shard's order has 50 samples"):
+            r.load_state_dict(state)
+        r.load_state_dict(dict(state, position=50))  # the end itself: an empty rest of the epoch
+        assert _delivered(r, False) == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_stream_shorter_than_the_saved_position_raises(tmp_path, workers, shuffle, no_leaks):
+    """Without an index the epoch's length is known only once it is read: a resumed pass that runs
+    out before its position says so instead of ending empty."""
+    path = tmp_path / "short.rec"
+    _write(path, 100)
+    with ParallelReader(path, fields={"i": Json()}, workers=workers, shuffle=shuffle) as r:
+        _delivered(r, False, stop=60)
+        state = r.state_dict()
+    _write(path, 50)
+    state["data"] = None  # a stream whose size the state could not record (a FIFO, stdin)
+    with ParallelReader(path, fields={"i": Json()}, workers=workers, shuffle=shuffle) as r:
+        r.load_state_dict(state)
+        with pytest.raises(SourceError, match="the resumed position 60 is past the end of epoch 0: this "
+                                              "shard's order has 50 samples now"):
+            list(r)
