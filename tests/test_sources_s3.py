@@ -495,3 +495,92 @@ def test_close_while_the_reader_waits_for_a_hung_server(proxy, aws, tmp_path, no
         next(it)
     assert time.monotonic() - t0 < 10
     proxy.release()
+
+
+# -- SageMaker-style concat objects (multipart records, groups of two) --------------------------------
+from parrecio import Tuning  # noqa: E402
+from parrecio.recordio.wrapper import write_sagemaker_recordio  # noqa: E402
+
+
+def write_concat_data(client, tmp_path, *, per_object=100_000, objects=3, split=10_000, seed=0):
+    """An augmented-manifest-like stream in SageMaker's wrapper framing: groups of two records, an
+    "image" of 0 B to 90 KB (split into parts of ``split`` bytes when larger, joined by concatenation)
+    then a small "label", ``objects`` objects of about ``per_object`` bytes, each holding whole groups
+    (as a SageMaker channel's objects do).  No ``.rec`` names: the directory rule takes every object.
+    The same files in tmp_path/local.  Returns (bucket, local dir, the groups in stream order)."""
+    bucket = new_bucket(client)
+    local = tmp_path / "local"
+    local.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    groups = []
+    for i in range(objects):
+        mine, nbytes = [], 0
+        while nbytes < per_object:
+            lo, hi = [(0, 100), (1_000, 8_000), (30_000, 90_000)][int(rng.integers(3))]
+            image, label = make_payloads(2, seed=int(rng.integers(1 << 30)), lo=lo, hi=hi)
+            label = label[:int(rng.integers(20, 200))]
+            mine.append((image, label))
+            nbytes += len(image) + len(label)
+        with open(local / f"shard-{i}", "wb") as f:
+            write_sagemaker_recordio([p for g in mine for p in g], f, split)
+        client.upload_file(str(local / f"shard-{i}"), bucket, f"train/shard-{i}")
+        groups += mine
+    assert any(len(image) > split for image, _ in groups)  # multipart records, cflag 1 (2) 3
+    return bucket, local, groups
+
+
+CONCAT = dict(fields=[Raw(), Raw()], join="concat")
+
+
+def test_prefix_of_concat_objects_equals_local_directory(aws, tmp_path, no_leaks):
+    """Several objects of a join="concat" stream with multipart records of very different sizes: the
+    groups, byte-exact and in stream order, two epochs, with workers 0, 1 and 2, and as the local
+    directory of the same bytes reads them (each object, like each file, a stream of whole records).
+    The objects' ring windows took the ring's head past 16 MiB after about 250 KB of data, where held
+    groups (every multipart record is copied) met the early wrap (the reader crashed writing a
+    group's second record at offset -1)."""
+    bucket, local, groups = write_concat_data(aws, tmp_path)
+    url = f"s3://{bucket}/train/"
+    assert [o.key for o in resolve(url).objects] == [f"train/shard-{i}" for i in range(3)]
+    assert 250_000 < sum(o.size for o in resolve(url).objects) < 450_000  # about 350 KB
+    expected, _ = two_epochs(str(local), workers=0, **CONCAT)
+    assert expected == [groups, groups]
+    assert two_epochs(str(local), workers=2, **CONCAT)[0] == expected
+    for workers in (0, 1, 2):
+        got, cfg = two_epochs(url, workers=workers, **CONCAT)
+        assert got == expected, workers
+        assert cfg.index_paths == ()
+
+
+def test_prefix_of_concat_objects_shuffled_each_group_once(aws, tmp_path, no_leaks):
+    """shuffle=True (a shuffle buffer: no .idx objects): every group exactly once per epoch, whole,
+    the same order with workers 1 and 2 as with workers=0 and as the local directory, for one seed."""
+    bucket, local, groups = write_concat_data(aws, tmp_path, seed=1)
+    url = f"s3://{bucket}/train/"
+    shuffled = dict(shuffle=True, seed=11, shuffle_buffer=16, **CONCAT)
+    expected, cfg = two_epochs(url, workers=0, **shuffled)
+    assert cfg.shuffle == "buffer"
+    for epoch in expected:
+        assert sorted(epoch) == sorted(groups) and len(epoch) == len(groups)
+    assert expected[0] != groups and expected[0] != expected[1]
+    for workers in (1, 2):
+        assert two_epochs(url, workers=workers, **shuffled)[0] == expected, workers
+    assert two_epochs(str(local), workers=0, **shuffled)[0] == expected
+
+
+def test_prefix_of_concat_objects_through_a_small_ring(aws, tmp_path, no_leaks):
+    """A 1 MiB input ring (128 KiB windows, records of up to 90 KB) wraps many times over about 3 MB
+    of objects: the same groups as the local directory, with workers 1, 2 and 0, unshuffled and
+    shuffled."""
+    bucket, local, groups = write_concat_data(aws, tmp_path, per_object=1_000_000, seed=2)
+    url = f"s3://{bucket}/train/"
+    small = dict(tuning=Tuning(ring_bytes=1 << 20), **CONCAT)
+    for workers in (1, 2, 0):
+        got, cfg = two_epochs(url, workers=workers, **small)
+        assert got == [groups, groups], workers
+        assert cfg.ring_bytes == 1 << 20
+    shuffled = dict(shuffle=True, seed=5, **small)
+    expected, _ = two_epochs(str(local), workers=0, **shuffled)
+    assert sorted(expected[0]) == sorted(groups)
+    for workers in (2, 0):
+        assert two_epochs(url, workers=workers, **shuffled)[0] == expected, workers

@@ -404,6 +404,8 @@ class _Reader:
                                       buffers=self.windows)
                 try:
                     self._frame(stream_id, stream, reader, None)
+                    if self.windows is not None:  # the unused end of its last window: for the next stream
+                        self.windows.finish()
                 finally:
                     reader.close()
             finally:
