@@ -205,3 +205,117 @@ def feed_fifo(src, fifo, chunk: int, pause: float) -> subprocess.Popen:
         "    for i in range(0, len(data), int(sys.argv[3])):\n"
         "        f.write(data[i:i + int(sys.argv[3])]); time.sleep(float(sys.argv[4]))\n"),
         str(src), str(fifo), str(chunk), str(pause)])
+
+
+# -- waiting on state instead of sleeping -----------------------------------------------------------------
+# A loaded 2-core machine can take seconds for what takes milliseconds on an idle one: tests wait for the
+# state they need (a line printed, a process started or gone, a FIFO drained), with a generous deadline,
+# and a failure says what never happened.
+
+WAIT = 30.0  # seconds: the default deadline of wait_until
+
+
+def wait_until(predicate, timeout: float = WAIT, what: str = "the condition", interval: float = 0.01):
+    """Poll ``predicate()`` until it returns something truthy; return that.  After ``timeout`` seconds
+    raise AssertionError naming ``what`` was awaited."""
+    end = time.monotonic() + timeout
+    delay = min(interval, 0.001)
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"waited {timeout:g} s for {what}: it did not happen")
+        time.sleep(delay)  # a poll interval, not a synchronisation
+        delay = min(delay * 2, interval)
+
+
+def proc_state(pid: int):
+    """The state letter of ``pid`` from /proc/<pid>/stat ('R', 'S', 'T', 'Z', ...), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()[0]  # after "pid (comm) "; comm may hold spaces
+
+
+def is_blocked(pid: int, checks: int = 3, gap: float = 0.02) -> bool:
+    """True when ``pid`` is asleep (state 'S') at ``checks`` looks ``gap`` seconds apart: blocked in a
+    wait, not passing through one."""
+    for i in range(checks):
+        if i:
+            time.sleep(gap)
+        if proc_state(pid) != "S":
+            return False
+    return True
+
+
+def catches(pid: int, *signums: int) -> bool:
+    """True when process ``pid`` has a handler installed for every signal of ``signums`` (SigCgt in
+    /proc/<pid>/status): it has got past the point of its start where it installs them."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            line = next(x for x in f if x.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    mask = int(line.split()[1], 16)
+    return all(mask >> (s - 1) & 1 for s in signums)
+
+
+def has_open(pid: int, path) -> bool:
+    """True when process ``pid`` has ``path`` open (a descriptor in /proc/<pid>/fd points at it)."""
+    target = os.path.realpath(str(path))
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def fifo_unread(path) -> int:
+    """Bytes written into the FIFO ``path`` and not read yet (FIONREAD).  Opens a read end for a moment:
+    call it only once the writer has opened its end (else this open would be the reader it waits for)."""
+    import fcntl
+    import struct
+    import termios
+    fd = os.open(str(path), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    finally:
+        os.close(fd)
+
+
+class Drain:
+    """Everything a binary stream (a subprocess's stdout or stderr) gives, collected by a thread into
+    ``data``, so that a test can wait for some output without blocking on the stream."""
+
+    def __init__(self, stream) -> None:
+        import threading
+        self.data = b""
+        self.eof = False
+        self._stream = stream
+        self._t = threading.Thread(target=self._pump, daemon=True)
+        self._t.start()
+
+    def _pump(self) -> None:
+        try:
+            while True:
+                chunk = self._stream.read1(65536) if hasattr(self._stream, "read1") else self._stream.read(65536)
+                if not chunk:
+                    break
+                self.data += chunk
+        except (ValueError, OSError):
+            pass
+        self.eof = True
+
+    def join(self, timeout: float = WAIT) -> bytes:
+        """Wait for EOF (up to ``timeout`` s); return what was read."""
+        self._t.join(timeout)
+        return self.data

@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from image_helpers import gt_boxes_json, jpeg, png
+from pipeline_helpers import Drain, wait_until
 from parrecio.recordio import IndexedRecordReader, RecordReader, RecordWriter, read_index, unpack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -320,15 +321,21 @@ def test_bench_says_it_waits_for_a_missing_pipe_fifo(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "parrecio.cli", "bench", "train", "--fields", "raw",
                              "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             cwd=str(tmp_path))
+    stdout, stderr = Drain(proc.stdout), Drain(proc.stderr)
+    fifo = tmp_path / "data" / "train_0"
+    line = f"waiting for the Pipe-mode FIFO {fifo} to appear (0 s)".encode()
     try:
-        time.sleep(2.5)
-        assert proc.poll() is None  # still waiting, not failed
+        wait_until(lambda: line in stderr.data or proc.poll() is not None, timeout=60,
+                   what="bench to say it waits for the FIFO")
+        assert proc.poll() is None, stderr.data.decode(errors="replace")  # waiting, not failed
+        # the behaviour under test: it goes on waiting (2 s more here), it does not give up or fail
+        time.sleep(2)
+        assert proc.poll() is None, stderr.data.decode(errors="replace")
     finally:
         proc.kill()
-        out, err = proc.communicate(timeout=30)
-    text = err.decode()
-    fifo = tmp_path / "data" / "train_0"
-    assert f"waiting for the Pipe-mode FIFO {fifo} to appear (0 s)" in text, text
+        proc.wait(30)
+    out, text = stdout.join(), stderr.join().decode()
+    assert line.decode() in text, text
     assert "\r" not in text and out == b""
     assert not os.path.exists(fifo)  # nothing was created or opened
 
@@ -340,22 +347,35 @@ def test_bench_waits_for_a_late_pipe_fifo_then_reads_it(tmp_path):
     _pipe_layout(tmp_path)
     stream = io.BytesIO()
     write_sagemaker_recordio([b"r%d" % i for i in range(10)], stream)
-    feeder = multiprocessing.get_context("fork").Process(
-        target=fifo_feeder, args=(str(tmp_path / "data"), "train", [stream.getvalue()], 1.5, 7), daemon=True)
-    feeder.start()
+    env = dict(os.environ, SM_INPUT_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "parrecio.cli", "bench", "train", "--fields", "raw",
+                             "--workers", "1", "--batch-size", "4", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(env, PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", "")))
+    stdout, stderr = Drain(proc.stdout), Drain(proc.stderr)
+    line = f"waiting for the Pipe-mode FIFO {tmp_path / 'data' / 'train_0'} to appear (0 s)".encode()
+    feeder = None
     try:
-        env = dict(os.environ, SM_INPUT_DIR=str(tmp_path))
-        proc = subprocess.run([sys.executable, "-m", "parrecio.cli", "bench", "train", "--fields", "raw",
-                               "--workers", "1", "--batch-size", "4", "--json"], capture_output=True,
-                              env=dict(env, PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", "")),
-                              timeout=120)
+        # the FIFO appears once bench says it waits for it (late, however long bench took to start)
+        wait_until(lambda: line in stderr.data or proc.poll() is not None, timeout=60,
+                   what="bench to say it waits for the FIFO")
+        assert proc.poll() is None, stderr.data.decode(errors="replace")
+        feeder = multiprocessing.get_context("fork").Process(
+            target=fifo_feeder, args=(str(tmp_path / "data"), "train", [stream.getvalue()], 0.0, 7), daemon=True)
+        feeder.start()
+        returncode = proc.wait(120)
     finally:
-        feeder.join(30)
-        if feeder.is_alive():
-            feeder.kill()
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-    assert f"waiting for the Pipe-mode FIFO {tmp_path / 'data' / 'train_0'} to appear (0 s)" in proc.stderr.decode()
-    [run] = json.loads(proc.stdout)["runs"]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        if feeder is not None:
+            feeder.join(30)
+            if feeder.is_alive():
+                feeder.kill()
+    out, err = stdout.join(), stderr.join().decode(errors="replace")
+    assert returncode == 0, err
+    assert line.decode() in err
+    [run] = json.loads(out)["runs"]
     assert run["samples"] == 10 and run["records"] == 10
 
 
@@ -379,22 +399,24 @@ def test_bench_fifo_wait_lines_and_timeout(tmp_path, capsys, monkeypatch):
 
     _pipe_layout(tmp_path)
     monkeypatch.setattr(bench, "FIFO_WAIT_LINE_EVERY", 0.5)
-    source = resolve("train", sm_input_dir=str(tmp_path), fifo_timeout=1.2)
+    source = resolve("train", sm_input_dir=str(tmp_path), fifo_timeout=2.2)
     start = time.monotonic()
     with pytest.raises(SourceError) as info:
         bench.wait_for_fifo(source, 0)
-    assert 1.2 <= time.monotonic() - start < 5
+    took = time.monotonic() - start
+    assert 2.2 <= took < 15, took  # it gives up at fifo_timeout (later only as late as a loaded machine runs it)
     lines = capsys.readouterr().err.splitlines()
     with pytest.raises(SourceError) as direct:
         source.wait_for_fifo(0)
-    assert str(info.value) == str(direct.value) and "did not appear within 1.2 s" in str(info.value)
-    # a line at 0 s, then one each time another 0.5 s have passed: at ~0.5 s and ~1.0 s (the last one may
-    # be missed on a loaded machine: it needs a check in the 0.2 s between 1.0 s and the deadline)
+    assert str(info.value) == str(direct.value) and "did not appear within 2.2 s" in str(info.value)
+    # a line at 0 s, then one each time another 0.5 s have passed: at ~0.5, 1.0, 1.5 and 2.0 s.  Checks are
+    # at most 0.1 s apart, but a loaded machine may leave out a few (one line stands for every 0.5 s boundary
+    # passed since the last): at least one more line is there unless nothing ran for 1.7 s
     prefix = f"waiting for the Pipe-mode FIFO {tmp_path / 'data' / 'train_0'} to appear ("
-    assert lines[0] == prefix + "0 s)" and 2 <= len(lines) <= 3, lines
+    assert lines[0] == prefix + "0 s)" and 2 <= len(lines) <= 5, lines
     seconds = [int(line[len(prefix):-len(" s)")]) for line in lines]
     assert all(line.startswith(prefix) and line.endswith(" s)") for line in lines)
-    assert seconds == sorted(seconds) and seconds[-1] <= 1
+    assert seconds == sorted(seconds) and seconds[-1] <= 2
 
 
 # -- demo ------------------------------------------------------------------------------------------------
