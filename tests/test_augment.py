@@ -332,8 +332,16 @@ def test_augmenting_decoders_are_values():
 
 # -- decoding only the region a crop reads (parrecio/decoders/_jpegregion.c) ----------------------------------
 
-jpegregion = pytest.importorskip("parrecio.decoders._jpegregion") if not os.environ.get("CI") else \
-    __import__("parrecio.decoders._jpegregion", fromlist=["_"])  # CI builds it: its absence is a failure there
+# An optional extension (setup.py builds it where libjpeg's headers are): without it only these tests are
+# skipped, not the whole file (Image(crop=...) then decodes whole images, which the tests above cover).
+try:
+    from parrecio.decoders import _jpegregion as jpegregion
+except ImportError:
+    if os.environ.get("CI"):  # CI builds it: its absence is a failure there
+        raise
+    jpegregion = None
+needs_region = pytest.mark.skipif(jpegregion is None, reason="the optional C extension parrecio.decoders."
+                                  "_jpegregion is not built (setup.py builds it where libjpeg's headers are)")
 
 
 def _variants():
@@ -345,6 +353,7 @@ def _variants():
             "cmyk": encode(np.asarray(PILImage.fromarray(arr).convert("CMYK")), mode="CMYK")}
 
 
+@needs_region
 def test_decode_region_gives_a_whole_decodes_pixels_away_from_its_side_edges():
     rng = random.Random(5)
     for name, payload in _variants().items():
@@ -367,6 +376,7 @@ def test_decode_region_gives_a_whole_decodes_pixels_away_from_its_side_edges():
     assert jpegregion.decode_region(b"\xff\xd8\xff\xe0 not a jpeg", 0, 0, 4, 4, 1, False) is None
 
 
+@needs_region
 @pytest.mark.parametrize("draft", [False, True])
 @pytest.mark.parametrize("mode", ["RGB", "L"])
 def test_fused_decoder_reads_only_the_region_with_the_same_pixels(monkeypatch, draft, mode):
@@ -397,12 +407,14 @@ def test_a_truncated_jpeg_is_refused_as_without_region_decoding():
     from parrecio import DecodeError
     payload = encode(photo(320, 240, seed=2), quality=90)
     cut = payload[:len(payload) // 2]
-    assert jpegregion.decode_region(cut, 0, 200, 100, 30, 1, False) is None  # libjpeg warned: Pillow judges
+    if jpegregion is not None:  # the rest holds with or without the extension
+        assert jpegregion.decode_region(cut, 0, 200, 100, 30, 1, False) is None  # libjpeg warned: Pillow judges
     with pytest.raises(DecodeError, match="truncated or corrupt JPEG"):
         Image(size=64, crop=CenterCrop(0.9))(cut)
     assert Image(size=64, crop=CenterCrop(0.9), allow_truncated=True)(cut).shape == (64, 64, 3)
 
 
+@needs_region
 def test_damaged_jpegs_fail_or_decode_alike_with_and_without_region_decoding(monkeypatch):
     """Bit flips and cuts (fuzzing the C extension's error paths): the region path gives the whole-decode
     path's array, or the same error."""

@@ -29,14 +29,18 @@ import pytest
 from parrecio import DecodeError, ParallelReader, PipelineError, Tuning
 from parrecio.decoders import Raw
 from parrecio.pipeline.shm import leftover, sweep
-from pipeline_helpers import (FailOn, Fixed, HangOn, KillOn, Sleepy, deadline, digest_array, payloads,
-                              write_rec)
+from pipeline_helpers import (FailOn, Fixed, HangOn, KillOn, Sleepy, catches, deadline, digest_array, fifo_unread,
+                              is_blocked, payloads, proc_state, wait_until, write_rec)
 from round2_helpers import (Lines, RaiseBaseOn, SeedProbe, StopWhileSending, UnpicklableOn, UnpickleFailsOn,
                             alive, big_value, kill_quietly, oneoff_bytes, open_fds, wait_gone)
 
 from test_reliability import stream  # noqa: F401  (the same 300-record stream, as a fixture)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# A close() that is prompt takes well under a second, a few on a loaded 2-core machine; the slowest
+# bounded way out that is no hang (close() waiting 10 s for the iterating thread) takes longer.
+PROMPT_CLOSE = 8.0
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
@@ -45,6 +49,11 @@ def write_script(tmp_path, name: str, body: str) -> str:
     """A consumer script file: tests/ on sys.path, ``body`` under the ``__main__`` guard."""
     text = textwrap.dedent(f"""\
         import os, sys, time, signal
+        # SIGINT raises KeyboardInterrupt, SIGTERM and SIGHUP kill, whatever dispositions the test run was
+        # started with (nohup ignores SIGHUP; a background job of a non-interactive shell ignores SIGINT)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         sys.path.insert(0, {HERE!r})
         from parrecio import ParallelReader, Tuning
         if __name__ == "__main__":
@@ -62,6 +71,21 @@ def parse_pids(line: str):
     """``"<tag> <prefix> <pid> <pid> ..."`` -> (prefix, [pids])."""
     parts = line.split()
     return parts[1], [int(p) for p in parts[2:]]
+
+
+def wait_lines(lines: Lines, *starts: str, timeout: float = 60):
+    """Read ``lines`` until a line starting with each of ``starts`` was seen (in any order), for up to
+    ``timeout`` seconds; return the first such line of each (None for those that never came)."""
+    end = time.monotonic() + timeout
+
+    def found():
+        return [next((x for x in lines.seen if x.startswith(s)), None) for s in starts]
+
+    while None in found():
+        left = end - time.monotonic()
+        if left <= 0 or lines.get(left) is None:
+            break
+    return found()
 
 
 def finish(proc: subprocess.Popen) -> None:
@@ -148,7 +172,7 @@ def test_01_killed_consumer_of_big_groups_leaves_nothing(tmp_path):
         for _ in range(13):  # past groups 2 and 10, each larger than the ring
             next(it)
         print("took", flush=True)
-        time.sleep(60)
+        time.sleep(60)  # until the test kills it
         """)
     proc = start(script)
     lines = Lines(proc.stdout)
@@ -187,7 +211,7 @@ def test_02_oneoff_segments_in_flight_are_bounded(tmp_path, no_leaks, ring_bytes
     def sampler(prefix):
         while not stop.is_set():
             peak[0] = max(peak[0], oneoff_bytes(prefix))
-            time.sleep(0.002)
+            time.sleep(0.002)  # the sampling period
 
     count, wrong = 0, []
     th = None
@@ -203,7 +227,7 @@ def test_02_oneoff_segments_in_flight_are_bounded(tmp_path, no_leaks, ring_bytes
                     if s != rec(i):
                         wrong.append(i)
                     count += 1
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # a slow consumer: results pile up in one-off segments
     finally:
         stop.set()
         if th is not None:
@@ -321,7 +345,9 @@ def test_05_stopped_consumer_does_not_kill_workers(tmp_path):
                 out.append(b.copy())
                 if i == 0:
                     print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
-                time.sleep(0.05)
+                if i == 5:
+                    print("flowing", flush=True)
+                time.sleep(0.05)  # a slow consumer: the pass lasts ~4 s, long enough to be stopped in
             replaced = r.stats.workers_replaced
         got = np.concatenate(out)
         exact = got.shape[0] == len(recs) and np.array_equal(got, np.stack([digest_array(x) for x in recs]))
@@ -334,9 +360,10 @@ def test_05_stopped_consumer_does_not_kill_workers(tmp_path):
         first = lines.wait_for("pids", 60)
         assert first is not None, f"the consumer printed nothing: {lines.seen}"
         prefix, pids = parse_pids(first)
-        time.sleep(0.3)
+        assert lines.wait_for("flowing", 60) is not None, f"the consumer got no 6 batches: {lines.seen}"
         proc.send_signal(signal.SIGSTOP)
-        time.sleep(3)
+        wait_until(lambda: proc_state(proc.pid) == "T", what="the consumer to be stopped")
+        time.sleep(3)  # the behaviour under test: the consumer stays stopped 3 x task_timeout
         proc.send_signal(signal.SIGCONT)
         done = lines.wait_for("done", 60)
         proc.wait(10)
@@ -361,19 +388,21 @@ def test_06_decoder_stopped_while_sending_a_large_result(tmp_path, no_leaks):
     write_rec(path, recs)
     flag = tmp_path / "flag"
     got = []
-    replaced = None
-    t0 = time.monotonic()
+    replaced = ended = None
     try:
-        with deadline(20):
+        with deadline(120):
             with ParallelReader(path, fields=StopWhileSending(b"BIG!", str(flag)), workers=2, tuning=Tuning(chunk_groups=2, task_timeout=2)) as reader:
                 for s in reader:
                     got.append(s)
+                ended = time.time()
                 replaced = reader.stats.workers_replaced
     finally:
         kill_quietly(stopped_descendants())  # a worker left stopped must not linger
-    elapsed = time.monotonic() - t0
-    assert elapsed < 20
     assert flag.exists()
+    # from the moment the decoder made the flag (just before it was stopped) to the end of the pass: the
+    # stopped worker's task_timeout (2 s), its replacement and the rerun, not a wait for the stopped one
+    since_stop = ended - flag.stat().st_mtime
+    assert since_stop < 60, f"the pass ended {since_stop:.1f} s after the decoder was stopped"
     assert len(got) == 40
     wrong = [i for i, s in enumerate(got) if s != (big_value(recs[i]) if i == 10 else recs[i])]
     assert wrong == []
@@ -396,9 +425,17 @@ def _stalling_writer(tmp_path, data: bytes, sleep: float) -> subprocess.Popen:
             data = open({str(src)!r}, "rb").read()
             with open({str(fifo)!r}, "wb", buffering=0) as f:
                 f.write(data)
-                time.sleep({sleep})
+                open({str(tmp_path / "written")!r}, "w").close()
+                time.sleep({sleep})  # the behaviour under test: the FIFO stays open, nothing more comes
         """))
     return subprocess.Popen([sys.executable, str(writer)])
+
+
+def wait_stalled(tmp_path, reader_pid: int) -> None:
+    """Wait until the stalling writer has written everything, the reader process has read all of it
+    and it is blocked, waiting for more."""
+    wait_until(lambda: (tmp_path / "written").exists() and fifo_unread(tmp_path / "fifo") == 0
+               and is_blocked(reader_pid), what="the reader to read all there is and wait on the stalled FIFO")
 
 
 def test_07_killed_consumer_while_the_fifo_stalls_after_releases(tmp_path):
@@ -411,20 +448,27 @@ def test_07_killed_consumer_while_the_fifo_stalls_after_releases(tmp_path):
         r = ParallelReader({str(tmp_path / "fifo")!r}, fields=Fixed(), workers=1, tuning=Tuning(chunk_groups=1))
         it = iter(r)
         next(it)
-        time.sleep(1.0)  # the reader has read all there is and waits on the stalled FIFO
+        print("reader", r._res.run.reader.pid, flush=True)
+        sys.stdin.readline()  # the test says when the reader has read all there is and waits on the FIFO
         for _ in range(3):
             next(it)  # each delivery sends the waiting reader a Release
         print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
-        time.sleep(60)
+        time.sleep(60)  # until the test kills it
         """)
-    proc = start(script)
+    proc = start(script, stdin=subprocess.PIPE)
     lines = Lines(proc.stdout)
     prefix, pids, left = None, [], None
     try:
-        first = lines.wait_for("pids", 60)
+        first = lines.wait_for("reader", 60)
         assert first is not None, f"the consumer printed nothing: {lines.seen}"
-        prefix, pids = parse_pids(first)
-        time.sleep(0.3)
+        reader_pid = int(first.split()[1])
+        wait_stalled(tmp_path, reader_pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        line = lines.wait_for("pids", 60)
+        assert line is not None, f"the consumer did not take 3 more samples: {lines.seen}"
+        prefix, pids = parse_pids(line)
+        wait_until(lambda: is_blocked(reader_pid), what="the reader to handle the Releases and wait again")
         proc.kill()
         proc.wait(10)
         left = wait_gone(pids, prefix)
@@ -445,11 +489,11 @@ def test_07_close_after_releases_on_a_stalled_fifo_is_prompt(tmp_path, no_leaks)
     reader = None
     took, got = None, []
     try:
-        with deadline(30):
+        with deadline(90):
             reader = ParallelReader(str(tmp_path / "fifo"), fields=Fixed(), workers=1, tuning=Tuning(chunk_groups=1))
             it = iter(reader)
             got.append(next(it))
-            time.sleep(1.0)
+            wait_stalled(tmp_path, reader._res.run.reader.pid)
             got += [next(it) for _ in range(3)]
             t0 = time.monotonic()
             reader.close()
@@ -460,7 +504,7 @@ def test_07_close_after_releases_on_a_stalled_fifo_is_prompt(tmp_path, no_leaks)
             reader.close()
         finish(writer)
     assert all(np.array_equal(a, digest_array(r)) for a, r in zip(got, recs)) and len(got) == 4
-    assert took < 2.5
+    assert took < PROMPT_CLOSE
 
 
 # -- 8. Pipe mode without the RecordIO wrapper: early flush on a stall ---------------------------------------
@@ -479,22 +523,22 @@ def test_08_pipe_mode_without_wrapper_flushes_when_the_stream_stalls(tmp_path, n
         if __name__ == "__main__":
             data = open({str(src)!r}, "rb").read()
             with open({str(fifo)!r}, "wb", buffering=0) as f:
-                for i in range(0, len(data), 64):  # small pieces, with pauses
+                for i in range(0, len(data), 64):  # small pieces, with pauses: a slow stream
                     f.write(data[i:i + 64])
                     time.sleep(0.01)
-                time.sleep(30)  # everything written, but the FIFO stays open: the stream stalls
+                open({str(tmp_path / "written")!r}, "w").close()
+                time.sleep(120)  # everything written, but the FIFO stays open: the stream stalls
         """))
     wproc = subprocess.Popen([sys.executable, str(writer)])
     reader = None
-    first_after = close_took = None
+    first_at = close_took = None
     got = []
     try:
-        with deadline(15):
+        with deadline(90):  # well before the stall ends (EOF would flush the 10 records anyway)
             reader = ParallelReader("train", sm_input_dir=str(root), workers=1, tuning=Tuning(chunk_groups=64))
             it = iter(reader)
-            t0 = time.monotonic()
             got.append(next(it))
-            first_after = time.monotonic() - t0
+            first_at = time.time()
             got += [next(it) for _ in range(9)]
             t1 = time.monotonic()
             reader.close()
@@ -504,9 +548,14 @@ def test_08_pipe_mode_without_wrapper_flushes_when_the_stream_stalls(tmp_path, n
         if reader is not None:
             reader.close()
         finish(wproc)
-    assert first_after < 5
+    # the first sample came when the stream stalled at the latest (mostly it comes before: each read
+    # that would block flushes), not when 64 groups or EOF came
+    written = tmp_path / "written"
+    assert written.exists(), "the writer did not get to the stall"
+    first_after = first_at - written.stat().st_mtime
+    assert first_after < 30, f"the first sample came {first_after:.1f} s after the stream stalled"
     assert got == recs
-    assert close_took < 2.5
+    assert close_took < PROMPT_CLOSE
 
 
 # -- 9. SIGTERM / SIGHUP to the whole process group ----------------------------------------------------------
@@ -522,7 +571,7 @@ def test_09_signal_to_the_process_group(tmp_path, stream, sig):
         print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
         for _ in it:
             pass
-        time.sleep(60)
+        time.sleep(60)  # until the signal
         """)
     proc = start(script, start_new_session=True)
     lines = Lines(proc.stdout)
@@ -531,12 +580,16 @@ def test_09_signal_to_the_process_group(tmp_path, stream, sig):
         first = lines.wait_for("pids", 60)
         assert first is not None, f"the consumer printed nothing: {lines.seen}"
         prefix, pids = parse_pids(first)
+        # every child still running has its SIGTERM/SIGHUP handler (the one that sweeps): a decoder
+        # process still starting would just die of the signal, and the test would not test it
+        wait_until(lambda: all(catches(p, signal.SIGTERM, signal.SIGHUP) for p in alive(pids)),
+                   what="the children to install their SIGTERM/SIGHUP handlers")
         os.killpg(proc.pid, sig)
         try:
-            proc.wait(8)
+            proc.wait(30)
         except subprocess.TimeoutExpired:
             pass
-        left = wait_gone(pids + [proc.pid], prefix)
+        left = wait_gone(pids + [proc.pid], prefix, timeout=30)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -611,22 +664,24 @@ def test_10_killed_consumer_with_a_live_forked_child(tmp_path, stream):
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            open({str(tmp_path / "in-child")!r}, "w").close()  # past os.fork(): its after-fork clean-up ran
             time.sleep(60)  # a child that lives on
             os._exit(0)
         print("pids", r._res.prefix, r._res.run.reader.pid, *r.worker_pids, flush=True)
         print("child", pid, flush=True)
         next(it)
-        time.sleep(60)
+        print("parked", flush=True)
+        time.sleep(60)  # until the test kills it
         """)
     proc = start(script)
     lines = Lines(proc.stdout)
     prefix, pids, child, left, child_alive = None, [], None, None, None
     try:
-        first = lines.wait_for("pids", 60)
-        assert first is not None, f"the consumer printed nothing: {lines.seen}"
+        first, child_line, parked = wait_lines(lines, "pids", "child", "parked")
+        assert None not in (first, child_line, parked), f"the consumer printed: {lines.seen}"
         prefix, pids = parse_pids(first)
-        child = int(lines.wait_for("child", 10).split()[1])
-        time.sleep(0.5)
+        child = int(child_line.split()[1])
+        wait_until((tmp_path / "in-child").exists, what="the forked child to run")
         proc.kill()
         proc.wait(10)
         left = wait_gone(pids, prefix)
@@ -675,7 +730,7 @@ def test_11_close_from_another_thread_ends_the_pass(stream, no_leaks):
         reader.close()
     assert not th.is_alive(), "close() from the other thread did not return within 30 s"
     assert "exc" not in closed, repr(closed.get("exc"))
-    assert closed["took"] < 5
+    assert closed["took"] < PROMPT_CLOSE
     assert isinstance(err, PipelineError), repr(err)
     assert "ended by close()" in str(err) and "reader process died" not in str(err)
     assert 3 <= len(got) < 75
@@ -739,13 +794,15 @@ def test_12_killed_while_waiting_for_the_pipe_mode_fifo(tmp_path, sig):
         first = lines.wait_for("pids", 60)
         assert first is not None, f"the consumer printed nothing: {lines.seen}"
         prefix, pids = parse_pids(first)
-        time.sleep(1)
+        # the reader process is past its start (its handlers are in) and asleep in its wait for the FIFO
+        wait_until(lambda: catches(pids[0], signal.SIGTERM) and is_blocked(pids[0]),
+                   what="the reader process to wait for the FIFO")
         proc.send_signal(sig)
         try:
-            proc.wait(8)
+            proc.wait(30)
         except subprocess.TimeoutExpired:
             pass
-        left = wait_gone(pids + [proc.pid], prefix)
+        left = wait_gone(pids + [proc.pid], prefix, timeout=30)
     finally:
         finish(proc)
         kill_quietly(pids)
@@ -758,7 +815,7 @@ def test_12_killed_while_waiting_for_the_pipe_mode_fifo(tmp_path, sig):
 
 def _stdin_script(reader_args: str, decoder_class: bool = False) -> str:
     return textwrap.dedent(f"""\
-        import os, shutil, sys, tempfile
+        import os, shutil, sys, tempfile, time
         sys.path.insert(0, {HERE!r})
         from parrecio import ParallelReader, Tuning
         from pipeline_helpers import Fixed, payloads, write_rec
@@ -772,9 +829,10 @@ def _stdin_script(reader_args: str, decoder_class: bool = False) -> str:
             path = os.path.join(d, "s.rec")
             write_rec(path, payloads(50, seed=13))
             try:
+                t0 = time.monotonic()
                 with ParallelReader(path, workers=2{reader_args}) as r:
                     n = sum(1 for _ in r)
-                print("count", n, os.getpid(), flush=True)
+                print("count", n, os.getpid(), round(time.monotonic() - t0, 3), flush=True)
             except Exception as exc:
                 print("error", type(exc).__name__, str(exc).replace(chr(10), " "), flush=True)
         finally:
@@ -797,14 +855,15 @@ def test_13_script_piped_to_stdin(method, fields):
 def test_13_decoder_defined_in_a_file_less_main_travels_by_value(how):
     """Once refused (a TypeError naming __main__), such a decoder is now shipped by value (cloudpickle)."""
     script = _stdin_script(", fields=MyDecoder(), tuning=Tuning(start_method='spawn')", decoder_class=True)
-    t0 = time.monotonic()
     if how == "stdin":
         proc = subprocess.run([sys.executable, "-"], input=script, text=True, capture_output=True, timeout=90)
     else:  # python -c: no __main__.__file__ at all (what a notebook cell has too)
         proc = subprocess.run([sys.executable, "-c", script], text=True, capture_output=True, timeout=90)
-    took = time.monotonic() - t0
-    assert proc.stdout.split()[:2] == ["count", "50"], (proc.stdout, proc.stderr[-3000:])
-    assert took < 20
+    words = proc.stdout.split()
+    assert words[:2] == ["count", "50"], (proc.stdout, proc.stderr[-3000:])
+    # the reader's own time (two spawned workers, 50 samples), not the interpreter's start: no worker
+    # that dies at start again and again before the pass gets going
+    assert float(words[3]) < 45, proc.stderr[-3000:]
 
 
 # -- 15. tuning values validated up front ----------------------------------------------------------------------
