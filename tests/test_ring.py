@@ -60,7 +60,9 @@ class Model:
         assert ring.placed % size == offs[0]
         # the span counts from the head before the group, unless the early wrap put the whole group
         # in space that was free already (then it needed no wait)
-        early = head % size >= ring.soft and head % size + sizes[0] <= size and ring.placed > head
+        # (an early wrap needs no wait: the whole group went into space that was free already)
+        early = (head % size >= ring.soft and ring.placed == head - head % size + size
+                 and ring.tail == tail and ring.head - ALIGN - size <= tail)
         base = ring.placed if early else head
         assert ring.head - base <= ring.max_span + ALIGN
         for off, n in zip(offs, sizes):
