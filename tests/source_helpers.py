@@ -157,3 +157,34 @@ def wait_for_path(path, timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} did not appear within {timeout} s")
         time.sleep(0.01)
+
+
+# -- S3 on moto (tests/test_sources_s3.py, tests/test_real_scale.py) ---------------------------------------
+def moto_endpoint():
+    """Start a moto S3 server on a free loopback port; a generator for a fixture: yields its endpoint
+    URL, stops it afterwards.  The caller has checked that moto is installed."""
+    import logging
+
+    from moto import server as moto_server
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def use_moto(monkeypatch, url: str, tmp_path) -> None:
+    """The standard AWS configuration pointing at the moto server ``url``: AWS_ENDPOINT_URL and dummy
+    credentials, no other AWS_* variable and no profile or config file of the machine."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))

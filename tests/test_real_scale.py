@@ -31,7 +31,6 @@ worker, nothing left behind (``no_leaks``).  The data is generated here, once pe
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
 import types
@@ -42,6 +41,7 @@ import pytest
 from parrecio import ParallelReader
 from parrecio.decoders import BoundingBoxes, Image, Json, Raw
 from parrecio.pipeline.plan import indexed_order
+from source_helpers import moto_endpoint, use_moto
 from real_scale_helpers import RING, LapData, Manifest, exactly_once, first_difference, group_slices, read_stamp
 
 SEED = 7
@@ -91,13 +91,8 @@ def manifest(tmp_path_factory):
 @pytest.fixture(scope="module")
 def moto_url():
     pytest.importorskip("boto3")
-    moto_server = pytest.importorskip("moto.server")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    pytest.importorskip("moto.server")
+    yield from moto_endpoint()
 
 
 @pytest.fixture(scope="module")
@@ -123,15 +118,7 @@ def s3_laps(moto_url, laps):
 @pytest.fixture
 def aws(moto_url, monkeypatch, tmp_path):
     """The standard AWS configuration pointing at moto, and nothing of the machine's."""
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    use_moto(monkeypatch, moto_url, tmp_path)
 
 
 # -- running and checking ----------------------------------------------------------------------------------

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import http.client
 import http.server
-import logging
-import os
 import pickle
 import socket
 import threading
@@ -20,7 +18,7 @@ import numpy as np
 import pytest
 
 boto3 = pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
 from parrecio import ParallelReader  # noqa: E402
 from parrecio.decoders import Raw  # noqa: E402
@@ -29,7 +27,7 @@ from parrecio.recordio import RecordWriter  # noqa: E402
 from parrecio.sources import S3Source, resolve  # noqa: E402
 from parrecio.sources import s3 as s3mod  # noqa: E402
 from pipeline_helpers import Fixed  # noqa: E402
-from source_helpers import make_payloads, records_of  # noqa: E402
+from source_helpers import make_payloads, moto_endpoint, records_of, use_moto  # noqa: E402
 
 FAST = {"max_attempts": 2, "connect_timeout": 2, "read_timeout": 2}  # error tests end in seconds
 
@@ -38,27 +36,14 @@ FAST = {"max_attempts": 2, "connect_timeout": 2, "read_timeout": 2}  # error tes
 @pytest.fixture(scope="module")
 def moto():
     """A moto S3 server on a free loopback port, for the whole module: its endpoint URL."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    yield from moto_endpoint()
 
 
 @pytest.fixture
 def aws(moto, monkeypatch, tmp_path):
     """The standard AWS configuration pointing at moto: AWS_ENDPOINT_URL and dummy credentials, no
     profile or config file of the machine."""
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    use_moto(monkeypatch, moto, tmp_path)
     return boto3.client("s3", endpoint_url=moto, region_name="us-east-1",
                         aws_access_key_id="testing", aws_secret_access_key="testing")
 

@@ -126,8 +126,5 @@ def for_stream(cfg: Any, name: str, start: int = 0) -> Realigner:
     """The Realigner of the stream ``name`` of a pipeline with settings ``cfg`` (a PipelineConfig):
     with the ``.idx`` that ``cfg.index_paths`` pairs with it, when the stream is read from its start."""
     idx = next((i for rec, i in cfg.index_paths if str(rec) == name), None) if start == 0 else None
-    index = None
-    if idx is not None:
-        def index() -> List[int]:
-            return [off for _, off in read_index(idx)]
+    index = None if idx is None else (lambda: [off for _, off in read_index(idx)])
     return Realigner(cfg.kinds, cfg.names, name, index)
