@@ -25,6 +25,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .checks import is_real
 from .value import Value, derive
 
 __all__ = ["RandomResizedCrop", "CenterCrop", "IMAGENET_MEAN", "IMAGENET_STD", "sample_rng",
@@ -47,12 +48,24 @@ def sample_rng(key: Optional[int]) -> random.Random:
 
 def _pair(value: Sequence[float], name: str) -> Tuple[float, float]:
     try:
-        lo, hi = (float(v) for v in value)
+        lo, hi = value
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a pair (low, high), got {value!r}") from None
+    if not (is_real(lo) and is_real(hi)):
+        raise TypeError(f"{name} must be a pair of numbers (low, high), got {value!r}")
+    lo, hi = float(lo), float(hi)
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi or lo <= 0:
         raise ValueError(f"{name} must be finite with 0 < low <= high, got {value!r}")
     return lo, hi
+
+
+#: The crop's width / height is drawn within these bounds: beyond them no image has such a crop, and the
+#: sampling's square roots overflow (``ratio=(1e-308, 1e308)`` made every decode an OverflowError).
+RATIO_LIMITS = (1e-6, 1e6)
+
+#: The smallest ``CenterCrop`` fraction: below it the box is a speck of a pixel, and the scale that maps
+#: it to the output (and boxes with it) overflows float32 near 1e-34.
+MIN_FRACTION = 1e-4
 
 
 @dataclass(frozen=True, repr=False)
@@ -64,7 +77,8 @@ class RandomResizedCrop(Value):
     scale:
         ``(low, high)``: the crop's area as a fraction of the image's, drawn uniformly.
     ratio:
-        ``(low, high)``: the crop's width / height, drawn log-uniformly.
+        ``(low, high)``: the crop's width / height, drawn log-uniformly; within ``RATIO_LIMITS``
+        (1e-6..1e6), beyond which the sampling's square roots overflow.
 
     The draws are torchvision's ``get_params``, in order: up to 10 tries of ``(area, log ratio)``, the
     first box that fits taking a random top-left corner; else the whole image cropped to the nearest
@@ -80,6 +94,9 @@ class RandomResizedCrop(Value):
         scale, ratio = _pair(self.scale, "scale"), _pair(self.ratio, "ratio")
         if scale[1] > 1.0:
             raise ValueError(f"scale is a fraction of the image's area: high must be <= 1, got {self.scale!r}")
+        if ratio[0] < RATIO_LIMITS[0] or ratio[1] > RATIO_LIMITS[1]:
+            raise ValueError(f"ratio (the crop's width / height) must be within [{RATIO_LIMITS[0]:g}, "
+                             f"{RATIO_LIMITS[1]:g}], got {self.ratio!r}")
         derive(self, scale=scale, ratio=ratio, _log_ratio=(math.log(ratio[0]), math.log(ratio[1])))
 
     def box(self, width: int, height: int, out_w: int, out_h: int, rng: random.Random) -> Box:
@@ -112,7 +129,7 @@ class CenterCrop(Value):
 
     With a square ``size=s`` this is torchvision's ``Resize(round(s / fraction))`` + ``CenterCrop(s)``
     (``fraction=0.875``: ``Resize(256)`` + ``CenterCrop(224)``), up to the rounding of the intermediate
-    size; ``fraction=1.0`` is ``Image(resize="shorter")``.
+    size; ``fraction=1.0`` is ``Image(resize="shorter")``.  ``fraction`` is at least ``MIN_FRACTION`` (1e-4).
     """
 
     fraction: float = 0.875
@@ -120,10 +137,10 @@ class CenterCrop(Value):
     random = False
 
     def __post_init__(self) -> None:
-        fraction = float(self.fraction)
-        if not 0 < fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {self.fraction!r}")
-        derive(self, fraction=fraction)
+        if not is_real(self.fraction) or not MIN_FRACTION <= float(self.fraction) <= 1:  # NaN fails it too
+            kind = ValueError if is_real(self.fraction) else TypeError
+            raise kind(f"fraction must be in (0, 1], at least {MIN_FRACTION:g}, got {self.fraction!r}")
+        derive(self, fraction=float(self.fraction))
 
     def box(self, width: int, height: int, out_w: int, out_h: int, rng: Any = None) -> Box:
         """The centred crop ``(x, y, w, h)`` of a ``width x height`` image for an ``out_w x out_h`` output."""
@@ -147,17 +164,19 @@ def check_crop(crop: Any) -> Optional[Crop]:
 
 def check_flip(flip: Any) -> float:
     """``flip``, the probability of a horizontal flip, validated."""
-    try:
-        value = float(flip)
-    except (TypeError, ValueError):
-        raise ValueError(f"flip must be a probability in [0, 1], got {flip!r}") from None
-    if not 0.0 <= value <= 1.0:
+    if not is_real(flip):
+        raise TypeError(f"flip must be a probability in [0, 1], got {flip!r}")
+    value = float(flip)
+    if not 0.0 <= value <= 1.0:  # NaN fails it too
         raise ValueError(f"flip must be a probability in [0, 1], got {flip!r}")
     return value
 
 
 def _channels(value: Any, channels: int, name: str) -> np.ndarray:
-    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    raw = np.asarray(value)
+    if raw.dtype.kind not in "iuf":  # "0.5", True, None inside a list: not taken for numbers
+        raise TypeError(f"{name} must be one number or one per channel ({channels}), got {value!r}")
+    arr = raw.astype(np.float64).reshape(-1)
     if arr.size == 1:
         arr = np.repeat(arr, channels)
     if arr.size != channels or not np.all(np.isfinite(arr)):
@@ -177,7 +196,12 @@ def normalization_lut(mean: Any, std: Any, channels: int) -> np.ndarray:
     if np.any(s <= 0):
         raise ValueError(f"std must be positive, got {std!r}")
     values = np.arange(256, dtype=np.float64) / 255.0
-    return ((values[None, :] - m[:, None]) / s[:, None]).astype(np.float32)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # judged below, not warned about
+        lut = ((values[None, :] - m[:, None]) / s[:, None]).astype(np.float32)
+    if not np.all(np.isfinite(lut)):
+        raise ValueError(f"mean={mean!r} and std={std!r} overflow float32: (pixel / 255 - mean) / std must be "
+                         f"finite for every pixel value 0..255 (mean and std are in units of the 0..1 range)")
+    return lut
 
 
 def write_pixels(dst: np.ndarray, src: np.ndarray, lut: Optional[np.ndarray], layout: str) -> None:

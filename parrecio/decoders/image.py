@@ -12,7 +12,8 @@ How one payload goes through ``Image``::
             --> [EXIF transpose] --> one copy into out (mirrored with flip, through the mean/std table)
 
 With ``crop`` a JPEG's load() is ``_jpegregion``: only the rows and columns of the box are decoded
-(:meth:`_PillowDecoder._region_load`); augmentations: :mod:`parrecio.decoders.augment`.
+(:meth:`_PillowDecoder._region_load`), with the whole decode's pixels, exactly, and its verdict on a
+damaged file whatever the crop; augmentations: :mod:`parrecio.decoders.augment`.
 
 Geometry.  ``resize`` says how the source fills the ``size`` frame; all three are one Pillow ``resize``
 call with a source ``box``, so no pixel is computed twice and none outside the output:
@@ -67,6 +68,7 @@ try:  # the JPEG region decoder (setup.py builds it where libjpeg's headers are;
 except ImportError:  # pragma: no cover - depends on the build
     _jpegregion = None
 from .augment import Crop, check_crop, check_flip, normalization_lut, sample_rng, write_pixels
+from .checks import check_bool, check_real, is_int
 from .value import Value, derive
 from .simplejpeg_backend import (_JPEG_MAGIC, _prefix3, _require_simplejpeg, _simplejpeg,
                                  _simplejpeg_matches_pillow)
@@ -101,6 +103,10 @@ _EXIF_ORIENTATION = 0x0112
 
 Size = Union[int, Tuple[int, int]]
 _UPSAMPLE_MARGIN = 8  # columns around a decoded JPEG region (see _PillowDecoder._region_load)
+# how far Pillow's filters reach, in source pixels per output pixel's scale (PIL.Image._filters_support)
+_FILTER_SUPPORT = {"nearest": 1.0, "box": 0.5, "bilinear": 1.0, "hamming": 1.0, "bicubic": 2.0,
+                   "lanczos": 3.0}
+_REGION_GRAY, _REGION_FRAMED = 1, 2  # _jpegregion.decode_region's flags (its GRAY and FRAMED)
 
 
 class Geometry(NamedTuple):
@@ -153,15 +159,23 @@ class _Plan(NamedTuple):
     flip: bool = False
 
 
+_MAX_SIDE = 1 << 16  # the largest output side: JPEG's limit, and 12 GiB of RGB at that square
+
+
 def _size_pair(size: Optional[Size]) -> Optional[Tuple[int, int]]:
+    """``size`` as ``(height, width)`` ints in ``1.._MAX_SIDE``; floats and bools are refused, not truncated."""
     if size is None:
         return None
-    if isinstance(size, (int, np.integer)):
-        size = (int(size), int(size))
-    height, width = (int(s) for s in size)
-    if height < 1 or width < 1:
-        raise ValueError(f"size must be positive (height, width), got {size!r}")
-    return height, width
+    pair = (size, size) if isinstance(size, (int, float, np.integer, np.floating)) else size
+    try:
+        height, width = pair
+    except (TypeError, ValueError):
+        raise TypeError(f"size must be an int or a (height, width) pair of ints, got {size!r}") from None
+    if not (is_int(height) and is_int(width)):
+        raise TypeError(f"size must be an int or a (height, width) pair of ints, got {size!r}")
+    if not (1 <= height <= _MAX_SIDE and 1 <= width <= _MAX_SIDE):
+        raise ValueError(f"size must be positive (height, width), each at most {_MAX_SIDE}, got {size!r}")
+    return int(height), int(width)
 
 
 def _plan(resize: str, src_w: int, src_h: int, out_w: int, out_h: int) -> _Plan:
@@ -205,9 +219,26 @@ def _raw_box(orientation: int, raw_w: int, raw_h: int, plan: _Plan) -> Tuple[flo
 
 
 def _check_resize(resize: str) -> str:
-    if resize not in RESIZE_MODES:
+    if not isinstance(resize, str) or resize not in RESIZE_MODES:
         raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
     return resize
+
+
+def _check_formats(formats: Any) -> Optional[Tuple[str, ...]]:
+    """``formats`` as a tuple of format names this Pillow opens (any case), or None: a bare string or an
+    unknown name would make every payload unidentified."""
+    if formats is None:
+        return None
+    names = None if isinstance(formats, str) else tuple(formats) if hasattr(formats, "__iter__") else None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"formats must be None or a sequence of Pillow format names such as ('JPEG', 'PNG'), "
+                        f"got {formats!r}")
+    PILImage.init()
+    unknown = [n for n in names if n.upper() not in PILImage.OPEN]
+    if not names or unknown:
+        raise ValueError(f"formats must name formats this Pillow opens ({', '.join(sorted(PILImage.OPEN))}), "
+                         f"got {formats!r}")
+    return names
 
 
 def _open(payload: Any, max_pixels: int, formats: Optional[Tuple[str, ...]]) -> PILImage.Image:
@@ -384,11 +415,23 @@ class _PillowDecoder(Value):
         scale Pillow's ``draft`` would pick; None when libjpeg does not take it (Pillow decodes it whole).
 
         The region is the crop box plus a margin: ``_UPSAMPLE_MARGIN`` columns each side, beyond which
-        libjpeg's chroma upsampling at a region edge cannot reach (inside it the pixels are a full
-        decode's), and with DCT scaling also the resize filter's reach (it reads around a fractional box).
+        libjpeg's chroma upsampling at a region edge cannot reach (inside it the pixels are a whole
+        decode's), and, unless the box is whole pixels at full scale (cut out, then resized), the resize
+        filter's reach around the box (``resize(box=)`` reads around it, ``reducing_gap`` too).
+
+        The region goes to Pillow *framed*: in an image of ``x1 x y1`` pixels, the whole decode's
+        coordinates, of which only the region is written (and read: the rest is left uninitialized).  So
+        ``resize(box=)`` gets the very box, and computes the very filter weights, of the whole decode: the
+        same pixels, not within a grey level (a box shifted to the region's origin rounds differently:
+        1 level, and up to 17 with ``resample="box"``).  Mask's colour (RGB) masks, whose class ids are
+        read from every pixel before the resize, get the region alone at its origin.
+
+        Damage is judged on the whole file, not on the crop: after the region the C side checks that the
+        rest of the scan cannot fail (else decodes it and reads its markers up to EOI) and gives None,
+        Pillow's verdict, on any libjpeg warning or error anywhere.
         """
         if not _ends_in_eoi(payload):
-            return None  # cut short: the rows below the crop are never read, so Pillow says it (strictness)
+            return None  # cut short: Pillow says it (strictness), without decoding twice
         width, height = image.size
         scale = _dct_scale((width, height), self._draft_request((width, height), 1, gap, plan) if gap else None)
         fx = fy = 1.0 / scale
@@ -396,18 +439,34 @@ class _PillowDecoder(Value):
         bx, by, bw, bh = plan.box_x * fx, plan.box_y * fy, plan.box_w * fx, plan.box_h * fy
         mx, my = _UPSAMPLE_MARGIN, 0
         if scale != 1 or not all(v == int(v) for v in (bx, by, bw, bh)):  # resize(box=): the filter's reach
-            mx += math.ceil(bw / plan.content_w) + 1
-            my += math.ceil(bh / plan.content_h) + 1
+            support = _FILTER_SUPPORT[getattr(self, "resample", "nearest")]
+            mx += math.ceil(support * max(1.0, bw / plan.content_w)) + 2
+            my += math.ceil(support * max(1.0, bh / plan.content_h)) + 2
         x0, y0 = max(0, math.floor(bx) - mx), max(0, math.floor(by) - my)
         x1, y1 = min(scaled_w, math.ceil(bx + bw) + mx), min(scaled_h, math.ceil(by + bh) + my)
-        gray = image.mode == "L" or draft_mode == "L"
-        got = _jpegregion.decode_region(payload, x0, y0, x1 - x0, y1 - y0, scale, gray)
+        target = getattr(self, "mode", None)  # Image's output mode; Mask (class ids) has none
+        # libjpeg's own grey (luma) only where the whole decode has it too; a grey JPEG for RGB output comes
+        # as RGBX (grey replicated, as Pillow's L -> RGB); RGB -> L is Pillow's conversion, on the region.
+        gray = draft_mode == "L" or (image.mode == "L" and target != "RGB")
+        colour_mask = target is None and not gray  # its ids are read from every pixel: the region alone
+        convert = target == "L" and not gray
+        framed = not (colour_mask or convert)
+        got = _jpegregion.decode_region(payload, x0, y0, x1 - x0, y1 - y0, scale,
+                                        (_REGION_GRAY if gray else 0) | (_REGION_FRAMED if framed else 0))
         if got is None:
             return None
         buf, ox, decoded_w = got
         mode = "L" if gray else "RGBX"  # RGBX: 4 bytes a pixel, Pillow's own layout (no unpacking)
+        if framed:  # (y1 rows of x1 pixels, the region at (ox, y0); only it is written, only it is read)
+            return _Loaded(PILImage.frombuffer(mode, (x1, y1), buf, "raw", mode, 0, 1), (width, height), 1,
+                           (fx, fy), plan)
         region = PILImage.frombuffer(mode, (decoded_w, y1 - y0), buf, "raw", mode, 0, 1)
-        return _Loaded(region, (width, height), 1, (fx, fy), plan, (float(ox), float(y0)))
+        if colour_mask:
+            return _Loaded(region, (width, height), 1, (fx, fy), plan, (float(ox), float(y0)))
+        frame = np.empty((y1, x1), np.uint8)  # Pillow's RGB -> L on the region, then framed as above
+        frame[y0:, ox:] = np.asarray(region.convert("L"))
+        return _Loaded(PILImage.frombuffer("L", (x1, y1), frame, "raw", "L", 0, 1), (width, height), 1,
+                       (fx, fy), plan)
 
     def _draft_request(self, raw_size: Tuple[int, int], orientation: int, gap: float,
                        plan: Optional[_Plan]) -> Optional[Tuple[int, int]]:
@@ -489,6 +548,25 @@ def _floats(value: Union[float, Sequence[float], None]) -> Union[float, Tuple[fl
     if value is None or isinstance(value, (int, float, np.number)):
         return None if value is None else float(value)
     return tuple(float(v) for v in value)
+
+
+def _check_max_pixels(max_pixels: Any) -> int:
+    if not is_int(max_pixels):
+        raise TypeError(f"max_pixels must be a positive int, got {max_pixels!r}")
+    if max_pixels < 1:
+        raise ValueError(f"max_pixels must be positive, got {max_pixels!r}")
+    return int(max_pixels)
+
+
+def _fill_value(fill: Any) -> Union[int, Tuple[int, ...]]:
+    """``Image``'s ``fill`` as an int or a tuple of ints, each 0..255 (floats and bools refused)."""
+    scalar = isinstance(fill, (int, float, np.integer, np.floating))
+    values = (fill,) if scalar else () if isinstance(fill, str) or not hasattr(fill, "__iter__") else tuple(fill)
+    if not values or not all(is_int(v) for v in values):
+        raise TypeError(f"fill must be an int or a sequence of ints in 0..255, got {fill!r}")
+    if not all(0 <= v <= 255 for v in values):
+        raise ValueError(f"fill must be an int or a sequence of ints in 0..255, got {fill!r}")
+    return int(fill) if scalar else tuple(int(v) for v in values)
 
 
 def _fill_array(fill: Union[int, Sequence[int]], channels: Optional[int]) -> np.ndarray:
@@ -630,28 +708,28 @@ class Image(_PillowDecoder):
     def __post_init__(self) -> None:
         mode, layout, resample, reducing_gap = self.mode, self.layout, self.resample, self.reducing_gap
         draft, max_pixels, backend, fill = self.draft, self.max_pixels, self.backend, self.fill
-        if mode not in ("RGB", "L", "keep"):
+        if not isinstance(mode, str) or mode not in ("RGB", "L", "keep"):
             raise ValueError(f"mode must be 'RGB', 'L' or 'keep', got {mode!r}")
-        if layout not in ("HWC", "CHW"):
+        if not isinstance(layout, str) or layout not in ("HWC", "CHW"):
             raise ValueError(f"layout must be 'HWC' or 'CHW', got {layout!r}")
-        if resample not in RESAMPLING:
+        if not isinstance(resample, str) or resample not in RESAMPLING:
             raise ValueError(f"resample must be one of {tuple(RESAMPLING)}, got {resample!r}")
-        if reducing_gap is not None and reducing_gap < 1.0:
-            raise ValueError(f"reducing_gap must be None or >= 1.0, got {reducing_gap!r}")
-        if not isinstance(draft, bool) and draft < 1.0:
-            raise ValueError(f"draft must be a bool or a gap >= 1.0, got {draft!r}")
-        if max_pixels < 1:
-            raise ValueError(f"max_pixels must be positive, got {max_pixels!r}")
-        if backend not in BACKENDS:
+        if reducing_gap is not None:
+            reducing_gap = check_real("reducing_gap", reducing_gap, 1.0, math.inf,
+                                      want="None or a finite number >= 1.0")
+        if not isinstance(draft, (bool, np.bool_)):
+            draft = check_real("draft", draft, 1.0, math.inf, want="a bool or a finite gap >= 1.0")
+        max_pixels = _check_max_pixels(max_pixels)
+        if not isinstance(backend, str) or backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "simplejpeg":
             _require_simplejpeg()
-        derive(self, size=_size_pair(self.size), resize=_check_resize(self.resize), max_pixels=int(max_pixels),
-               fill=int(fill) if isinstance(fill, (int, np.integer)) else tuple(int(v) for v in fill),
-               draft=draft if isinstance(draft, bool) else float(draft),
-               reducing_gap=None if reducing_gap is None else float(reducing_gap),
-               exif_transpose=bool(self.exif_transpose), allow_truncated=bool(self.allow_truncated),
-               formats=None if self.formats is None else tuple(self.formats))
+        derive(self, size=_size_pair(self.size), resize=_check_resize(self.resize), max_pixels=max_pixels,
+               fill=_fill_value(fill), draft=draft if isinstance(draft, float) else bool(draft),
+               reducing_gap=reducing_gap,
+               exif_transpose=check_bool("exif_transpose", self.exif_transpose),
+               allow_truncated=check_bool("allow_truncated", self.allow_truncated),
+               formats=_check_formats(self.formats))
         self._check_augment()
         channels = {"RGB": 3, "L": 1}.get(mode)
         lut = None

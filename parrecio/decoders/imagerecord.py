@@ -16,12 +16,15 @@ import numpy as np
 from ..errors import DecodeError
 from ..recordio.irheader import unpack
 from .base import ArraySpec, is_random
+from .checks import check_int
 from .image import Image
 from .value import Value, derive
 
 __all__ = ["ImageRecord"]
 
 Label = Union[float, np.ndarray]
+#: The most float32 labels a fixed label spec holds per record (64 MiB): more is a typing mistake.
+MAX_LABEL_WIDTH = 1 << 24
 
 
 @dataclass(frozen=True, repr=False)
@@ -52,10 +55,12 @@ class ImageRecord(Value):
     label_width: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if self.label_width is not None and int(self.label_width) < 0:
-            raise ValueError(f"label_width must be None or >= 0, got {self.label_width!r}")
-        derive(self, image=Image() if self.image is None else self.image,
-               label_width=None if self.label_width is None else int(self.label_width))
+        label_width = None if self.label_width is None else \
+            check_int("label_width", self.label_width, 0, MAX_LABEL_WIDTH, want=f"None or an int in 0..{MAX_LABEL_WIDTH}")
+        image = Image() if self.image is None else self.image
+        if not callable(image):
+            raise TypeError(f"image must be a decoder (a callable of the image bytes) such as Image(), got {image!r}")
+        derive(self, image=image, label_width=label_width)
         if self.label_width is None:
             label_spec = None
         else:

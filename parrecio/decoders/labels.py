@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from ..errors import DecodeError
+from .checks import is_int, check_bool, check_int
 from .base import ArraySpec, is_random
 from .value import Value, derive, shown_as
 
@@ -31,6 +32,14 @@ __all__ = ["BoundingBoxes", "ClassLabel"]
 
 _BOX_KEYS = ("class_id", "left", "top", "width", "height")
 _NUMBER = (int, float)
+#: The most boxes a fixed ``(max_boxes, 5)`` output holds (20 MiB a sample), and the most classes of a
+#: multi-hot vector: larger values are typing mistakes that would size every output slot by them.
+MAX_BOXES = 1 << 20
+MAX_MULTI_HOT = 1 << 24
+#: Class ids of boxes are stored in float32, exact up to 2**24; image sizes are Pillow's (int32) pixels.
+_MAX_BOX_CLASS = 1 << 24
+_MAX_SIDE = (1 << 31) - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _loads(payload: Any) -> Any:
@@ -62,6 +71,9 @@ class BoundingBoxes(Value):
     Coordinates are in pixels of the original image (``x1 = left + width``), unless ``normalize``.
     A label with no boxes, an empty or missing ``annotations`` list gives shape ``(0, 5)``.  Unknown keys
     are ignored; a ``-metadata`` object given by mistake is refused with a clear :class:`DecodeError`.
+    So is a label the output could not hold finitely or faithfully: an ``image_size`` side outside
+    1..2**31-1 pixels, a ``class_id`` that is not an int in 0..2**24 (-1 is the padding), a coordinate
+    beyond float32's range (JSON has no inf: every output is finite).
 
     Parameters
     ----------
@@ -72,7 +84,7 @@ class BoundingBoxes(Value):
     max_boxes:
         Pad to exactly ``(max_boxes, 5)`` with rows of ``-1`` (MXNet ``ImageDetRecordIter`` style); the
         decoder then has a fixed ``output_spec`` and a ``decode_into``.  More boxes than that are a
-        :class:`DecodeError`, unless ``truncate``.
+        :class:`DecodeError`, unless ``truncate``.  At most ``MAX_BOXES`` (2**20).
     truncate:
         With ``max_boxes``: keep the first ``max_boxes`` boxes instead of raising.
     image:
@@ -91,12 +103,12 @@ class BoundingBoxes(Value):
     payload_kinds = frozenset({"json"})  # Ground Truth JSON only (parrecio.decoders.base)
 
     def __post_init__(self) -> None:
-        if self.max_boxes is not None and int(self.max_boxes) < 0:
-            raise ValueError(f"max_boxes must be None or >= 0, got {self.max_boxes!r}")
+        max_boxes = None if self.max_boxes is None else \
+            check_int("max_boxes", self.max_boxes, 0, MAX_BOXES, want=f"None or an int in 0..{MAX_BOXES}")
         if self.image is not None and not callable(getattr(self.image, "geometry", None)):
             raise TypeError(f"image must be an Image or Mask decoder (with .geometry), got {self.image!r}")
-        max_boxes = None if self.max_boxes is None else int(self.max_boxes)
-        derive(self, normalize=bool(self.normalize), max_boxes=max_boxes, truncate=bool(self.truncate),
+        derive(self, normalize=check_bool("normalize", self.normalize), max_boxes=max_boxes,
+               truncate=check_bool("truncate", self.truncate),
                output_spec=None if max_boxes is None else ArraySpec((max_boxes, 5), np.float32))
 
     # -- parsing ---------------------------------------------------------------------------------------
@@ -110,8 +122,8 @@ class BoundingBoxes(Value):
         if not isinstance(size, dict) or not _is_number(size.get("width")) or not _is_number(size.get("height")):
             raise DecodeError(f"image_size must be [{{'width': W, 'height': H, ...}}], got {size!r}")
         width, height = float(size["width"]), float(size["height"])
-        if width <= 0 or height <= 0:
-            raise DecodeError(f"image_size has a non-positive width or height: {size!r}")
+        if not (1 <= width <= _MAX_SIDE and 1 <= height <= _MAX_SIDE):  # NaN fails it too
+            raise DecodeError(f"image_size must have a width and height of 1..{_MAX_SIDE} pixels, got {size!r}")
         return width, height
 
     def _boxes(self, doc: Any) -> Tuple[np.ndarray, Optional[Tuple[float, float]]]:
@@ -136,9 +148,16 @@ class BoundingBoxes(Value):
                     from None
             if not all(_is_number(v) for v in values):
                 raise DecodeError(f"annotation {i} has a non-numeric value: {ann!r}")
+            class_id = values[0]
+            if class_id != int(class_id) or not 0 <= class_id <= _MAX_BOX_CLASS:  # -1 is max_boxes padding
+                raise DecodeError(f"annotation {i} has class_id {class_id!r}: class ids are ints in "
+                                  f"0..{_MAX_BOX_CLASS}")
             rows[i] = values
         rows[:, 3] += rows[:, 1]  # x1 = left + width
         rows[:, 4] += rows[:, 2]  # y1 = top + height
+        if len(rows) and not np.abs(rows).max() <= _FLOAT32_MAX:
+            i = int(np.nonzero(~(np.abs(rows) <= _FLOAT32_MAX))[0][0])
+            raise DecodeError(f"annotation {i} has coordinates beyond float32's range: {annotations[i]!r}")
         return rows, self._image_size(doc)
 
     @property
@@ -154,7 +173,8 @@ class BoundingBoxes(Value):
                 raise DecodeError("BoundingBoxes(image=...) needs the label's image_size to map boxes")
             width, height = int(round(size[0])), int(round(size[1]))
             geometry = self.image.geometry(width, height, key) if self.random else self.image.geometry(width, height)
-            rows = geometry.apply(rows.astype(np.float32)).astype(np.float64)
+            with np.errstate(over="ignore"):  # a far coordinate overflows to inf, then is clipped to the frame
+                rows = geometry.apply(rows.astype(np.float32)).astype(np.float64)
             rows = rows[(rows[:, 3] > rows[:, 1]) & (rows[:, 4] > rows[:, 2])]
             size = (float(geometry.width), float(geometry.height))
         if self.normalize:
@@ -162,7 +182,11 @@ class BoundingBoxes(Value):
                 raise DecodeError("normalize=True needs image_size in the label (none found)")
             rows[:, 1::2] /= size[0]
             rows[:, 2::2] /= size[1]
-        return rows.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = rows.astype(np.float32)
+        if not np.isfinite(out).all():  # the input was finite (JSON has no inf): never hand out inf or NaN
+            raise DecodeError(f"box coordinates are not finite in float32 after mapping: {rows.tolist()[:4]}")
+        return out
 
     def _check_count(self, count: int) -> int:
         """How many boxes fit ``max_boxes``; raises unless ``truncate`` when there are too many."""
@@ -195,6 +219,42 @@ class BoundingBoxes(Value):
         return out
 
 
+def _exact_max(dtype: np.dtype) -> int:
+    """The largest id ``dtype`` holds exactly (and all below it): ``iinfo.max``, ``2**(mantissa + 1)``."""
+    if dtype.kind in "iu":
+        return int(np.iinfo(dtype).max)
+    return 2 ** (np.finfo(dtype).nmant + 1)
+
+
+def _class_names(names: Any, num_classes: Optional[int]) -> Optional[Tuple[Tuple[str, int], ...]]:
+    """``class_names`` (names in id order, a ``{name: id}`` mapping, or already the sorted ``(name, id)``
+    pairs of ``dataclasses.replace``) as sorted ``(name, id)`` pairs, checked."""
+    if names is None:
+        return None
+    if isinstance(names, Mapping):
+        items = list(names.items())
+    elif isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"class_names must be a sequence of names or a mapping {{name: id}}, got {names!r}")
+    else:
+        listed = list(names)
+        if listed and all(isinstance(p, tuple) and len(p) == 2 for p in listed):
+            items = listed  # the frozen (name, id) pairs
+        else:
+            items = [(name, i) for i, name in enumerate(listed)]
+            seen = [n for n in listed if isinstance(n, str)]
+            if len(set(seen)) != len(seen):
+                raise ValueError(f"class_names lists a name twice: {listed!r}")
+    for name, class_id in items:
+        if not isinstance(name, str):
+            raise TypeError(f"class_names: class names must be strings, got {name!r} (a Ground Truth class-map "
+                            f"is {{id: name}}: pass {{name: int(id)}})")
+        if not is_int(class_id) or class_id < 0 or (num_classes is not None and class_id >= num_classes):
+            want = "an int >= 0" if num_classes is None else f"an int in 0..{num_classes - 1}"
+            kind = ValueError if is_int(class_id) else TypeError
+            raise kind(f"class_names: the id of {name!r} must be {want}, got {class_id!r}")
+    return tuple(sorted((name, int(i)) for name, i in items))
+
+
 @dataclass(frozen=True, repr=False)
 class ClassLabel(Value):
     """Ground Truth classification labels -> numpy arrays.
@@ -211,7 +271,8 @@ class ClassLabel(Value):
         Output dtype; default ``None``: ``int64`` for ids, ``float32`` for multi-hot vectors.  A float dtype also
         accepts non-integral numbers (regression targets); an integer dtype refuses them.
     num_classes:
-        When given, ids must be in ``0 .. num_classes-1``; needed for multi-hot output.
+        When given, ids must be in ``0 .. num_classes-1``; needed for multi-hot output (then at most
+        ``MAX_MULTI_HOT``, 2**24).  An integer ``dtype`` must hold ``num_classes - 1``, a float one exactly.
     multi_label:
         ``False``: one label per payload -> 0-d array, fixed ``output_spec = ArraySpec((), dtype)`` (so a
         batch column is one array); a one-element list is accepted, longer lists are a
@@ -229,25 +290,30 @@ class ClassLabel(Value):
     class_names: Union[Sequence[str], Mapping[str, int], None] = field(default=None, metadata=shown_as(dict))
 
     def __post_init__(self) -> None:
-        num_classes, multi_label = self.num_classes, bool(self.multi_label)
-        if num_classes is not None and int(num_classes) < 1:
-            raise ValueError(f"num_classes must be None or >= 1, got {num_classes!r}")
+        multi_label = check_bool("multi_label", self.multi_label)
+        num_classes = None if self.num_classes is None else \
+            check_int("num_classes", self.num_classes, 1, want="None or an int >= 1")
         multi_hot = multi_label and num_classes is not None
-        given = None if self.dtype is None else np.dtype(self.dtype)  # None stays None: dataclasses.replace
+        if multi_hot and num_classes > MAX_MULTI_HOT:
+            raise ValueError(f"num_classes={num_classes} with multi_label=True: a multi-hot vector holds at most "
+                             f"{MAX_MULTI_HOT} classes")
+        try:
+            given = None if self.dtype is None else np.dtype(self.dtype)  # None stays None: dataclasses.replace
+        except TypeError:
+            raise TypeError(f"dtype must be None or a numpy integer or float dtype, got {self.dtype!r}") from None
         dtype = given if given is not None else np.dtype(np.float32 if multi_hot else np.int64)
         if dtype.kind not in "iuf":
             raise ValueError(f"dtype must be an integer or float dtype, got {dtype}")
-        num_classes = None if num_classes is None else int(num_classes)
-        names = self.class_names
-        if names is not None:
-            items = names.items() if isinstance(names, Mapping) else ((name, i) for i, name in enumerate(names))
-            names = tuple(sorted((str(n), int(i)) for n, i in items))
+        if num_classes is not None and not multi_hot and num_classes - 1 > _exact_max(dtype):
+            raise ValueError(f"dtype={dtype.name} cannot hold class ids up to num_classes - 1 = {num_classes - 1} "
+                             f"exactly (at most {_exact_max(dtype)})")
+        names = _class_names(self.class_names, num_classes)
         if multi_hot:
             spec: Optional[ArraySpec] = ArraySpec((num_classes,), dtype)
         else:
             spec = None if multi_label else ArraySpec((), dtype)
         derive(self, dtype=given, _dtype=dtype, num_classes=num_classes, multi_label=multi_label,
-               class_names=names, _names=dict(names or ()), output_spec=spec)
+               class_names=names, _names=dict(names or ()), _multi_hot=multi_hot, output_spec=spec)
 
     @property
     def payload_kinds(self) -> frozenset:
@@ -290,7 +356,7 @@ class ClassLabel(Value):
             raise DecodeError(f"a class label must be a number or a numeric string, got {value!r}")
         if not math.isfinite(value):
             raise DecodeError(f"class label {value!r} is not finite")
-        if self._dtype.kind != "f":
+        if self._dtype.kind != "f" or self._multi_hot:  # a multi-hot vector sets the entry of an id
             if value != int(value):
                 raise DecodeError(f"class label {value!r} is not an integer (use a float dtype for targets)")
             value = int(value)
@@ -304,11 +370,12 @@ class ClassLabel(Value):
         return [self._one(doc)]
 
     def _check_dtype(self, values: list) -> None:
-        if self._dtype.kind in "iu":
-            info = np.iinfo(self._dtype)
-            for v in values:
-                if not info.min <= v <= info.max:
-                    raise DecodeError(f"class id {v!r} does not fit {self._dtype}")
+        if self._multi_hot:
+            return  # ids index the vector (checked against num_classes); its entries are 0 and 1
+        info = np.iinfo(self._dtype) if self._dtype.kind in "iu" else np.finfo(self._dtype)
+        for v in values:
+            if not float(info.min) <= v <= float(info.max):  # a float16 target of 1e5 would become inf
+                raise DecodeError(f"class label {v!r} does not fit {self._dtype}")
 
     # -- the decoder protocol --------------------------------------------------------------------------
     def __call__(self, payload: Any) -> np.ndarray:

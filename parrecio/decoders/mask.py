@@ -11,11 +11,16 @@ import numpy as np
 from PIL import Image as PILImage
 
 from ..errors import DecodeError
+from .checks import is_int, check_bool, check_int, check_real
 from .base import ArraySpec
-from .image import Size, _PillowDecoder, _Plan, _check_resize, _place, _size_pair
+from .image import (Size, _PillowDecoder, _Plan, _check_formats, _check_max_pixels, _check_resize, _place,
+                    _size_pair)
 from .value import derive, shown_as
 
 __all__ = ["Mask"]
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
 def _parse_color(value: Any) -> int:
@@ -24,13 +29,14 @@ def _parse_color(value: Any) -> int:
         value = value.get("hex-color")
     if isinstance(value, str):
         text = value.lstrip("#")
-        if len(text) == 6:
+        if len(text) == 6 and set(text) <= _HEX:
             return int(text, 16)
-    elif isinstance(value, (tuple, list)) and len(value) >= 3:
+    elif isinstance(value, (tuple, list)) and len(value) >= 3 and all(is_int(v) for v in value[:3]):
         r, g, b = (int(v) for v in value[:3])
         if all(0 <= v <= 255 for v in (r, g, b)):
             return (r << 16) | (g << 8) | b
-    raise ValueError(f"not a colour: {value!r} (use '#rrggbb', (r, g, b) or {{'hex-color': '#rrggbb'}})")
+    raise ValueError(f"colors: not a colour: {value!r} (use '#rrggbb', (r, g, b) or "
+                     f"{{'hex-color': '#rrggbb'}})")
 
 
 def _show_colors(colors: Tuple[Tuple[int, int], ...]) -> dict:
@@ -67,6 +73,14 @@ class Mask(_PillowDecoder):
     crop, flip:
         As for :class:`Image`: give the mask the image decoder's ``crop`` and ``flip`` and it gets the
         same box and the same flip for the same sample (the key is per sample, not per field).
+    resolution:
+        The mask's pixels per image pixel, along each side (``2``: the masks are stored at twice their
+        images' width and height; ``0.5``: at half), 1/64..64.  With a ``crop`` the box is drawn for the
+        image's size (the mask's divided by ``resolution``, rounded) and scaled to the mask's, so the mask
+        gets the same relative box as its image.  A mask decoder cannot see the image's size: a mask at
+        another resolution than its image with the default ``1.0`` gets a box drawn for its own size,
+        unrelated to the image's.  Without ``crop`` the geometry is relative already and this changes
+        nothing.
     """
 
     size: Optional[Size] = None
@@ -80,19 +94,18 @@ class Mask(_PillowDecoder):
     formats: Optional[Sequence[str]] = None
     crop: Any = None
     flip: float = 0.0
+    resolution: float = 1.0
 
     def __post_init__(self) -> None:
-        if not 0 <= int(self.fill) <= 255:
-            raise ValueError(f"fill must be a class id in 0..255, got {self.fill!r}")
-        if self.unknown is not None and not 0 <= int(self.unknown) <= 255:
-            raise ValueError(f"unknown must be None or a class id in 0..255, got {self.unknown!r}")
-        if int(self.max_pixels) < 1:
-            raise ValueError(f"max_pixels must be positive, got {self.max_pixels!r}")
+        fill = check_int("fill", self.fill, 0, 255, want="a class id in 0..255")
+        unknown = None if self.unknown is None else \
+            check_int("unknown", self.unknown, 0, 255, want="None or a class id in 0..255")
         size, colors = _size_pair(self.size), self._freeze_colors(self.colors)
-        derive(self, size=size, resize=_check_resize(self.resize), fill=int(self.fill),
-               unknown=None if self.unknown is None else int(self.unknown), max_pixels=int(self.max_pixels),
-               allow_truncated=bool(self.allow_truncated),
-               formats=None if self.formats is None else tuple(self.formats), colors=colors)
+        derive(self, size=size, resize=_check_resize(self.resize), fill=fill, unknown=unknown,
+               max_pixels=_check_max_pixels(self.max_pixels),
+               allow_truncated=check_bool("allow_truncated", self.allow_truncated),
+               formats=_check_formats(self.formats), colors=colors,
+               resolution=check_real("resolution", self.resolution, 1 / 64, 64.0, want="a number in 1/64..64"))
         self._check_augment()
         color_keys, color_ids = self._color_table(colors)
         derive(self, _color_keys=color_keys, _color_ids=color_ids, _fill=np.asarray(self.fill, dtype=np.int64),
@@ -103,13 +116,20 @@ class Mask(_PillowDecoder):
         """``colors`` as a hashable, picklable tuple of ``(class_id, 0xRRGGBB)``."""
         if colors is None:
             return None
-        items = colors.items() if hasattr(colors, "items") else enumerate(colors)
+        if isinstance(colors, tuple) and all(isinstance(p, tuple) and len(p) == 2 and all(is_int(v) for v in p)
+                                             for p in colors):  # already frozen (dataclasses.replace)
+            items = [(class_id, f"#{int(rgb):06x}") for class_id, rgb in colors]  # a bad rgb: not 6 hex digits
+        elif isinstance(colors, str) or not hasattr(colors, "__iter__"):
+            raise TypeError(f"colors must be a sequence of colours or a mapping {{class_id: colour}}, got {colors!r}")
+        else:
+            items = colors.items() if hasattr(colors, "items") else enumerate(colors)
         pairs = []
         for key, value in items:
-            class_id = int(key)
-            if not 0 <= class_id <= 255:
-                raise ValueError(f"class ids of colors must be in 0..255, got {key!r}")
-            pairs.append((class_id, _parse_color(value)))
+            if isinstance(key, str) and key.strip().isdigit():  # Ground Truth's internal-color-map: "0": ...
+                key = int(key)
+            if not is_int(key) or not 0 <= key <= 255:
+                raise ValueError(f"class ids of colors must be ints in 0..255, got {key!r}")
+            pairs.append((int(key), _parse_color(value)))
         keys = [c for _, c in pairs]
         if len(set(keys)) != len(keys):
             raise ValueError("two classes have the same colour in colors")
@@ -120,6 +140,18 @@ class Mask(_PillowDecoder):
         pairs = sorted(colors or (), key=lambda p: p[1])
         return (np.array([c for _, c in pairs], dtype=np.uint32),
                 np.array([i for i, _ in pairs], dtype=np.uint8))
+
+    def _plan_of(self, width: int, height: int, key: Optional[int]) -> Optional[_Plan]:
+        """The image decoder's plan, for a mask at ``resolution`` times its image's size: with a ``crop`` the
+        box is drawn for the image's size and scaled to the mask's (the same relative box)."""
+        if self.resolution == 1.0 or self.crop is None:
+            return super()._plan_of(width, height, key)
+        image_w = max(1, round(width / self.resolution))
+        image_h = max(1, round(height / self.resolution))
+        plan = super()._plan_of(image_w, image_h, key)
+        fx, fy = width / image_w, height / image_h
+        return plan._replace(box_x=plan.box_x * fx, box_y=plan.box_y * fy, box_w=plan.box_w * fx,
+                             box_h=plan.box_h * fy)
 
     def _ids(self, image: PILImage.Image) -> np.ndarray:
         """Class ids of a loaded (maybe resized) mask image, ``uint8 (h, w)``."""

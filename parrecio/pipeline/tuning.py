@@ -23,12 +23,15 @@ __all__ = ["Tuning", "TUNING_KEYWORDS", "count", "seconds", "MIN_RING_BYTES"]
 MIN_RING_BYTES = 64 << 10  # below this, groups of ordinary records would all need one-off segments
 
 
-def count(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``, or a ValueError (TypeError for a non-integer) naming ``name``."""
+def count(name: str, value: Any, minimum: int = 1, maximum: Optional[int] = None) -> int:
+    """``value`` as an int in ``minimum..maximum`` (no upper bound when ``maximum`` is None), or a ValueError
+    (TypeError for a non-integer: a float, even ``2.0``, a bool, a string) naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+        raise TypeError(f"{name} must be an int >= {minimum}, not {type(value).__name__} ({value!r})")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, not {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, not {value!r}")
     return int(value)
 
 
