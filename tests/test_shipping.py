@@ -144,6 +144,44 @@ def test_decoder_nothing_can_pickle_is_refused_up_front(tmp_path):
 def test_ship_keeps_importable_decoders_by_reference():
     from parrecio.decoders import Json
     d = Json()
-    assert ship(d, "0", "spawn") is d and unship([d]) == (d,)
-    s = ship(lambda p: 1, "0", "spawn")
-    assert isinstance(s, Shipped) and unship([s])[0](b"") == 1
+    assert ship([d], ["0"], "spawn") == (d,) and unship(ship([d], ["0"], "spawn"))[0] is d
+    s = ship([d, lambda p: 1], ["0", "1"], "spawn")
+    assert isinstance(s, Shipped)
+    got = unship(s)
+    assert got[0] == d and got[1](b"") == 1
+
+
+SHARED = textwrap.dedent("""\
+    import os, sys, tempfile
+    from parrecio import ParallelReader, RecordWriter, Tuning
+
+    SEEN = {}                              # one dict of __main__ that both fields use
+
+    def remember(payload):                 # field 0 stores the group's key...
+        SEEN["last"] = bytes(payload)
+        return bytes(payload)
+
+    def pair(payload):                     # ...field 1 reads it back: right only if the dict is shared
+        return SEEN.get("last") == bytes(payload).replace(b"b", b"a")
+
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "x.rec")
+    with RecordWriter(path) as w:
+        for i in range(60):
+            w.write(b"a%03d" % i)
+            w.write(b"b%03d" % i)
+    with ParallelReader(path, fields=[remember, pair], workers=WORKERS, tuning=Tuning(start_method=METHOD)) as r:
+        got = list(r)
+    print(len(got), sum(1 for _, ok in got if ok), [k for k, _ in got] == [b"a%03d" % i for i in range(60)])
+    """)
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fields_share_main_state_as_in_one_process(method, workers):
+    """Two ``__main__`` decoders of one reader share a module-level dict: shipped together, they share
+    it in the decoder process too (shipped apart, each got a copy: 0 of 60 right with workers)."""
+    code = SHARED.replace("METHOD", repr(method)).replace("WORKERS", str(workers))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["60", "60", "True"], proc.stdout

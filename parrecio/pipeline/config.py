@@ -29,7 +29,7 @@ class PipelineConfig:
 
     # what a group is, and what the user gets
     decoders: Tuple[Any, ...]          # one per record position of a group
-    shipped: Tuple[Any, ...]           # the decoders as they travel to the children (shipping.ship)
+    shipped: Any                       # the decoders as they travel to the children (shipping.ship)
     names: Tuple[str, ...]             # field names (for dicts and messages)
     kind: str                          # "single" | "tuple" | "dict": the shape of a sample
     passthrough: Tuple[bool, ...]      # fields whose payload is handed out as bytes, never decoded
@@ -72,7 +72,7 @@ class PipelineConfig:
 
     @property
     def nfields(self) -> int:
-        return len(self.decoders)
+        return len(self.names)  # not the decoders: in a child they are one Shipped until unshipped
 
     @property
     def by_index(self) -> bool:

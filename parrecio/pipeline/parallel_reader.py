@@ -159,15 +159,15 @@ class ParallelReader:
         if even_shards not in EVEN_SHARDS:
             raise ValueError(f"even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
         workers = _default_workers() if workers is None else count("workers", workers, minimum=0)
-        seed = count("seed", seed, minimum=0)
+        seed = count("seed", seed, minimum=0, maximum=(1 << 64) - 1)  # a 64-bit seed, as torch.Generator takes
         shuffle_buffer = count("shuffle_buffer", shuffle_buffer)
         tuning = _tuning(tuning, source_options)
         methods = multiprocessing.get_all_start_methods()
         kind, names, decoders = normalize_fields(fields)
         start_method = tuning.start_method or ("forkserver" if "forkserver" in methods else "spawn")
-        shipped = decoders
+        shipped: Any = tuple(decoders)
         if workers and start_method != "fork":  # workers=0: decoders stay in this process
-            shipped = [ship(d, name, start_method) for d, name in zip(decoders, names)]
+            shipped = ship(decoders, names, start_method)
         passthrough = tuple(is_passthrough(d) for d in decoders)
         specs = [None if p else spec_of(d) for d, p in zip(decoders, passthrough)]
         layout = SlotLayout(specs, batch_size or slot_samples(tuning, SlotLayout(specs, 1).nbytes))
@@ -178,7 +178,7 @@ class ParallelReader:
         res.source = source = resolve(channel, **source_options)
         index_paths = _index_paths(source)
         res.cfg = PipelineConfig(
-            decoders=tuple(decoders), shipped=tuple(shipped), names=tuple(names), kind=kind,
+            decoders=tuple(decoders), shipped=shipped, names=tuple(names), kind=kind,
             passthrough=passthrough, kinds=tuple(payload_kinds(d) for d in decoders), layout=layout, travels=tuple(_travels(passthrough, layout)),
             batch_size=batch_size, drop_last=bool(drop_last), join=join or source.default_join,
             on_error=on_error, max_record_bytes=tuning.max_record_bytes,

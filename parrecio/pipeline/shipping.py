@@ -2,17 +2,19 @@
 
 ::
 
-    ParallelReader(fields=...)   ship(decoder) -> the decoder itself      (pickled by reference: module.name)
-                                              -> Shipped(cloudpickle bytes) (defined in a notebook cell,
-                                                 python -c, a script piped to python; a lambda, a closure)
-    decoder process              unship(cfg.decoders) -> the decoders; one that does not load ends the run
-                                 at once with a PipelineError that names it and says why
+    ParallelReader(fields=...)   ship(decoders) -> the decoders themselves  (pickled by reference: module.name)
+                                               -> Shipped(cloudpickle bytes of all of them together: one
+                                                  defined in a notebook cell, python -c, a script piped to
+                                                  python; a lambda, a closure)
+    decoder process              unship(cfg.decoders) -> the decoders; if they do not load, the run ends at
+                                 once with a PipelineError that says why
 
 Pickle stores a function or class as "module.qualname", which a child resolves by importing the module.
 That fails for ``__main__``, which the children never import (:func:`parrecio.pipeline.children.start`:
 a script without a ``__main__`` guard would run again in each of them), and for lambdas and local
 functions everywhere.  cloudpickle -- what Ray, Dask and joblib/loky use -- stores those by value
-instead.  Decoders are pickled once per process start, never per sample.
+instead.  A reader's decoders are pickled together (what they share stays shared), once per process
+start, never per sample.
 """
 
 from __future__ import annotations
@@ -38,26 +40,39 @@ class Shipped:
         return self.text
 
 
-def ship(decoder: Any, name: str, method: str) -> Any:
-    """``decoder`` as it travels to the children of start method ``method``: itself when pickle can
-    send it by reference and the children can import what it names, else a :class:`Shipped`.
-    ``TypeError`` (naming field ``name``) when not even cloudpickle can pickle it."""
+def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Any:
+    """A reader's ``decoders`` (its fields, named ``names``) as they travel to the children of start
+    method ``method``: the tuple itself when pickle can send every one by reference and the children can
+    import what they name, else one :class:`Shipped` holding all of them.
+
+    All in one cloudpickle blob, because what decoders share must stay shared: two ``__main__`` functions
+    reading one module-level dict get one dict in the child (pickled apart, each would get a copy of its
+    own, and a cache or a class table filled by one field would be empty in the other).  ``TypeError``
+    (naming the field) when not even cloudpickle can pickle one."""
+    decoders = tuple(decoders)
     try:
-        data = pickle.dumps(decoder)
+        data = pickle.dumps(decoders)
     except Exception:
         data = None
     if data is not None and b"__main__" not in data:
-        return decoder
+        return decoders
+    import cloudpickle
     try:
-        import cloudpickle
-        blob = cloudpickle.dumps(decoder)
-    except Exception as exc:
-        raise TypeError(f"field {name!r}: the decoder {decoder!r} cannot be pickled, not even by value "
-                        f"(cloudpickle), so it cannot reach the decoder processes ({method} start "
-                        f"method): {type(exc).__name__}: {exc}") from exc
-    return Shipped(blob, repr(decoder))
+        blob = cloudpickle.dumps(decoders)
+    except Exception as whole:
+        for decoder, name in zip(decoders, names):  # name the field that cannot travel
+            try:
+                cloudpickle.dumps(decoder)
+            except Exception as exc:
+                raise TypeError(f"field {name!r}: the decoder {decoder!r} cannot be pickled, not even by value "
+                                f"(cloudpickle), so it cannot reach the decoder processes ({method} start "
+                                f"method): {type(exc).__name__}: {exc}") from exc
+        raise TypeError(f"the decoders {decoders!r} cannot be pickled together, not even by value (cloudpickle), "
+                        f"so they cannot reach the decoder processes ({method} start method): "
+                        f"{type(whole).__name__}: {whole}") from whole
+    return Shipped(blob, repr(decoders))
 
 
-def unship(decoders: Sequence[Any]) -> Tuple[Any, ...]:
-    """The decoders themselves, in a decoder process."""
-    return tuple(d.load() if isinstance(d, Shipped) else d for d in decoders)
+def unship(shipped: Any) -> Tuple[Any, ...]:
+    """The decoders themselves, in a decoder process (what :func:`ship` returned)."""
+    return tuple(shipped.load() if isinstance(shipped, Shipped) else shipped)
