@@ -25,3 +25,14 @@ def no_leaks():
         time.sleep(0.05)
     assert our_children() == []
     assert set(leftover(mine)) - before == set()
+
+
+# Hypothesis profiles: PARRECIO_HYPOTHESIS_PROFILE=long for long runs (tests/test_differential.py then
+# explores for PARRECIO_DIFF_BUDGET_S seconds; other tests keep their own max_examples); unset: the
+# defaults (the differential tier's are in its module).
+from hypothesis import HealthCheck as _HealthCheck, settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("long", max_examples=100_000, deadline=None,
+                                      suppress_health_check=[_HealthCheck.too_slow])
+if os.environ.get("PARRECIO_HYPOTHESIS_PROFILE"):
+    _hypothesis_settings.load_profile(os.environ["PARRECIO_HYPOTHESIS_PROFILE"])

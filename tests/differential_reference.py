@@ -198,7 +198,17 @@ class Damage:
     offset: int         # the frame whose header was damaged (where a framing error is raised)
     file: int
     record: int = 0     # its record's first frame (where RecordReader's skipped region starts)
-    last_in_file: bool = False
+    index: int = 0      # its record's index in the file
+
+
+@dataclass
+class Region:
+    """What RecordReader skips as one corrupt region: damaged records one after another, where a
+    later one's first frame is no record head (magic or cflag destroyed: the resync scans past it)."""
+    file: int
+    start: int          # the first damaged record's first frame
+    groups: List[int]   # the groups whose records it swallowed
+    followed: bool      # a record of the file comes after it (the stream goes on)
 
 
 @dataclass
@@ -207,6 +217,7 @@ class Dataset:
     groups: List[List[Rec]]
     nf: int
     damage: List[Damage] = field(default_factory=list)
+    regions: List[Region] = field(default_factory=list)
 
     @property
     def damaged_groups(self) -> set:
@@ -345,11 +356,19 @@ def _damage(ds: Dataset, cfg: Any) -> None:
                 struct.pack_into("<I", buf, off + 4, (2 << 29) | (lrec & LENGTH_MASK))
             else:  # length (and lastpart): a length word far beyond max_record_bytes
                 struct.pack_into("<I", buf, off + 4, (lrec & ~LENGTH_MASK) | LENGTH_MASK)
-        ds.damage.append(Damage(rec.group, rec.pos, kind, off, rec.file, rec.offset,
-                                rec is ds.files[rec.file].records[-1]))
+        ds.damage.append(Damage(rec.group, rec.pos, kind, off, rec.file, rec.offset, rec.index))
     for df, buf in zip(ds.files, datas):
         df.data = bytes(buf)
     ds.damage.sort(key=lambda d: (d.file, d.offset))
+    for d in ds.damage:
+        last = ds.regions[-1] if ds.regions else None
+        if (last is not None and last.file == d.file and prev.index == d.index - 1
+                and d.kind in ("magic", "cflag")):
+            last.groups.append(d.group)
+        else:
+            ds.regions.append(Region(d.file, d.record, [d.group], True))
+        ds.regions[-1].followed = d.index < len(ds.files[d.file].records) - 1
+        prev = d
 
 
 # -- framing, through a plain RecordReader -------------------------------------------------------
@@ -385,7 +404,7 @@ def check_framing(ds: Dataset, join: str) -> None:
                 not any(d.kind == "truncate" and d.file == f and d.group == r.group and d.pos == r.pos
                         for d in ds.damage)]
         assert got[f] == want, f"reference self-check: RecordReader does not read {df.name} as written"
-    assert skipped == len(ds.damage), "reference self-check: one skipped region per damaged record"
+    assert skipped == len(ds.regions), "reference self-check: one skipped region per run of damage"
     if ds.damage:
         _, _, first = records_of(ds, join, "raise")
         d = ds.damage[0]
@@ -484,10 +503,10 @@ def corruption_outcome(ds: Dataset, cfg: Any, epoch: int) -> Expected:
     - Streamed, ``skip``, groups of several records, ``RESYNC_RULE="strict"``:
       with an .idx beside every file: each damaged group is lost, every other group delivered, the
       plan over the groups that were formed (the lost ones take no group index);
-      without: the pass stops at the first damage that a record follows in its file, with a
-      ``CorruptRecordError`` naming the damaged record's start (the skipped region), after the
-      samples of the groups before it; a damaged last record of a file is followed by nothing: the
-      stream ends inside that group, which is skipped (stats.skipped), and the next file goes on.
+      without: the pass stops at the first corrupt region that a record follows in its file, with a
+      ``CorruptRecordError`` naming the region's start (its first damaged record), after the samples
+      of the groups before it; a region that ends its file is followed by nothing: the stream ends
+      inside that group, which is lost, and the next file goes on.
       ``RESYNC_RULE="weak"``: only that every sample delivered is one whole undamaged group.
     - Shuffle buffers: what comes out before an error is implementation-defined: "weak", plus, for a
       stop, the error's type, source and offset."""
@@ -534,10 +553,10 @@ def corruption_outcome(ds: Dataset, cfg: Any, epoch: int) -> Expected:
         return Expected("exact", list(enumerate(order)), skipped_records=skipped_records,
                         why="skip mode, realigned by the .idx")
     else:  # nothing tells a group's first record: stop at the first damage a record follows
-        stops = [d for d in ds.damage if not d.last_in_file]
-        stop_group = stops[0].group if stops else total
-        lost = {d.group for d in ds.damage if d.last_in_file and d.group < stop_group}
-        error = ("CorruptRecordError", None, stops[0].file, stops[0].record) if stops else None
+        stops = [r for r in ds.regions if r.followed]
+        stop_group = stops[0].groups[0] if stops else total
+        lost = {g for r in ds.regions if not r.followed for g in r.groups if g < stop_group}
+        error = ("CorruptRecordError", None, stops[0].file, stops[0].start) if stops else None
     formed = [g for g in range(stop_group) if g not in lost]
     if buffer:
         return Expected("weak", formed, error=error, skipped_records=None,
@@ -547,7 +566,7 @@ def corruption_outcome(ds: Dataset, cfg: Any, epoch: int) -> Expected:
     order = plan(len(formed), shuffle=False, **unpadded) if error is not None else \
         plan(len(formed), shuffle=False, **kw)
     if error is None:
-        return Expected("exact", [(i, formed[j]) for i, j in enumerate(order)], skipped=len(lost),
+        return Expected("exact", [(i, formed[j]) for i, j in enumerate(order)],
                         skipped_records=skipped_records,
                         why="skip mode: only damaged last groups of files, skipped")
     before = emitted_before(order, len(formed), cfg.num_shards, cfg.even_shards)
