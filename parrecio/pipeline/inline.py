@@ -122,6 +122,7 @@ class InlineRun:
         self.epoch = epoch
         self.skip = skip          # groups of this shard's order already delivered (a resumed epoch)
         self.cursor = Cursor(skip)  # where the user stands: set before each item is yielded
+        self.positions: Optional[int] = None  # of this shard's order gone through, once completed
         self.nf = self.cfg.nfields
         self.stats = res.stats
         self.thread = threading.current_thread()
@@ -353,6 +354,7 @@ class InlineRun:
                     yield batch
             if err is not None:
                 raise err
+            self.positions = seq
             self.completed = True
         finally:
             groups.close()

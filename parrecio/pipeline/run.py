@@ -415,6 +415,12 @@ class Run:
             if seg is not None:
                 seg.close()
 
+    @property
+    def positions(self) -> Optional[int]:
+        """Positions of this shard's order the pass went through (delivered, skipped or resumed past),
+        once the reader has ended."""
+        return None if self.end is None else self.end.n_groups
+
     def ring_in_use(self) -> int:
         """Bytes of the input ring holding groups received and not yet delivered."""
         return max(0, self.received_pos - self.released_pos)

@@ -40,6 +40,7 @@ class Stats:
     bytes: int = 0
     skipped: int = 0            # samples dropped under on_error="skip" (decode errors, broken groups)
     skipped_records: int = 0    # corrupt framing regions skipped by the RecordIO reader
+    padded: int = 0             # copies that kept an even shard's count after skips (pipeline.padding)
     skipped_bytes: int = 0
     sharded_out: int = 0        # groups left to the other shards
     chunks: int = 0

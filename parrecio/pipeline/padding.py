@@ -1,0 +1,162 @@
+"""Equal shards under ``on_error="skip"``: a rank that skipped samples pads its pass back to its share.
+
+``even_shards="pad"``/``"drop"`` give every rank the same number of positions in an epoch's order, so
+that DDP's collectives line up.  A sample skipped on one rank (it does not decode, or its group cannot be
+read by its ``.idx`` offsets) would leave that rank one sample, and maybe one batch, short: the other
+ranks then wait forever in their next all-reduce.  So a rank delivers, for each position it lost, a copy
+of the first sample it delivered in the pass, at the end of the pass (as ``DistributedSampler`` pads with
+repeated samples):
+
+    positions of the pass  P (the reader's count: ReaderEnd.n_groups, InlineRun.positions)
+    delivered              D (samples handed out, counted here)
+    resumed at             skip
+    padded                 P - skip - D    (stats.padded)
+
+Batched, the copies first fill the pass's short last batch, then make whole batches (the last one
+shorter), so that the rank yields as many batches as one that skipped nothing; with ``drop_last`` as
+many whole batches as its share holds.  The last batch is held back until the pass ends (one batch of
+look-ahead), since it can only be filled, or dropped, once the count is known; so the batches come from
+the pipeline with ``drop_last=False`` and the rule is applied here.
+
+Groups lost in the framing of a stream (a corrupt region) take no position: every rank reads the whole
+stream and loses them alike, and nothing is padded for them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from ..errors import PipelineError
+
+__all__ = ["pads", "padded", "rows_of", "take_rows", "join_rows"]
+
+
+def pads(cfg: Any) -> bool:
+    """Whether a pass of ``cfg`` pads: equal shards of several ranks, samples skipped on error."""
+    return cfg.even_shards is not None and cfg.num_shards > 1 and cfg.on_error == "skip"
+
+
+# -- rows of a batch: nested tuples and dicts whose leaves are arrays (rows on axis 0) or lists ----------
+
+def rows_of(batch: Any) -> int:
+    """The number of samples in ``batch``."""
+    if isinstance(batch, dict):
+        return rows_of(next(iter(batch.values())))
+    if isinstance(batch, tuple):
+        return rows_of(batch[0])
+    return len(batch)
+
+
+def take_rows(batch: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of ``batch``, copied (no view of an output slot)."""
+    if isinstance(batch, dict):
+        return {k: take_rows(v, start, stop) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(take_rows(v, start, stop) for v in batch)
+    if isinstance(batch, np.ndarray):
+        return batch[start:stop].copy()
+    return copy.deepcopy(list(batch[start:stop]))
+
+
+def join_rows(a: Any, b: Any) -> Any:
+    """The rows of ``a`` followed by those of ``b`` (of the same structure)."""
+    if isinstance(a, dict):
+        return {k: join_rows(v, b[k]) for k, v in a.items()}
+    if isinstance(a, tuple):
+        return tuple(join_rows(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray):
+        return np.concatenate([a, b])
+    return list(a) + list(b)
+
+
+def _repeat(row: Any, n: int) -> Any:
+    """``n`` copies of a one-row batch, as one batch."""
+    if isinstance(row, dict):
+        return {k: _repeat(v, n) for k, v in row.items()}
+    if isinstance(row, tuple):
+        return tuple(_repeat(v, n) for v in row)
+    if isinstance(row, np.ndarray):
+        return np.repeat(row, n, axis=0)
+    return [copy.deepcopy(row[0]) for _ in range(n)]
+
+
+# -- the pass -----------------------------------------------------------------------------------------
+
+def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last: bool, stats: Any,
+           on_end: Optional[Callable[[], None]] = None) -> Iterator[Any]:
+    """``items`` (one pass's samples or batches), then the copies that bring it to its share.
+
+    ``run`` gives ``skip`` (the resumed position), ``cursor`` (set to each item's position as it is handed
+    out) and, once the pass has completed, ``completed`` and ``positions``.  ``on_end`` is called when
+    the pass ends, after the last copy or on any exit."""
+    cursor = run.cursor
+    delivered = 0         # samples handed out, not counting `held`
+    first: Any = None     # a copy of the pass's first sample (a one-row batch when batched)
+    held: Any = None      # the last batch, held back until the count is known
+    held_pos = 0
+    try:
+        try:
+            for item in items:
+                pos = cursor.pos
+                if first is None:
+                    first = take_rows(item, 0, 1) if batch_size else copy.deepcopy(item)
+                if batch_size is None:
+                    delivered += 1
+                    yield item
+                    continue
+                if held is not None:
+                    delivered += rows_of(held)
+                    cursor.pos = held_pos
+                    yield held
+                    cursor.pos = pos
+                held, held_pos = item, pos
+        except Exception:  # a stop (a corrupt stream): the batch before it still comes out first
+            if held is not None:
+                cursor.pos = held_pos
+                yield held
+            raise
+        if not run.completed:
+            return
+        share = run.positions - run.skip  # the samples this pass owes
+        if batch_size is None:
+            missing = share - delivered
+        else:
+            have = delivered + (rows_of(held) if held is not None else 0)
+            if drop_last:  # whole batches only: as many as the share holds
+                batches_left = share // batch_size - delivered // batch_size
+                missing = max(0, batches_left * batch_size - (have - delivered))
+                if batches_left == 0:
+                    held = None  # a short last batch, dropped
+            else:
+                missing = share - have
+        if missing > 0 and first is None:
+            raise PipelineError(f"every sample of shard {run.cfg.shard_index} in epoch {run.epoch} was "
+                                f"skipped: nothing to pad its {missing} positions with (even_shards="
+                                f"{run.cfg.even_shards!r}, on_error='skip')")
+        if held is not None:
+            room = max(0, min(missing, batch_size - rows_of(held)))
+            if room:
+                held = join_rows(held, _repeat(first, room))
+                missing -= room
+                _count(run, stats, room)
+            cursor.pos = held_pos
+            yield held
+        while missing > 0:
+            n = 1 if batch_size is None else min(missing, batch_size)
+            _count(run, stats, n)
+            cursor.pos = run.positions  # every position of the share is gone through
+            yield copy.deepcopy(first) if batch_size is None else _repeat(first, n)
+            missing -= n
+    finally:
+        items.close()  # its own end first (counters, the reader's files), then the owner's
+        if on_end is not None:
+            on_end()
+
+
+def _count(run: Any, stats: Any, n: int) -> None:
+    run.delivered += n
+    stats.samples += n
+    stats.padded += n
