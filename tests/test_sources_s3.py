@@ -98,7 +98,8 @@ def two_epochs(channel, **kwargs):
 class FaultProxy:
     """Forwards HTTP to moto; ``rule(method, key_part, action, times)`` makes the next ``times``
     matching requests fail: ``("error", status, code)``, ``("cut", nbytes)`` (headers and the first
-    nbytes of the body, then the connection closes) or ``("hang",)`` (no answer until ``release()``).
+    nbytes of the body, then the connection closes), ``("short", nbytes)`` (a whole response of only the
+    first nbytes, its Content-Length saying so) or ``("hang",)`` (no answer until ``release()``).
     ``log`` lists (method, path, Range header, what was done)."""
 
     def __init__(self, upstream: str) -> None:
@@ -183,6 +184,8 @@ class FaultProxy:
         for k, v in resp.getheaders():
             if k.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
                 h.send_header(k, v)
+        if action and action[0] == "short":  # a complete-looking 200 of fewer bytes (Content-Length too)
+            data = data[:action[1]]
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         if h.command == "HEAD":
@@ -569,3 +572,63 @@ def test_prefix_of_concat_objects_through_a_small_ring(aws, tmp_path, no_leaks):
     assert sorted(expected[0]) == sorted(groups)
     for workers in (2, 0):
         assert two_epochs(url, workers=workers, **shuffled)[0] == expected, workers
+
+
+# -- an object must be the one that was listed, in every pass ---------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("index", [False, True])
+@pytest.mark.parametrize("change", ["same length", "longer", "shorter"])
+def test_an_object_rewritten_between_epochs_is_refused(aws, tmp_path, workers, index, change, no_leaks):
+    """Epoch 0 reads the listed objects; one is rewritten; epoch 1 raises a SourceError naming it
+    (every GET sends If-Match with the listed ETag), instead of reading the new records silently."""
+    bucket, local = write_data(aws, tmp_path, index=index, sizes=(30, 20))
+    url = f"s3://{bucket}/data/part-1.rec"
+    with ParallelReader(f"s3://{bucket}/data/", workers=workers) as reader:
+        first = list(reader)
+        assert first == two_epochs(str(local), workers=0)[0][0]
+        n = {"same length": 20, "longer": 25, "shorter": 12}[change]
+        payloads = [p[::-1] for p in make_payloads(20, seed=1, hi=3000)][:n]  # same sizes, other bytes
+        if change == "longer":
+            payloads += make_payloads(5, seed=7, hi=3000)
+        path = tmp_path / "new.rec"
+        write_one(path, payloads, index)
+        aws.upload_file(str(path), bucket, "data/part-1.rec")
+        if index:
+            aws.upload_file(str(path.with_suffix(".idx")), bucket, "data/part-1.idx")
+        with pytest.raises(SourceError, match=r"the object changed since it was listed") as info:
+            list(reader)
+        assert url in str(info.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_response_shorter_than_the_listed_size_is_refused(proxy, aws, tmp_path, workers, no_leaks):
+    """A 200 whose body and Content-Length are shorter than the listing says: an error naming both
+    sizes, not the records that happen to be in it (60 of 100 before)."""
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(100,), hi=80)
+    size = (local / "part-0.rec").stat().st_size
+    proxy.rule("GET", "/data/part-0.rec", ("short", size * 6 // 10), times=1)
+    with ParallelReader(f"s3://{bucket}/data/", workers=workers) as reader:
+        with pytest.raises(SourceError, match=rf"part-0.rec: the GET answered {size * 6 // 10} bytes "
+                                              rf"\(Content-Length\) where the listing has {size}"):
+            list(reader)
+        assert reader.stats.samples < 100
+        assert list(reader) == two_epochs(str(local), workers=0)[0][0]  # the next GET is whole again
+
+
+def test_every_get_of_every_pass_sends_the_listed_etag(proxy, aws, tmp_path, no_leaks):
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(10, 10))
+    etags = {o["Key"]: o["ETag"] for o in aws.list_objects_v2(Bucket=bucket, Prefix="data/")["Contents"]}
+    seen = []
+    real = s3mod._call
+
+    def spy(conn, url, doing, op, **kwargs):
+        if op == "get_object":
+            seen.append((kwargs["Key"], kwargs.get("IfMatch")))
+        return real(conn, url, doing, op, **kwargs)
+
+    import unittest.mock
+    with unittest.mock.patch.object(s3mod, "_call", spy):
+        two_epochs(f"s3://{bucket}/data/", workers=0)
+    objects = [k for k, _ in seen if k.endswith(".rec")]
+    assert sorted(set(objects)) == ["data/empty.rec", "data/part-0.rec", "data/part-1.rec"]
+    assert len(objects) == 6 and all(tag == etags[k] for k, tag in seen)

@@ -21,7 +21,11 @@ epoch reads the same objects); each epoch GETs them again.  A list of ``s3://`` 
 start for smaller ones), a thread GETs the next object and reads its first 1 MiB, so that no gap of
 request latency opens between objects.  A body that breaks off (a reset, a read timeout, a connection
 dropped while a slow consumer paused the reader) is resumed with a ranged GET from the byte it stopped
-at, ``If-Match`` the ETag of the first response: a changed object is an error, never mixed bytes.
+at.  Every GET of every pass (the first, a resumed one, a ranged read by the index) sends ``If-Match``
+with the ETag of the listing, and a response whose length is not the listed size is refused: the
+listing is made once per reader, so an object rewritten since (between epochs, or while it is read) is
+a :class:`~parrecio.errors.SourceError` that says so, never a pass that mixes versions or reads a
+different object silently.  To read new versions, make a new reader.
 
 **Indexed shuffling.**  When every object has its ``.idx`` beside it (the one rule of
 :func:`parrecio.recordio.paths.index_path`), :meth:`S3Source.index_pairs` gives the pipeline
@@ -493,11 +497,20 @@ class _Prefetch:
             self._run()
 
     def _run(self) -> None:
+        obj = self.obj
         try:
-            resp = _call(self.conn, self.obj.url, "GET", "get_object", Bucket=self.obj.bucket,
-                         Key=self.obj.key)
-            self.body, self.etag = resp["Body"], resp.get("ETag")
+            kwargs = dict(Bucket=obj.bucket, Key=obj.key)
+            if obj.etag:  # the version that was listed, in every pass: a pass never mixes versions
+                kwargs["IfMatch"] = obj.etag
+            resp = _call(self.conn, obj.url, "GET", "get_object", **kwargs)
+            self.body, self.etag = resp["Body"], resp.get("ETag") or obj.etag
             self.size = int(resp.get("ContentLength", 0))
+            if self.size != obj.size:  # a body of another length than the listed object is not it
+                self._close_body()
+                raise SourceError(f"{obj.url}: the GET answered {self.size} bytes (Content-Length) where the "
+                                  f"listing has {obj.size}: the object changed since it was listed, or the "
+                                  f"server cut it short; make a new reader to read a new version "
+                                  f"(endpoint {self.conn.endpoint()})")
             try:
                 self.head = self.body.read(min(HEAD_BYTES, self.size)) if self.size else b""
             except _body_errors():
