@@ -8,7 +8,6 @@ share's length; then batched (``drop_last``: whole batches only)."""
 
 from __future__ import annotations
 
-import os
 import struct
 from typing import List, Optional
 

@@ -26,7 +26,7 @@ def test_mxnet_round_trip(xs, chunk_size, seed):
         offsets = [w.write(x) for x in xs]
     data = buf.getvalue()
     assert data == b"".join(mxnet_frames(x) for x in xs)  # the writer's split rule, reimplemented
-    got = list(RecordReader(ShortReads(data, seed=seed), chunk_size=chunk_size))
+    got = list(RecordReader(ShortReads(data, seed=seed), join="mxnet", chunk_size=chunk_size))
     assert [r.payload for r in got] == xs
     assert [r.offset for r in got] == offsets
 
@@ -50,7 +50,7 @@ def test_indexed_round_trip(tmp_path_factory, xs):
     with RecordWriter(d / "a.rec", index=d / "a.idx") as w:
         for x in xs:
             w.write(x)
-    with IndexedRecordReader(d / "a.rec") as r:
+    with IndexedRecordReader(d / "a.rec", join="mxnet") as r:
         assert r.keys == list(range(len(xs)))
         assert [r[k] for k in reversed(r.keys)] == xs[::-1]
 
@@ -63,8 +63,78 @@ def test_skip_never_loses_records_after_trailing_garbage(xs, garbage, chunk_size
     with RecordWriter(buf) as w:
         for x in xs:
             w.write(x)
-    r = RecordReader(io.BytesIO(buf.getvalue() + garbage), on_corrupt="skip", chunk_size=chunk_size)
+    r = RecordReader(io.BytesIO(buf.getvalue() + garbage), join="mxnet", on_corrupt="skip",
+                     chunk_size=chunk_size)
     got = [rec.payload for rec in r]
     assert got[:len(xs)] == xs
     if len(got) == len(xs):
         assert r.skipped_bytes == len(garbage)
+
+
+# -- join="auto" (parrecio.recordio.joins): exact, or an error that says it cannot tell; never wrong bytes ----
+
+def _multipart_shapes(frames: bytes):
+    """Part lengths of each multipart record of a framed stream."""
+    import struct
+    out, cur, pos = [], [], 0
+    while pos < len(frames):
+        _, lrec = struct.unpack_from("<II", frames, pos)
+        cflag, n = lrec >> 29, lrec & ((1 << 29) - 1)
+        pos += 8 + (n + 3) // 4 * 4
+        if cflag:
+            cur.append(n)
+            if cflag == 3:
+                out.append(cur)
+                cur = []
+    return out
+
+
+def _auto(data: bytes, seed: int, chunk_size: int):
+    from parrecio.recordio.joins import AmbiguousJoin
+    r = RecordReader(ShortReads(data, seed=seed), chunk_size=chunk_size)
+    try:
+        return [rec.payload for rec in r], r.guess
+    except AmbiguousJoin as err:
+        assert "pass join='mxnet' or join='concat'" in str(err)
+        return None, r.guess
+
+
+magic_payloads = st.lists(st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda a, k, b: a[:k * 4] + b"\x0a\x23\xd7\xce" + b, st.binary(max_size=200),
+              st.integers(0, 50), st.binary(max_size=200))), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(magic_payloads, chunk, st.integers(0, 2**16))
+def test_auto_reads_mxnet_streams_exactly_or_says_it_cannot_tell(xs, chunk_size, seed):
+    buf = io.BytesIO()
+    with RecordWriter(buf) as w:
+        for x in xs:
+            w.write(x)
+    data = buf.getvalue()
+    got, guess = _auto(data, seed, chunk_size)
+    shapes = _multipart_shapes(data)
+    if got is None:  # only where the documented rule cannot tell: one record fitting a fixed split too
+        assert len([p for p in shapes if len(set(p[:-1])) == 1 and 1 <= p[-1] <= p[0]]) >= 1
+        return
+    if got != xs:  # read as concat: only the documented coincidence, two records cut at one size S
+        assert guess.join == "concat" and guess.multi >= 2, (shapes, guess.why)
+        assert max([len(x) for x in xs if b"\x0a\x23\xd7\xce" not in x] or [0]) <= guess.split
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=400), max_size=12), st.integers(1, 120), chunk, st.integers(0, 2**16))
+def test_auto_reads_fixed_size_splits_exactly_or_says_it_cannot_tell(xs, split, chunk_size, seed):
+    from parrecio.recordio.wrapper import write_sagemaker_recordio
+    buf = io.BytesIO()
+    write_sagemaker_recordio(xs, buf, split_bytes=split)
+    data = buf.getvalue()
+    got, guess = _auto(data, seed, chunk_size)
+    shapes = _multipart_shapes(data)
+    if got is None:
+        assert split % 4 == 0 and len(shapes) == 1
+        return
+    assert got == xs  # a fixed split is never read as MXNet's
+    if shapes and (split % 4 or len(shapes) >= 2):
+        assert guess.join == "concat"

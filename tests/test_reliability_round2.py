@@ -540,6 +540,8 @@ def test_08_pipe_mode_without_wrapper_flushes_when_the_stream_stalls(tmp_path, n
             got.append(next(it))
             first_at = time.time()
             got += [next(it) for _ in range(9)]
+            # the last record came with the writer's last bytes: let it note that before it is stopped
+            wait_until(lambda: (tmp_path / "written").exists(), 30, "the writer's flag file")
             t1 = time.monotonic()
             reader.close()
             close_took = time.monotonic() - t1

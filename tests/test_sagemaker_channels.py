@@ -106,7 +106,7 @@ def test_file_mode_directory_recursive_every_epoch(tmp_path, mode):
     (chan / "part-a.idx").write_text("0\t0\n")
     source = resolve("train", sm_input_dir=str(tmp_path))
     assert isinstance(source, FileChannelSource)
-    assert (source.default_join, source.kind, source.distribution) == ("mxnet", "sagemaker-file", "ShardedByS3Key")
+    assert (source.default_join, source.kind, source.distribution) == ("auto", "sagemaker-file", "ShardedByS3Key")
     order = ["part-a.rec", "part-b/0.rec", "part-b/1.rec"]
     for epoch in (0, 1):
         assert read_epoch(source, epoch) == [(str(chan / rel), files[rel]) for rel in order]
@@ -144,12 +144,12 @@ def test_pipe_without_wrapper_and_raw_content_type_is_refused(tmp_path):
 
 
 def test_pipe_without_wrapper_checks_the_stream_start(tmp_path, feeder):
-    """RecordWrapperType None: fine for .rec objects (mxnet join), a clear error for raw objects."""
+    """RecordWrapperType None: fine for .rec objects (join decided from the stream), a clear error for raw objects."""
     write_config(tmp_path, {"train": {"TrainingInputMode": "Pipe"}})  # RecordWrapperType unset: None
     payloads = make_payloads(20, seed=4)
     rec = write_rec(tmp_path / "x.rec", payloads)
     source = resolve("train", sm_input_dir=str(tmp_path), fifo_timeout=20)
-    assert (source.wrapped, source.default_join) == (False, "mxnet")
+    assert (source.wrapped, source.default_join) == (False, "auto")
     feeder(str(tmp_path / "data"), "train", [rec + rec, b"\xff\xd8\xff\xe0 a JPEG", b""], 0.0, 3)
     [(_, data)] = read_epoch(source, 0)
     assert records_of(data) == payloads + payloads

@@ -25,7 +25,7 @@ def test_single_file(recs):
     path = str(root / "a.rec")
     source = resolve(path)
     assert isinstance(source, FileSource)
-    assert source.name == path and source.default_join == "mxnet" and source.epochs_supported is None
+    assert source.name == path and source.default_join == "auto" and source.epochs_supported is None
     for epoch in (0, 1, 2):  # a file can be read every epoch
         assert read_epoch(source, epoch) == [(path, data["a.rec"])]
     assert records_of(data["a.rec"]) == make_payloads(5, seed=1)

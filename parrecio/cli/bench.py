@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=1, help="passes per run (default 1)")
     parser.add_argument("--samples", type=int, default=None, metavar="N",
                         help="stop each pass after about N samples (default: the whole stream)")
-    parser.add_argument("--join", choices=("mxnet", "concat"), default=None,
+    parser.add_argument("--join", choices=("auto", "mxnet", "concat"), default=None,
                         help="multipart convention (default: the source's)")
     parser.add_argument("--skip-errors", action="store_true", help="on_error='skip' instead of failing")
     parser.add_argument("--json", action="store_true", help="print one JSON document (no progress line)")

@@ -37,9 +37,10 @@ EXTENSIONS = {"jpeg": "jpg", "png": "png", "gif": "gif", "bmp": "bmp", "webp": "
 
 def add_stream_options(parser: argparse.ArgumentParser) -> None:
     """``--join`` and ``--max-record-bytes``, as every reading subcommand takes them."""
-    parser.add_argument("--join", choices=("mxnet", "concat"), default="mxnet",
-                        help="multipart convention: mxnet (.rec files, default) or concat (SageMaker Pipe-mode "
-                             "streams, 'parrecio pack manifest' output)")
+    parser.add_argument("--join", choices=("auto", "mxnet", "concat"), default="auto",
+                        help="multipart convention: auto (default: decided from the stream's multipart "
+                             "records; an error where they fit both), mxnet (MXNet/im2rec .rec files) or "
+                             "concat (SageMaker Pipe-mode streams, 'parrecio pack manifest --split-bytes')")
     parser.add_argument("--max-record-bytes", type=int, default=64 << 20, metavar="N",
                         help="records larger than this are treated as corrupt (default 64 MiB)")
 

@@ -111,8 +111,9 @@ class ParallelReader:
         on_error: ``"raise"``: a bad sample (undecodable payload, broken framing) raises
             :class:`~parrecio.DecodeError` / :class:`~parrecio.CorruptRecordError` at its position, after
             every sample before it was yielded; ``"skip"``: drop it, keep going, count it in ``stats``.
-        join: multipart convention, ``"mxnet"`` or ``"concat"``; default: the source's (``"concat"`` for
-            SageMaker Pipe-mode channels with the RecordIO wrapper, ``"mxnet"`` for everything else).
+        join: multipart convention, ``"auto"``, ``"mxnet"`` or ``"concat"``; default: the source's (``"concat"`` for
+            SageMaker Pipe-mode channels with the RecordIO wrapper; ``"auto"``, decided from each stream's
+            multipart records, for everything else: :mod:`parrecio.recordio.joins`).
         num_shards, shard_index: read only this rank's part of the groups (the others are skipped by the
             reader process, never decoded): with ``.idx`` files and ``shuffle``, slice ``shard_index``
             of the epoch's global permutation (``perm[shard_index::num_shards]``, as PyTorch's
@@ -149,8 +150,8 @@ class ParallelReader:
         # Every value is checked before anything is opened, started or registered.
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-        if join not in (None, "mxnet", "concat"):
-            raise ValueError(f"join must be 'mxnet' or 'concat', not {join!r}")
+        if join not in (None, "auto", "mxnet", "concat"):
+            raise ValueError(f"join must be 'auto', 'mxnet' or 'concat', not {join!r}")
         batch_size = None if batch_size is None else count("batch_size", batch_size)
         num_shards, shard_index = _shards(num_shards, shard_index)
         num_shards = count("num_shards", num_shards)

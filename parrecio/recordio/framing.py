@@ -9,8 +9,9 @@ A record is one frame with ``cflag 0``, or a multipart sequence ``1, 2, ..., 2, 
 ``RecordIOWriter::WriteRecord`` (mirrored by :func:`split_payload`) splits a payload wherever the magic occurs
 at a 4-byte-aligned offset of the payload and drops those 4 bytes; its ``RecordIOReader::NextRecord``
 re-inserts them between the parts (``join="mxnet"``).  SageMaker Pipe mode's RecordIO wrapper, as read by AWS
-ML-IO, splits at arbitrary sizes and joins by plain concatenation (``join="concat"``).  The bytes do not
-say which convention a stream uses.
+ML-IO, splits at arbitrary sizes and joins by plain concatenation (``join="concat"``).  No header says
+which convention a stream uses; the shapes of its multipart records do (``join="auto"``,
+:mod:`parrecio.recordio.joins`).
 
 ``(MAGIC >> 29) == 6 > 3``, so an lrec word can never look like the magic: after corruption a reader
 resyncs on the next 4-byte-aligned magic followed by a ``cflag`` of 0 or 1 (dmlc-core
@@ -30,7 +31,7 @@ from ..errors import CorruptRecordError
 
 __all__ = [
     "MAGIC", "MAGIC_BYTES", "HEADER_SIZE", "LENGTH_MASK", "MAX_PAYLOAD_BYTES", "DEFAULT_MAX_RECORD_BYTES",
-    "CFLAG_FULL", "CFLAG_FIRST", "CFLAG_MIDDLE", "CFLAG_LAST", "JOINS",
+    "CFLAG_FULL", "CFLAG_FIRST", "CFLAG_MIDDLE", "CFLAG_LAST", "JOINS", "READ_JOINS",
     "encode_lrec", "decode_lrec", "padded_size", "frame_header", "split_payload", "encode_record",
     "check_join", "FrameSource", "read_record", "find_next_head",
 ]
@@ -49,6 +50,7 @@ rather than allocated.  Raise it with ``max_record_bytes=`` for datasets of bigg
 
 CFLAG_FULL, CFLAG_FIRST, CFLAG_MIDDLE, CFLAG_LAST = 0, 1, 2, 3
 JOINS = ("mxnet", "concat")
+READ_JOINS = ("auto",) + JOINS  # "auto": decided from the stream (parrecio.recordio.joins)
 
 HEADER = struct.Struct("<II")
 _PAD = (b"", b"\0\0\0", b"\0\0", b"\0")  # indexed by length % 4
@@ -119,10 +121,11 @@ def encode_record(payload: Union[bytes, bytearray]) -> Iterator[bytes]:
     yield _PAD[len(payload) & 3]
 
 
-def check_join(join: str) -> str:
-    """Validate a ``join`` argument (``"mxnet"`` or ``"concat"``) and return it."""
-    if join not in JOINS:
-        raise ValueError(f"join must be one of {JOINS}, not {join!r}")
+def check_join(join: str, auto: bool = True) -> str:
+    """Validate a ``join`` argument (``"auto"``, where ``auto``, ``"mxnet"`` or ``"concat"``) and return it."""
+    allowed = READ_JOINS if auto else JOINS
+    if join not in allowed:
+        raise ValueError(f"join must be one of {allowed}, not {join!r}")
     return join
 
 
@@ -139,7 +142,8 @@ class FrameSource(Protocol):
 
 
 def read_record(src: FrameSource, offset: int, *, join: str, max_record_bytes: int,
-                source: Optional[str] = None) -> Optional[Tuple[memoryview, int]]:
+                source: Optional[str] = None, parts: Optional[List[int]] = None
+                ) -> Optional[Tuple[memoryview, int]]:
     """Read the record whose first frame starts at stream byte ``offset``.
 
     Returns ``(payload, next_offset)`` -- the joined payload (a view into ``src`` for a single frame, a view
@@ -147,7 +151,8 @@ def read_record(src: FrameSource, offset: int, *, join: str, max_record_bytes: i
     or ``None`` at a clean end of stream (no byte at ``offset``).  ``join`` is ``"mxnet"`` (re-insert the
     magic between parts) or ``"concat"``.  ``max_record_bytes`` bounds the joined payload; it is checked
     against each length word before any byte of that part is requested, so a hostile length word is never
-    allocated.
+    allocated.  ``parts``, a list: the length of each part is appended to it (``join="auto"`` reads
+    with ``"concat"`` and decides later, :mod:`parrecio.recordio.joins`).
 
     Raises :class:`~parrecio.errors.CorruptRecordError` (``.offset`` = the offending frame's offset) on a bad
     magic, a continuation part without a first part, a new record while a multipart record is open, a
@@ -161,6 +166,8 @@ def read_record(src: FrameSource, offset: int, *, join: str, max_record_bytes: i
         raise CorruptRecordError(f"continuation part (cflag {cflag}) without a first part (cflag 1)",
                                  offset, source=source)
     body = _body(src, offset, length, source)
+    if parts is not None:
+        parts.append(length)
     if cflag == CFLAG_FULL:
         return body[:length], offset + HEADER_SIZE + padded_size(length)
     joined = bytearray(body[:length])
@@ -176,6 +183,8 @@ def read_record(src: FrameSource, offset: int, *, join: str, max_record_bytes: i
             raise CorruptRecordError(f"new record (cflag {cflag}) before the multipart record that starts at "
                                      f"byte {offset} was closed by a cflag 3 part", pos, source=source)
         body = _body(src, pos, length, source)
+        if parts is not None:
+            parts.append(length)
         joined += sep
         joined += body[:length]
         pos += HEADER_SIZE + padded_size(length)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import bisect
 import os
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..errors import CorruptRecordError, SourceError
 from .framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
+from .joins import IndexedJoin
 from .paths import check_path_arg, index_path
 
 __all__ = ["IndexedRecordReader", "read_index", "indexed_count"]
@@ -107,7 +108,9 @@ class IndexedRecordReader:
 
     :param rec_path: the RecordIO file.
     :param idx_path: its index; default ``rec_path`` with the suffix replaced by ``.idx``.
-    :param join: ``"mxnet"`` (default) or ``"concat"``, as for :class:`~parrecio.recordio.reader.RecordReader`.
+    :param join: ``"auto"`` (default), ``"mxnet"`` or ``"concat"``, as for
+        :class:`~parrecio.recordio.reader.RecordReader`; ``"auto"`` decides at the first multipart record
+        read, from it and a few more records the index shows to be long (:class:`~parrecio.recordio.joins.IndexedJoin`).
     :param max_record_bytes: the largest (joined) payload accepted, in bytes (default 64 MiB).
 
     ``reader[key]`` returns the payload ``bytes`` (``KeyError`` for an unknown key), :meth:`read_at` reads
@@ -116,7 +119,7 @@ class IndexedRecordReader:
     """
 
     def __init__(self, rec_path: Union[str, "os.PathLike[str]"],
-                 idx_path: Union[str, "os.PathLike[str]", None] = None, *, join: str = "mxnet",
+                 idx_path: Union[str, "os.PathLike[str]", None] = None, *, join: str = "auto",
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
         self.join = check_join(join)
         self.max_record_bytes = int(max_record_bytes)
@@ -135,6 +138,8 @@ class IndexedRecordReader:
             raise SourceError(f"could not open {self.rec_path}: {err}") from err
         self._size = os.fstat(self._fd).st_size
         self._sorted = sorted(set(self._offsets))
+        self._auto = None if self.join != "auto" else IndexedJoin(
+            self.rec_path, self._spans, lambda at, parts: self._read(at, "concat", parts))
 
     @property
     def keys(self) -> List[Key]:
@@ -169,16 +174,26 @@ class IndexedRecordReader:
             raise ValueError("I/O operation on a closed IndexedRecordReader")
         if offset < 0:
             raise ValueError(f"offset must be >= 0, not {offset}")
+        if self._auto is not None:
+            return self._auto.payload(offset).tobytes()
+        return self._read(offset, self.join).tobytes()
+
+    def _read(self, offset: int, join: str, parts: Optional[List[int]] = None) -> memoryview:
         i = bisect.bisect_right(self._sorted, offset)
         span = (self._sorted[i] if i < len(self._sorted) else self._size) - offset
         span = min(max(span, HEADER_SIZE), self.max_record_bytes + HEADER_SIZE + 3)
         fd = self._fd
-        got = read_record(WindowSource(lambda at, n: os.pread(fd, n, at), span), offset, join=self.join,
-                          max_record_bytes=self.max_record_bytes, source=self.rec_path)
+        got = read_record(WindowSource(lambda at, n: os.pread(fd, n, at), span), offset, join=join,
+                          max_record_bytes=self.max_record_bytes, source=self.rec_path, parts=parts)
         if got is None:
             raise CorruptRecordError("no record here: offset at or past the end of the file", offset,
                                      source=self.rec_path)
-        return got[0].tobytes()
+        return got[0]
+
+    def _spans(self) -> List[Tuple[int, int]]:
+        """``(offset, bytes to the next record)`` of every record, in file order."""
+        ends = self._sorted[1:] + [self._size]
+        return list(zip(self._sorted, (b - a for a, b in zip(self._sorted, ends))))
 
     def close(self) -> None:
         """Close the ``.rec`` file.  Idempotent."""

@@ -18,6 +18,10 @@ straight into memory it chooses -- the pipeline's shared-memory ring -- and sing
 yielded as views of that memory, where they can stay (see :mod:`parrecio.pipeline.ring_windows`).
 With ``on_corrupt="skip"`` a corrupt record is dropped and the reader resyncs on the next 4-byte-aligned
 magic followed by a ``cflag`` of 0 or 1 (dmlc-core ``FindNextRecordIOHead``).
+
+``join="auto"`` (the default) reads multipart records by concatenation and joins them by the convention
+the stream shows (:mod:`parrecio.recordio.joins`): decided at the first multipart record, looking ahead
+up to 16 MiB from it where that record alone does not tell; :attr:`RecordReader.guess` says what and why.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any, BinaryIO, Callable, Iterator, List, NamedTuple, Optional
 
 from ..errors import CorruptRecordError, SourceError
 from .framing import (DEFAULT_MAX_RECORD_BYTES, HEADER, HEADER_SIZE, LENGTH_MASK, MAGIC, check_join,
-                      find_next_head, read_record)
+                      find_next_head, padded_size, read_record)
+from .joins import LOOKAHEAD_BYTES, AmbiguousJoin, JoinGuess, ambiguous, join_parts
 from .paths import check_path_arg
 
 __all__ = ["Record", "RecordReader", "Buffers", "DEFAULT_CHUNK_SIZE", "MAX_CORRUPT_REGIONS", "ON_CORRUPT"]
@@ -75,9 +80,11 @@ class RecordReader:
         ``socket.socket``.  A file object is read from its
         current position (offsets are counted from there) and is not closed by :meth:`close`.  It must be
         blocking.  Not a file descriptor: an int or a bool is a ``TypeError``.
-    :param join: ``"mxnet"`` (default; dmlc-core and MXNet ``.rec`` files: the 4 magic bytes are re-inserted
-        between the parts of a multipart record) or ``"concat"`` (SageMaker Pipe mode's RecordIO wrapper,
-        AWS ML-IO: parts are concatenated).  The bytes do not tell which applies.
+    :param join: how the parts of a multipart record are joined: ``"auto"`` (default: as the stream's
+        multipart records show, :mod:`parrecio.recordio.joins`; a ``SourceError`` where they fit both),
+        ``"mxnet"`` (dmlc-core and MXNet ``.rec`` files: the 4 magic bytes are re-inserted between the
+        parts) or ``"concat"`` (SageMaker Pipe mode's RecordIO wrapper, ``parrecio pack --split-bytes``,
+        AWS ML-IO: parts are concatenated).
     :param on_corrupt: ``"raise"`` (default) raises :class:`~parrecio.errors.CorruptRecordError` at the
         first framing error; ``"skip"`` drops the broken record, resyncs on the next frame head and counts
         what it dropped in :attr:`skipped_records`, :attr:`skipped_bytes` and :attr:`corrupt_regions`.
@@ -95,7 +102,7 @@ class RecordReader:
     error inside a record, every later iteration raises that error again.
     """
 
-    def __init__(self, source: Source, *, join: str = "mxnet", on_corrupt: str = "raise",
+    def __init__(self, source: Source, *, join: str = "auto", on_corrupt: str = "raise",
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  source_name: Optional[str] = None, buffers: Optional[Buffers] = None) -> None:
         self.join = check_join(join)
@@ -134,9 +141,12 @@ class RecordReader:
         self.corrupt_regions: List[Tuple[int, int]] = []
         #: Offset of the last dropped region (None before any).
         self.last_corrupt: Optional[int] = None
+        #: ``join="auto"``: what the stream has shown of its multipart convention (``.join`` once decided).
+        self.guess = JoinGuess()
+        self._max_single = 0
 
     @classmethod
-    def over(cls, buffer: Any, start: int = 0, *, join: str = "mxnet", on_corrupt: str = "raise",
+    def over(cls, buffer: Any, start: int = 0, *, join: str = "auto", on_corrupt: str = "raise",
              max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
              source_name: Optional[str] = None) -> "RecordReader":
         """A reader of the records in ``buffer[start:]`` -- an ``mmap`` of a regular file, ``bytes`` or a
@@ -163,6 +173,8 @@ class RecordReader:
         self.skipped_records = self.skipped_bytes = 0
         self.corrupt_regions = []
         self.last_corrupt = None
+        self.guess = JoinGuess()
+        self._max_single = 0
         return self
 
     # -- iteration ---------------------------------------------------------------------------------------
@@ -193,6 +205,7 @@ class RecordReader:
         maxlen = min(self.max_record_bytes, LENGTH_MASK)  # lrec <= maxlen also means cflag == 0
         buf, mv, base, end = self._buf, self._mv, self._base, self._end
         pos = self._resume - base  # base + pos stays the next record's offset whatever the buffer does
+        longest = self._max_single  # of the single-part records: join="auto" compares it with parts
         try:
             while True:
                 # Fast path: whole single-part records already in the buffer.
@@ -205,8 +218,11 @@ class RecordReader:
                     if nxt > end:
                         break
                     pos = nxt
+                    if lrec > longest:
+                        longest = lrec
                     yield base + start - 8, mv[start:start + lrec]
                 # Slow path: refill, multipart, end of stream, corruption.
+                self._max_single = longest
                 got = self._next_slow(base + pos)
                 buf, mv, base, end = self._buf, self._mv, self._base, self._end
                 if got is None:
@@ -226,11 +242,19 @@ class RecordReader:
 
     def _next_slow(self, offset: int) -> Optional[Tuple[int, memoryview, int]]:
         """The record at stream ``offset`` through the shared framing code; skip corruption if asked."""
+        auto = self.join == "auto"
         while True:
             self._pin = offset
             try:
-                got = read_record(self, offset, join=self.join, max_record_bytes=self.max_record_bytes,
-                                  source=self.source_name)
+                if auto:
+                    got = self._read_auto(offset)
+                else:
+                    got = read_record(self, offset, join=self.join, max_record_bytes=self.max_record_bytes,
+                                      source=self.source_name)
+            except AmbiguousJoin as err:  # join="auto" cannot tell: nothing after it can be read right
+                self._pin = None
+                self._error = err
+                raise
             except CorruptRecordError as err:
                 if self.on_corrupt == "raise":
                     self._pin = None
@@ -247,6 +271,65 @@ class RecordReader:
                 return None
             view, nxt = got
             return offset, view, nxt
+
+    # -- join="auto" ------------------------------------------------------------------------------------
+
+    def _read_auto(self, offset: int) -> Optional[Tuple[memoryview, int]]:
+        """The record at ``offset``, multipart ones joined by the stream's convention, decided at the
+        first of them (looking ahead while the record's bytes stay pinned, :mod:`parrecio.recordio.joins`)."""
+        guess = self.guess
+        parts: List[int] = []
+        got = read_record(self, offset, join="concat", max_record_bytes=self.max_record_bytes,
+                          source=self.source_name, parts=parts)
+        if got is None:
+            return None
+        view, nxt = got
+        if len(parts) < 2:
+            if guess.join is None:
+                self._max_single = max(self._max_single, parts[0])
+            return got
+        join = guess.join
+        if join is None:
+            guess.single(self._max_single)
+            join = guess.join or guess.multipart(parts, offset) or self._look_ahead(nxt)
+            view, nxt = read_record(self, offset, join="concat", max_record_bytes=self.max_record_bytes,
+                                    source=self.source_name)  # the look-ahead may have moved the buffer
+        return join_parts(view, parts, join), nxt
+
+    def _look_ahead(self, pos: int) -> str:
+        """Decide from the records after ``pos`` (headers only; the bytes stay buffered from the pin)."""
+        guess = self.guess
+        limit = None if self._read_into is None else pos + LOOKAHEAD_BYTES  # over(): all of it is there
+        while limit is None or pos < limit:
+            lengths = self._frames_at(pos)
+            if not lengths:
+                break  # the end, or bytes that are not a record: nothing more to learn
+            at = pos
+            pos += sum(HEADER_SIZE + padded_size(n) for n in lengths)
+            got = guess.single(lengths[0]) if len(lengths) == 1 else guess.multipart(lengths, at)
+            if got is not None:
+                return got
+        looked = "the stream up to its end" if limit is None or pos < limit else \
+            f"the next {LOOKAHEAD_BYTES >> 20} MiB of the stream"
+        raise ambiguous(guess, self.source_name, looked)
+
+    def _frames_at(self, pos: int) -> List[int]:
+        """The part lengths of the record at ``pos`` from its headers; [] where there is none."""
+        lengths: List[int] = []
+        total = 0
+        while True:
+            head = self.view(pos, HEADER_SIZE)
+            if len(head) < HEADER_SIZE:
+                return []
+            magic, lrec = HEADER.unpack_from(head)
+            cflag, n = lrec >> 29, lrec & LENGTH_MASK
+            total += n
+            if magic != MAGIC or (cflag >= 2) != bool(lengths) or total > self.max_record_bytes:
+                return []
+            lengths.append(n)
+            if cflag in (0, 3):
+                return lengths
+            pos += HEADER_SIZE + padded_size(n)
 
     # -- corruption --------------------------------------------------------------------------------------
 

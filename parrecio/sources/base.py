@@ -52,14 +52,15 @@ class Source:
         name: the channel as the user gave it, for messages.
         kind: a short word for the kind of source (``"files"``, ``"stdin"``, ``"fileobj"``,
             ``"sagemaker-pipe"``, ``"sagemaker-file"``).
-        default_join: ``"mxnet"`` or ``"concat"``, the multipart convention of the stream's writer.
+        default_join: the multipart convention of the stream's writer when the source knows it
+            (``"concat"``: SageMaker's RecordIO wrapper), else ``"auto"``: decided from the stream.
         epochs_supported: how many epochs :meth:`streams` can serve; ``None`` for any number, ``1`` for
             a stream that can be read only once (stdin, an open file object).
     """
 
     name: str = ""
     kind: str = "source"
-    default_join: str = "mxnet"
+    default_join: str = "auto"
     epochs_supported: Optional[int] = None
 
     def streams(self, epoch: int) -> Iterator[Stream]:

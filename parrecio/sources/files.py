@@ -114,12 +114,12 @@ def _expand_existing(path: str, from_glob: Optional[str] = None) -> List[str]:
 class FileSource(Source):
     """A fixed list of file paths (regular files or FIFOs), opened one after the other, every epoch.
 
-    ``paths`` is public: the pipeline may shard by file.  ``default_join`` is ``"mxnet"`` unless given.
+    ``paths`` is public: the pipeline may shard by file.  ``default_join`` is ``"auto"`` unless given.
     """
 
     kind = "files"
 
-    def __init__(self, paths: Sequence[str], *, name: Optional[str] = None, default_join: str = "mxnet",
+    def __init__(self, paths: Sequence[str], *, name: Optional[str] = None, default_join: str = "auto",
                  kind: Optional[str] = None) -> None:
         if not paths:
             raise SourceError(f"{name or 'file list'}: no files")

@@ -87,6 +87,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from ..errors import CorruptRecordError, SourceError
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
 from ..recordio.index import WindowSource
+from ..recordio.joins import IndexedJoin
 from .base import Source, Stream
 
 __all__ = ["S3Source", "S3Index", "S3IndexedReader", "is_s3_url", "parse_url", "check_storage_options"]
@@ -387,7 +388,7 @@ class S3Source(Source):
             return ()
         return tuple((o.url, S3Index(self._indexes[o.url], self._conn)) for o in self.objects)
 
-    def open_indexed(self, rec: str, idx: Any, *, join: str = "mxnet",
+    def open_indexed(self, rec: str, idx: Any, *, join: str = "auto",
                      max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> "S3IndexedReader":
         """A reader of the records of object ``rec`` by the offsets of its index ``idx``."""
         obj = next((o for o in self.objects if o.url == rec), None)
@@ -738,7 +739,7 @@ class S3IndexedReader:
     waits for it."""
 
     def __init__(self, obj: _Obj, idx: S3Index, conn: _Conn, executor: ThreadPoolExecutor, *,
-                 join: str = "mxnet", max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+                 join: str = "auto", max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
         self.rec_path = obj.url
         self.idx_path = idx.url
         self.join = check_join(join)
@@ -751,6 +752,8 @@ class S3IndexedReader:
         self._size = obj.size
         self._entries: "Future" = executor.submit(self._read_index)
         self._sorted: Optional[List[int]] = None
+        self._auto = None if self.join != "auto" else IndexedJoin(
+            self.rec_path, self._spans, lambda at, parts: self._read(at, "concat", parts))
         self.closed = False
 
     def _read_index(self) -> List[int]:
@@ -786,12 +789,24 @@ class S3IndexedReader:
             raise ValueError("I/O operation on a closed S3IndexedReader")
         if offset < 0:
             raise ValueError(f"offset must be >= 0, not {offset}")
-        got = read_record(WindowSource(self.fetch, self.span(offset), _SPAN_READ), offset, join=self.join,
-                          max_record_bytes=self.max_record_bytes, source=self.rec_path)
+        if self._auto is not None:
+            return self._auto.payload(offset).tobytes()
+        return self._read(offset, self.join).tobytes()
+
+    def _read(self, offset: int, join: str, parts: Optional[List[int]] = None) -> memoryview:
+        got = read_record(WindowSource(self.fetch, self.span(offset), _SPAN_READ), offset, join=join,
+                          max_record_bytes=self.max_record_bytes, source=self.rec_path, parts=parts)
         if got is None:
             raise CorruptRecordError("no record here: offset at or past the end of the object", offset,
                                      source=self.rec_path)
-        return got[0].tobytes()
+        return got[0]
+
+    def _spans(self) -> List[Tuple[int, int]]:
+        """``(offset, bytes to the next record)`` of every record, in object order."""
+        if self._sorted is None:
+            self.offsets
+        ends = self._sorted[1:] + [self._size]
+        return list(zip(self._sorted, (b - a for a, b in zip(self._sorted, ends))))
 
     def fetch(self, start: int, nbytes: int) -> bytes:
         """Bytes ``[start, start + nbytes)`` of the object (fewer at its end), with one ranged GET;

@@ -19,10 +19,10 @@ The multipart convention (``default_join``) follows who framed the records:
 - Pipe mode with ``RecordWrapperType: None`` (or unset): SageMaker streams the S3 objects back to back, which
   is a valid RecordIO stream only when the objects are ``.rec`` files themselves (SageMaker's documentation:
   "If the input data is already in RecordIO format, you don't need to set this attribute").  Their own
-  writer framed them -> ``"mxnet"``.  Raw objects cannot be delimited: a ``ContentType`` that says images,
+  writer framed them, MXNet's or a fixed-size splitter -> ``"auto"`` (:mod:`parrecio.recordio.joins`).  Raw objects cannot be delimited: a ``ContentType`` that says images,
   text or JSON is refused at once, and any stream that does not begin with the RecordIO magic is refused
   when it is opened, both with a :class:`SourceError` that says how to fix the channel.
-- File and FastFile mode: the files are the ``.rec`` objects as written -> ``"mxnet"``.
+- File and FastFile mode: the files are the ``.rec`` objects as written -> ``"auto"``.
 
 Without ``inputdataconfig.json`` (a hand-made layout), a ``<data>/<channel>`` directory means File mode and
 a ``<data>/<channel>_0`` path means Pipe mode with the RecordIO wrapper.  ``S3DistributionType`` is kept in
@@ -146,7 +146,7 @@ class FileChannelSource(FileSource):
         if not files:
             raise SourceError(f"SageMaker channel {channel!r} (File mode): directory {directory} has no files "
                               f"(looked for *.rec, then any regular non-hidden file, recursively)")
-        super().__init__(files, name=channel, default_join="mxnet", kind="sagemaker-file")
+        super().__init__(files, name=channel, default_join="auto", kind="sagemaker-file")
         self.channel = channel
         self.directory = directory
         self.settings = dict(settings)
@@ -172,7 +172,7 @@ class PipeChannelSource(Source):
         self.distribution = settings.get("S3DistributionType")
         wrapper = settings.get("RecordWrapperType") or "None"  # SageMaker's default is None
         self.wrapped = str(wrapper).lower() == "recordio"
-        self.default_join = "concat" if self.wrapped else "mxnet"
+        self.default_join = "concat" if self.wrapped else "auto"
         if not self.wrapped:
             content_type = str(settings.get("ContentType") or "").lower()
             if content_type.startswith(_RAW_CONTENT_TYPES):

@@ -11,7 +11,7 @@
 ```
 
 The records of an epoch come from the sources in order: a ``.rec`` file gives its records (read with
-:class:`~parrecio.recordio.RecordReader`, ``join="mxnet"``, and re-framed by SageMaker's wrapper), an
+:class:`~parrecio.recordio.RecordReader`, ``join="auto"``, and re-framed by SageMaker's wrapper), an
 augmented manifest (``*.manifest``/``*.jsonl``) gives ``len(attribute_names)`` records per line (see
 :mod:`parrecio.tools.manifest`).  With ``shuffle`` the *items* (a manifest line with its records, or one
 ``.rec`` record) are permuted with ``random.Random(seed + epoch)``, like SageMaker's ``ShuffleConfig``
@@ -44,7 +44,7 @@ from .manifest import is_manifest_path, iter_manifest_records, line_records, rea
 __all__ = ["serve_pipe_channel", "write_channel_config", "EpochRecords"]
 
 _WRITE_BUFFER = 1 << 20
-_REC_JOIN = "mxnet"
+_REC_JOIN = "auto"
 
 
 class EpochRecords:

@@ -96,12 +96,13 @@ class CountingReader:
         return n
 
 
-def inspect_stream(source: Union[str, BinaryIO], *, join: str = "mxnet", name: Optional[str] = None,
+def inspect_stream(source: Union[str, BinaryIO], *, join: str = "auto", name: Optional[str] = None,
                    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, guess_records: int = GUESS_RECORDS,
                    max_group: int = 8) -> Dict[str, Any]:
     """Read the stream ``source`` (a path or a raw binary file object) once and describe it.
 
-    Returns a JSON-able dict: ``source``, ``join``, ``stream_bytes``, ``records``, ``multipart_records``,
+    Returns a JSON-able dict: ``source``, ``join`` (with ``"auto"``: what the stream showed and why),
+    ``stream_bytes``, ``records``, ``multipart_records``,
     ``sizes`` (``min``/``mean``/``max``/``total`` payload bytes), ``group_size`` (guessed from the first
     ``guess_records`` records; 1 when nothing regular shows), ``groups``, ``leftover_records`` (records of
     an incomplete last group), ``fields`` (per position in a group: ``kinds`` -> count over the whole
@@ -125,10 +126,11 @@ def inspect_stream(source: Union[str, BinaryIO], *, join: str = "mxnet", name: O
         with RecordReader(counting, join=join, on_corrupt="skip", max_record_bytes=max_record_bytes,
                           source_name=str(name)) as reader:
             result = _scan(reader, counting, guess_records, max_group)
+            chosen = join if join != "auto" else "auto: " + reader.guess.describe()
     finally:
         if owned is not None:
             owned.close()
-    result = {"source": str(name), "join": join, **result}
+    result = {"source": str(name), "join": chosen, **result}
     if result["records"] == 0 and counting.nbytes:
         raise not_recordio(name, bytes(counting.head), counting.nbytes)
     return result

@@ -1,0 +1,171 @@
+"""Files the library writes, and files MXNet wrote, read back exactly with every default (``join="auto"``,
+:mod:`parrecio.recordio.joins`): ``ParallelReader`` (workers 0 and 2, streamed and by index),
+``RecordReader``, ``IndexedRecordReader`` and the CLI's ``cat``, ``inspect`` and ``extract``.
+
+Before ``join="auto"`` a ``pack manifest --split-bytes`` file read with the defaults gave damaged payloads
+without an error (joined the MXNet way), and MXNet's own multipart file read with ``join="concat"``
+lost the magic bytes of 14 of its 34 payloads."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from parrecio import IndexedRecordReader, ParallelReader, RecordReader, RecordWriter
+from parrecio.decoders import Raw
+from parrecio.recordio.joins import AmbiguousJoin
+from parrecio.recordio.wrapper import write_sagemaker_recordio
+from image_helpers import jpeg
+from recordio_helpers import GOLDEN, load_manifest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN_PAYLOADS = [bytes.fromhex(r["payload"]) for r in load_manifest()["records"]]
+
+
+def cli(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "parrecio.cli", *map(str, args)], capture_output=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """{name: (path of a .rec with its .idx, the payloads in order)}: pack manifest with and without
+    --split-bytes (images of ~3-12 KB, parts of 4000 bytes: most records multipart), pack images, and
+    MXNet's golden file."""
+    root = tmp_path_factory.mktemp("joins")
+    images = root / "images"
+    blobs = []
+    lines = []
+    for i in range(24):
+        blob = jpeg(64 + 8 * (i % 9), 48 + 8 * (i % 7), seed=i, quality=95)
+        (images / "c").mkdir(parents=True, exist_ok=True)
+        (images / "c" / f"{i:02d}.jpg").write_bytes(blob)
+        blobs.append(blob)
+        label = {"annotations": [{"class_id": i % 3, "left": 1, "top": 2, "width": 3, "height": 4}],
+                 "image_size": [{"width": 64, "height": 48}]}
+        lines.append(json.dumps({"source-ref": str(images / "c" / f"{i:02d}.jpg"), "bounding-box": label}))
+    manifest = root / "train.manifest"
+    manifest.write_text("\n".join(lines) + "\n")
+    out = {}
+    for name, extra in (("manifest", ()), ("manifest-split", ("--split-bytes", 4000)),
+                        ("manifest-split-odd", ("--split-bytes", 1001))):
+        path = root / f"{name}.rec"
+        cli("pack", "manifest", manifest, path, "--attribute-names", "source-ref,bounding-box", "--quiet", *extra)
+        with RecordReader(str(path), join="concat") as r:  # the writer's own convention
+            want = [rec.payload for rec in r]
+        assert want[0::2] == blobs
+        index_of_concat(path, path.with_suffix(".idx"))
+        out[name] = (path, want)
+    path = root / "images.rec"
+    cli("pack", "images", images, path)
+    with IndexedRecordReader(str(path), join="mxnet") as r:
+        out["images"] = (path, [r.read_at(o) for o in r.offsets])
+    golden = root / "mxnet.rec"
+    shutil.copy(os.path.join(GOLDEN, "mxnet.rec"), golden)
+    shutil.copy(os.path.join(GOLDEN, "mxnet.idx"), root / "mxnet.idx")
+    out["mxnet"] = (golden, GOLDEN_PAYLOADS)
+    return out
+
+
+def index_of_concat(rec, idx):
+    """An .idx of the record starts of a concat-framed file (keys 0..n-1)."""
+    import struct
+    data = rec.read_bytes()
+    starts, pos, open_ = [], 0, False
+    while pos < len(data):
+        _, lrec = struct.unpack_from("<II", data, pos)
+        cflag, n = lrec >> 29, lrec & ((1 << 29) - 1)
+        if cflag in (0, 1):
+            starts.append(pos)
+        pos += 8 + (n + 3) // 4 * 4
+    idx.write_text("".join(f"{k}\t{o}\n" for k, o in enumerate(starts)))
+
+
+NAMES = ["manifest", "manifest-split", "manifest-split-odd", "images", "mxnet"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_record_readers_read_them_exactly_by_default(files, name):
+    path, want = files[name]
+    with RecordReader(str(path)) as r:
+        assert [rec.payload for rec in r] == want
+        if name.startswith("manifest-split"):
+            assert r.guess.join == "concat"
+        if name == "mxnet":
+            assert r.guess.join == "mxnet"
+    with IndexedRecordReader(str(path)) as r:
+        offsets = r.offsets
+        assert [r.read_at(o) for o in reversed(offsets)] == want[::-1]  # decided at any record, any order
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_parallel_reader_reads_them_exactly_by_default(files, name, workers, shuffle, no_leaks):
+    path, want = files[name]
+    with ParallelReader(str(path), fields=Raw(), workers=workers, shuffle=shuffle, seed=3) as reader:
+        got = list(reader)
+    assert (sorted(got) if shuffle else got) == (sorted(want) if shuffle else want)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cli_reads_them_exactly_by_default(files, name, tmp_path):
+    path, want = files[name]
+    lines = cli("cat", path, "--format", "hex").decode().splitlines()  # index, offset, hex
+    assert [bytes.fromhex(line.split("\t")[2]) if line.count("\t") == 2 else b"" for line in lines] == want
+    report = json.loads(cli("inspect", path, "--json"))
+    assert report["records"] == len(want)
+    if name.startswith("manifest-split"):
+        assert report["join"].startswith("auto: concat (")
+    elif name == "mxnet":
+        assert report["join"].startswith("auto: mxnet (")
+    else:
+        assert report["join"] == "auto: either (no multipart records)"
+    cli("extract", path, "--all", "--out", tmp_path / "x")
+    written = sorted((tmp_path / "x").iterdir())
+    assert len(written) == len(want)
+
+
+def test_a_stream_that_fits_both_conventions_is_refused_naming_it():
+    """One multipart record whose parts fit MXNet's aligned-magic cut and a fixed split alike, and
+    nothing else that tells: an error that says so and what to pass, in every reader; explicit joins read it."""
+    payload = b"x" * 8 + b"\x0a\x23\xd7\xce" + b"y" * 4  # MXNet: parts 8 and 4 bytes
+    buf = io.BytesIO()
+    with RecordWriter(buf) as w:
+        w.write(b"abc")
+        w.write(payload)
+    data = buf.getvalue()
+    with pytest.raises(AmbiguousJoin, match=r"cannot tell how the multipart record at byte 12 was written: "
+                                             r"its parts are 8 bytes.*pass join='mxnet' or join='concat'"):
+        list(RecordReader(io.BytesIO(data)))
+    assert [r.payload for r in RecordReader(io.BytesIO(data), join="mxnet")] == [b"abc", payload]
+    assert [r.payload for r in RecordReader(io.BytesIO(data), join="concat")] == [b"abc", b"x" * 8 + b"y" * 4]
+    with ParallelReader(io.BytesIO(data), workers=0) as reader:
+        with pytest.raises(AmbiguousJoin):
+            list(reader)
+
+
+def test_a_single_part_record_longer_than_the_parts_decides_mxnet_ahead():
+    """The record alone fits both; one later record longer than its parts tells (the look-ahead)."""
+    first = b"x" * 8 + b"\x0a\x23\xd7\xce" + b"y" * 4
+    later = [b"z" * 5, b"w" * 40]
+    buf = io.BytesIO()
+    with RecordWriter(buf) as w:
+        for p in [first] + later:
+            w.write(p)
+    r = RecordReader(io.BytesIO(buf.getvalue()), chunk_size=8)
+    assert [x.payload for x in r] == [first] + later and r.guess.join == "mxnet"
+    # and a fixed split of the same sizes: two multipart records cut at 8 bytes tell concat
+    split = io.BytesIO()
+    write_sagemaker_recordio([b"a" * 12, b"b" * 3, b"c" * 16], split, split_bytes=8)
+    r = RecordReader(io.BytesIO(split.getvalue()), chunk_size=8)
+    assert [x.payload for x in r] == [b"a" * 12, b"b" * 3, b"c" * 16] and r.guess.join == "concat"
