@@ -80,7 +80,7 @@ def index_of_concat(rec, idx):
     """An .idx of the record starts of a concat-framed file (keys 0..n-1)."""
     import struct
     data = rec.read_bytes()
-    starts, pos, open_ = [], 0, False
+    starts, pos = [], 0
     while pos < len(data):
         _, lrec = struct.unpack_from("<II", data, pos)
         cflag, n = lrec >> 29, lrec & ((1 << 29) - 1)
