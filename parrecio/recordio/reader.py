@@ -224,6 +224,7 @@ class RecordReader:
                 # Slow path: refill, multipart, end of stream, corruption.
                 self._max_single = longest
                 got = self._next_slow(base + pos)
+                longest = self._max_single  # the slow path's single-part records count too
                 buf, mv, base, end = self._buf, self._mv, self._base, self._end
                 if got is None:
                     pos = end
