@@ -480,13 +480,26 @@ def test_compressed_and_empty_inputs_are_named(tmp_path):
 
 
 def test_the_library_says_what_a_non_recordio_file_starts_with(tmp_path):
+    """A file, or a folder of JPEGs, given as the channel: the CLI's message, when the reader is made; a
+    stream (a file object) that is no RecordIO: at its first record, with its first bytes."""
+    import io
     from PIL import Image as PILImage
     from parrecio import ParallelReader
-    from parrecio.errors import CorruptRecordError
+    from parrecio.errors import CorruptRecordError, SourceError
     png = tmp_path / "some.png"
     PILImage.new("RGB", (8, 8)).save(png)
+    with pytest.raises(SourceError, match=r"some.png: not a RecordIO stream \(\d+ bytes\): it starts with a PNG "
+                                          r"image .*to pack images into RecordIO: parrecio pack images DIR out.rec"):
+        ParallelReader(str(png), workers=0)
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(3):
+        PILImage.new("RGB", (8, 8), (i, 0, 0)).save(folder / f"{i}.jpg")
+    with pytest.raises(SourceError, match=r"0.jpg: not a RecordIO stream .* it starts with a JPEG image .*"
+                                          r"parrecio pack images DIR out.rec"):
+        ParallelReader(str(folder), workers=2)
     with pytest.raises(CorruptRecordError) as info:
-        list(ParallelReader(str(png), workers=0))
+        list(ParallelReader(io.BytesIO(png.read_bytes()), workers=0))
     assert "bad magic 0x474E5089 (expected 0xCED7230A); not a RecordIO stream? it starts with " \
            "b'\\x89PNG\\r\\n\\x1a\\n'" in str(info.value) and info.value.offset == 0
 

@@ -128,6 +128,7 @@ class FileSource(Source):
         self.default_join = default_join
         if kind is not None:
             self.kind = kind
+        _check_heads(self.paths[:CHECKED_FILES])
 
     @classmethod
     def from_patterns(cls, patterns: Sequence, *, name: Optional[str] = None) -> "FileSource":
@@ -158,3 +159,34 @@ def _describe(paths: Sequence[str]) -> str:
         return paths[0]
     head = ", ".join(paths[:3])
     return f"[{head}{', ...' if len(paths) > 3 else ''}] ({len(paths)} paths)"
+
+
+#: How many of a source's files are checked for the RecordIO magic when it is made.
+CHECKED_FILES = 64
+
+
+def _check_heads(paths: Sequence[str]) -> None:
+    """A regular file that plainly holds another format (a folder of JPEGs given as the channel): say
+    what it is now, when the reader is made, not at the first ``next()`` (FIFOs and the like are read by
+    the reader process only; they are not touched here)."""
+    from ..recordio.framing import MAGIC_BYTES
+    for path in paths:
+        try:
+            if not os.path.isfile(path):
+                continue
+            with open(path, "rb") as f:
+                head = f.read(64)
+        except OSError:
+            continue  # opening it is the reader's to report, with the path
+        if head and not head.startswith(MAGIC_BYTES) and _known_other(head):
+            from ..tools.inspect import not_recordio
+            raise not_recordio(path, head, os.path.getsize(path))
+
+
+def _known_other(head: bytes) -> bool:
+    """Whether ``head`` is plainly another format (an image, JSON or text, a compressed file): bytes that
+    say nothing (``"other"``) may be a RecordIO file whose first record is damaged, which
+    ``on_error="skip"`` reads past: those are left to the reader."""
+    from ..decoders.sniff import sniff
+    from ..tools.inspect import is_compressed
+    return sniff(head) != "other" or is_compressed(head)

@@ -50,6 +50,11 @@ _COMPRESSED = ((b"\x1f\x8b", "gzip", "gzip -dc"), (b"BZh", "bzip2", "bzip2 -dc")
                (b"PK\x03\x04", "zip", "unzip -p"))
 
 
+def is_compressed(head: bytes) -> bool:
+    """Whether ``head`` starts like one of the compressed containers RecordIO files are shipped in."""
+    return any(head.startswith(magic) for magic, _, _ in _COMPRESSED)
+
+
 def not_recordio(name: Any, head: bytes, nbytes: Optional[int] = None) -> SourceError:
     """The one error for input that is no RecordIO stream at all, whichever command met it: what the
     input starts with, and how to make RecordIO of such files (or get at the RecordIO inside)."""
