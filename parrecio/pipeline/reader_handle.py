@@ -66,7 +66,19 @@ class ReaderHandle:
         """The messages that are there now (never blocks).  Raises PipelineError if the process died,
         or closed its pipe, before its ``ReaderEnd``."""
         msgs: List[Any] = []
-        eof = False
+        eof = self._receive_into(msgs)
+        if not self.ended and not eof and not self.proc.is_alive():
+            # It may have sent its last messages and exited between the drain and the check: what it
+            # wrote is still in the pipe (seen on a loaded machine: "died (exit code 0)" after a clean end).
+            eof = self._receive_into(msgs)
+        if not self.ended and (eof or not self.proc.is_alive()):
+            self.proc.join(1.0)
+            raise PipelineError(f"the reader process died ({describe_exit(self.proc.exitcode)}) "
+                                f"before the end of the stream {self.source_name!r}")
+        return msgs
+
+    def _receive_into(self, msgs: List[Any]) -> bool:
+        """Append the messages waiting in the pipe (up to its ReaderEnd); True at the pipe's end."""
         try:
             while not self.ended and self.data.poll():
                 msg = self.data.recv()
@@ -74,12 +86,8 @@ class ReaderHandle:
                 if isinstance(msg, ReaderEnd):
                     self.ended = True
         except (EOFError, OSError):
-            eof = True  # its end of the pipe is closed: it will send nothing more
-        if not self.ended and (eof or not self.proc.is_alive()):
-            self.proc.join(1.0)
-            raise PipelineError(f"the reader process died ({describe_exit(self.proc.exitcode)}) "
-                                f"before the end of the stream {self.source_name!r}")
-        return msgs
+            return True  # its end of the pipe is closed: it will send nothing more
+        return False
 
     def release(self, pos: int, oneoff_bytes: int = 0, mapped_bytes: int = 0) -> None:
         """Everything before ring position ``pos`` was delivered (plus a one-off segment's or a mapped
