@@ -81,6 +81,12 @@ def read_index(idx_path: Union[str, "os.PathLike[str]"]) -> List[tuple]:
     return list(zip(keys, offsets))
 
 
+def spans_of(sorted_offsets: List[int], size: int) -> List[Tuple[int, int]]:
+    """``(offset, bytes to the next record or the end)`` of each record start, in file order."""
+    ends = sorted_offsets[1:] + [size]
+    return [(a, b - a) for a, b in zip(sorted_offsets, ends)]
+
+
 class WindowSource:
     """A :class:`~parrecio.recordio.framing.FrameSource` over ``fetch(offset, nbytes) -> bytes`` (a
     ``pread``, a ranged GET), one per record read (so thread-safe): one window of bytes at a time, the
@@ -191,9 +197,7 @@ class IndexedRecordReader:
         return got[0]
 
     def _spans(self) -> List[Tuple[int, int]]:
-        """``(offset, bytes to the next record)`` of every record, in file order."""
-        ends = self._sorted[1:] + [self._size]
-        return list(zip(self._sorted, (b - a for a, b in zip(self._sorted, ends))))
+        return spans_of(self._sorted, self._size)
 
     def close(self) -> None:
         """Close the ``.rec`` file.  Idempotent."""

@@ -86,7 +86,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import CorruptRecordError, SourceError
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
-from ..recordio.index import WindowSource
+from ..recordio.index import WindowSource, spans_of
 from ..recordio.joins import IndexedJoin
 from .base import Source, Stream
 
@@ -802,11 +802,9 @@ class S3IndexedReader:
         return got[0]
 
     def _spans(self) -> List[Tuple[int, int]]:
-        """``(offset, bytes to the next record)`` of every record, in object order."""
         if self._sorted is None:
             self.offsets
-        ends = self._sorted[1:] + [self._size]
-        return list(zip(self._sorted, (b - a for a, b in zip(self._sorted, ends))))
+        return spans_of(self._sorted, self._size)
 
     def fetch(self, start: int, nbytes: int) -> bytes:
         """Bytes ``[start, start + nbytes)`` of the object (fewer at its end), with one ranged GET;
