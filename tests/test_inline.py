@@ -344,7 +344,7 @@ def test_shuffles_are_those_of_the_process_pipeline(tmp_path, index, num_shards,
     for k in range(num_shards):
         (e0, e1), _, _, reader = check_equal([str(a), str(b)], epochs=2, fields=[Raw(), Raw()], shuffle=True,
                                              seed=11, shuffle_buffer=32, num_shards=num_shards, shard_index=k)
-        assert reader._res.cfg.shuffle == ("index" if index else "buffer")
+        assert reader._res.cfg.shuffle_mode == ("index" if index else "buffer")
         assert all(x[4:] == y[4:] for x, y in e0)  # groups stay together
         in_order = everything[k::num_shards]
         assert e0 != in_order and e0 != e1

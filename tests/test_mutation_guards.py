@@ -377,7 +377,7 @@ def test_shuffle_buffer_keeps_groups_whole_on_a_large_stream(big_pairs, fields, 
     for workers in (0, 2):
         with deadline(60), ParallelReader(path, fields=decs, workers=workers, shuffle=True, seed=4,
                                           shuffle_buffer=700) as r:
-            assert r.config.shuffle == "buffer"
+            assert r.config.shuffle_mode == "buffer"
             order = []
             for a, b in r:
                 g = int(a[1:7])

@@ -355,8 +355,15 @@ def test_shards_from_the_environment(stream, monkeypatch, no_leaks):
     with ParallelReader(path, workers=1, num_shards="env") as reader:
         assert list(reader) == recs[3::4]
     monkeypatch.delenv("RANK")
-    with pytest.raises(ValueError, match="RANK is not set"):
+    with pytest.raises(ValueError, match=r"RANK is not set \(the other is '4'\)"):
         ParallelReader(path, num_shards="env")
+    # a plain run of a torchrun script (#24): neither variable set reads everything, and says so
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.warns(UserWarning, match=r'num_shards="env": WORLD_SIZE and RANK are not set .* one shard'):
+        reader = ParallelReader(path, workers=1, num_shards="env")
+    with reader:
+        assert (reader.config.num_shards, reader.config.shard_index) == (1, 0)
+        assert list(reader) == recs
 
 
 def test_unpicklable_decoder_is_refused_up_front(stream):

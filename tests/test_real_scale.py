@@ -169,7 +169,7 @@ def check_stats(stats, n: int, *, records: int, nbytes: int) -> None:
 def check_laps(name: str, data: LapData, orders, ref, stats, config, length, mode, *, stream: bool) -> None:
     """The common checks of a lap test (``stream``: the source is read into ring windows)."""
     n = data.n
-    assert config.shuffle == mode
+    assert config.shuffle_mode == mode
     assert length == n
     check_orders(orders, ref, n, mode)
     check_stats(stats, n, records=2 * n, nbytes=data.total_bytes)
@@ -197,7 +197,7 @@ def test_ring_laps_local(laps, case, no_leaks):
     shuffle, mode, which = LOCAL[case]
     path = getattr(laps, which)
     ref, _, ref_config, _ = read_laps(path, laps.data, workers=0, shuffle=shuffle)
-    assert ref_config.shuffle == mode
+    assert ref_config.shuffle_mode == mode
     orders, stats, config, length = read_laps(path, laps.data, workers=2, shuffle=shuffle)
     check_laps(case, laps.data, orders, ref, stats, config, length, mode, stream=False)
 
@@ -208,7 +208,7 @@ def test_ring_laps_s3(s3_laps, aws, laps, shuffle, no_leaks):
     through the shuffle buffer (no .idx objects), two epochs, workers=2 against workers=0."""
     mode = "buffer" if shuffle else None
     ref, _, ref_config, _ = read_laps(s3_laps, laps.data, workers=0, shuffle=shuffle)
-    assert ref_config.shuffle == mode and not ref_config.index_paths
+    assert ref_config.shuffle_mode == mode and not ref_config.index_paths
     orders, stats, config, length = read_laps(s3_laps, laps.data, workers=2, shuffle=shuffle)
     check_laps(f"s3 {mode}", laps.data, orders, ref, stats, config, length, mode, stream=True)
 
@@ -275,7 +275,7 @@ def test_manifest_images(manifest, inline_pixels, case, no_leaks):
     path = getattr(manifest, which)
     orders = []
     with snippet(path, 2, shuffle, [Image(size=224), BoundingBoxes()]) as reader:
-        assert reader.config.shuffle == mode
+        assert reader.config.shuffle_mode == mode
         for epoch in range(EPOCHS):
             ids: list = []
             sizes = []
@@ -319,6 +319,6 @@ def test_manifest_raw_json(manifest, which, no_leaks):
                 orders.append(ids)
             runs[workers] = orders, reader.stats, reader.config
     orders, stats, config = runs[2]
-    check_orders(orders, runs[0][0], n, config.shuffle)
+    check_orders(orders, runs[0][0], n, config.shuffle_mode)
     check_stats(stats, n, records=2 * n, nbytes=data.total_bytes)
-    assert config.shuffle == ("index" if which == "indexed" else "buffer")
+    assert config.shuffle_mode == ("index" if which == "indexed" else "buffer")

@@ -45,7 +45,7 @@ class PipelineConfig:
     num_shards: int
     shard_index: int
     even_shards: Optional[str]         # None | "pad" | "drop": equal shard lengths (parrecio.pipeline.plan)
-    shuffle: Optional[str]             # None | "buffer" | "index"
+    shuffle_mode: Optional[str]        # None | "buffer" (a stream's shuffle buffer) | "index" (a global permutation)
     shuffle_buffer: int                # groups
     seed: int
     index_paths: Tuple[Tuple[str, str], ...]  # ((rec, idx), ...) when every file has an index
@@ -75,10 +75,15 @@ class PipelineConfig:
         return len(self.names)  # not the decoders: in a child they are one Shipped until unshipped
 
     @property
+    def shuffle(self) -> bool:
+        """Whether the groups are shuffled, as the reader was asked (``shuffle_mode`` says how)."""
+        return self.shuffle_mode is not None
+
+    @property
     def by_index(self) -> bool:
         """Groups are read by their ``.idx`` offsets (a global shuffle, or equal shards of indexed
         files), not by streaming the files."""
-        return bool(self.index_paths) and (self.shuffle == "index" or self.even_shards is not None)
+        return bool(self.index_paths) and (self.shuffle_mode == "index" or self.even_shards is not None)
 
     @property
     def slot_size(self) -> int:

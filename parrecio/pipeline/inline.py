@@ -185,7 +185,7 @@ class InlineRun:
         wrapping generator, which would cost a few percent per sample on small records.  Only the
         generator holds it (the run is held by the owner: no reference cycle)."""
         cfg = self.cfg
-        if (self.nf == 1 and kind == "single" and batch_size is None and cfg.shuffle is None
+        if (self.nf == 1 and kind == "single" and batch_size is None and cfg.shuffle_mode is None
                 and cfg.num_shards == 1 and cfg.even_shards is None and not self.skip
                 and self.kinds[0] != _FIXED and self.kinds[0] != _TUPLE and not self.randoms[0]):
             gen = self._single(on_end)
@@ -488,12 +488,12 @@ class InlineRun:
         if cfg.by_index:
             yield from self._indexed()
             return
-        rng = np.random.default_rng([cfg.seed, self.epoch]) if cfg.shuffle is not None else None
+        rng = np.random.default_rng([cfg.seed, self.epoch]) if cfg.shuffle_mode is not None else None
         skip = self.skip
         streams = self._streams()
         try:
             groups = self._stream_groups(streams)
-            if cfg.shuffle == "buffer":
+            if cfg.shuffle_mode == "buffer":
                 groups = self._shuffled(groups, rng)
             for item in groups:
                 if skip:  # a resumed epoch: delivered before
@@ -525,7 +525,7 @@ class InlineRun:
         cfg, nf = self.cfg, self.nf
         num_shards, shard = cfg.num_shards, cfg.shard_index
         even = EvenShards(num_shards, shard, cfg.even_shards) if cfg.even_shards is not None else None
-        hold = cfg.shuffle == "buffer" or even is not None  # groups outlive the reader's next step
+        hold = cfg.shuffle_mode == "buffer" or even is not None  # groups outlive the reader's next step
         group_index = 0   # groups seen in the stream (all shards)
         last = nf - 1
         for source, reader in streams:

@@ -119,7 +119,8 @@ class ParallelReader:
             of the epoch's global permutation (``perm[shard_index::num_shards]``, as PyTorch's
             DistributedSampler); otherwise every ``num_shards``-th group from ``shard_index`` on.
             ``num_shards="env"`` takes both from the ``WORLD_SIZE`` and ``RANK`` environment variables
-            (torch.distributed style).
+            (torch.distributed style); with neither set (a plain ``python train.py``), one shard, with a
+            ``UserWarning``.
         even_shards: ``None`` (default): shards differ by at most one group.  ``"pad"``: every shard
             yields ``ceil(groups / num_shards)`` (the first groups of the order repeat to fill the last
             row), ``"drop"``: ``floor(groups / num_shards)`` (the tail that does not divide evenly is
@@ -185,7 +186,7 @@ class ParallelReader:
             batch_size=batch_size, drop_last=bool(drop_last), join=join or source.default_join,
             on_error=on_error, max_record_bytes=tuning.max_record_bytes,
             num_shards=num_shards, shard_index=shard_index, even_shards=even_shards,
-            shuffle=None if not shuffle else "index" if index_paths else "buffer",
+            shuffle_mode=None if not shuffle else "index" if index_paths else "buffer",
             shuffle_buffer=shuffle_buffer, seed=seed, index_paths=index_paths, workers=workers,
             start_method=start_method, ring_bytes=tuning.ring_bytes, chunk_groups=tuning.chunk_groups,
             chunk_bytes=max(1 << 20, tuning.ring_bytes // 8), oneoff_budget=tuning.ring_bytes,
@@ -358,7 +359,7 @@ class ParallelReader:
             epoch, pos = epoch + 1, 0
         return {"version": 2, "epoch": epoch, "position": pos, "seed": cfg.seed,
                 "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
-                "even_shards": cfg.even_shards, "shuffle": cfg.shuffle is not None,
+                "even_shards": cfg.even_shards, "shuffle": cfg.shuffle_mode is not None,
                 "nfields": cfg.nfields, "source": str(self._res.source.name),
                 "data": _fingerprint(self._res.source)}
 
@@ -374,7 +375,7 @@ class ParallelReader:
             raise PipelineError("load_state_dict() while a pass is being iterated: call it before "
                                 "the next `for` loop")
         mine = {"seed": cfg.seed, "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
-                "even_shards": cfg.even_shards, "shuffle": cfg.shuffle is not None, "nfields": cfg.nfields,
+                "even_shards": cfg.even_shards, "shuffle": cfg.shuffle_mode is not None, "nfields": cfg.nfields,
                 "source": str(self._res.source.name)}
         for key, value in mine.items():
             if key in state and state[key] != value:
@@ -401,9 +402,13 @@ class ParallelReader:
         return self._indexed_groups
 
     def __len__(self) -> int:
-        """Samples (or batches, with ``batch_size``) per pass.  Known from the ``.idx`` files when every
-        file has one, else from the previous complete pass; ``TypeError`` when not known yet (a stream
-        read for the first time, stdin, a Pipe-mode channel before its first epoch ends)."""
+        """Samples (or batches, with ``batch_size``) of the pass being iterated, else of the next pass.
+
+        A whole pass is known from the ``.idx`` files when every file has one, else from the previous
+        complete pass; ``TypeError`` when not known yet (a stream read for the first time, stdin, a
+        Pipe-mode channel before its first epoch ends).  A resumed pass (after :meth:`load_state_dict`)
+        yields only what remains of its epoch, and that is what its length is: the saved position is
+        left out (the passes after it are whole again)."""
         n = self._pass_samples
         if n is None and self._res.cfg.index_paths:
             cfg = self._res.cfg
@@ -411,6 +416,8 @@ class ParallelReader:
         if n is None:
             raise TypeError("the number of samples is not known before a first complete pass "
                             "(no .idx file next to every .rec file)")
+        run = self._res.run
+        n = max(0, n - (run.skip if run is not None else self._skip))
         if self.batch_size is None:
             return n
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -521,17 +528,26 @@ def _tuning(tuning: Optional[Tuning], options: dict) -> Tuning:
 
 def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
     """(num_shards, shard_index), from WORLD_SIZE/RANK when ``num_shards == "env"``; other values as given,
-    for ``count`` to check (``int()`` here made 2.5 shards 2, and True shard 1)."""
+    for ``count`` to check (``int()`` here made 2.5 shards 2, and True shard 1).
+
+    Neither variable set is a plain run (``python train.py`` of a torchrun script): one shard, all the data,
+    with a warning; one of them without the other is an error (a launcher set up half-way)."""
     if not isinstance(num_shards, str) or num_shards != "env":
         return num_shards, shard_index
-    try:
-        return int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    except KeyError as err:
+    world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
+    if world is None and rank is None:
+        warnings.warn('num_shards="env": WORLD_SIZE and RANK are not set (not started by torchrun or another '
+                      'launcher), so this process reads all the data as one shard (num_shards=1, '
+                      'shard_index=0)', UserWarning, stacklevel=3)
+        return 1, 0
+    if world is None or rank is None:
+        missing = "WORLD_SIZE" if world is None else "RANK"
         raise ValueError(f'num_shards="env" needs the environment variables WORLD_SIZE and RANK; '
-                         f"{err.args[0]} is not set") from None
+                         f"{missing} is not set (the other is {rank if world is None else world!r})")
+    try:
+        return int(world), int(rank)
     except ValueError:
-        raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} and RANK={os.environ['RANK']!r} "
-                         f"must be integers") from None
+        raise ValueError(f"WORLD_SIZE={world!r} and RANK={rank!r} must be integers") from None
 
 
 def _fingerprint(source: Any) -> Optional[List[List[Any]]]:

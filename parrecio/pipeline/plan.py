@@ -66,7 +66,7 @@ def epoch_order(cfg: Any, epoch: int, offsets: Sequence[Sequence[int]]) -> Tuple
     ``offsets[file]`` (``cfg``: a PipelineConfig), and how many groups are left to the other shards."""
     nf = cfg.nfields
     counts = [len(o) // nf for o in offsets]
-    order = indexed_order(counts, shuffle=cfg.shuffle is not None, seed=cfg.seed, epoch=epoch,
+    order = indexed_order(counts, shuffle=cfg.shuffle_mode is not None, seed=cfg.seed, epoch=epoch,
                           num_shards=cfg.num_shards, shard_index=cfg.shard_index, even=cfg.even_shards)
     return order, max(0, sum(counts) - len(order))
 

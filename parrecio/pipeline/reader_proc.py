@@ -285,7 +285,7 @@ class _Reader:
     # -- the stream ------------------------------------------------------------------------------
     def run(self) -> None:
         cfg = self.cfg
-        if cfg.shuffle is not None:
+        if cfg.shuffle_mode is not None:
             import numpy as np
             self.rng = np.random.default_rng([cfg.seed, self.job.epoch])
             self.shuffle_buf: list = []
@@ -308,7 +308,7 @@ class _Reader:
         if self.even is not None:  # the epoch's length is known now: the held-back or repeated groups
             for item in self.even.end(self.group_index):
                 self._group_done(*item)
-        if cfg.shuffle == "buffer":  # what is left in the buffer, in random order
+        if cfg.shuffle_mode == "buffer":  # what is left in the buffer, in random order
             buf = self.shuffle_buf
             for i in self.rng.permutation(len(buf)):
                 self._emit_group(*buf[i])
@@ -319,7 +319,7 @@ class _Reader:
 
     def _group_done(self, stream_id: int, parts: list, first_offset: int) -> None:
         """A complete group of this shard, held here: through the shuffle buffer, or out."""
-        if self.cfg.shuffle == "buffer":
+        if self.cfg.shuffle_mode == "buffer":
             self._shuffled(stream_id, parts, first_offset)
         else:
             self._emit_group(stream_id, parts, first_offset)
@@ -396,7 +396,7 @@ class _Reader:
         if mapped is None:
             # Read straight into the ring, unless every group is copied out anyway (the shuffle buffer,
             # equal shards of a stream)
-            copied = cfg.shuffle == "buffer" or cfg.even_shards is not None
+            copied = cfg.shuffle_mode == "buffer" or cfg.even_shards is not None
             self.windows = None if copied else RingWindows(self.ring, self.seg.buf, self.mem, self._advance)
             try:
                 reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
@@ -430,7 +430,7 @@ class _Reader:
         cfg, st = self.cfg, self.stats
         mm, segment, start = mapped if mapped is not None else (None, None, 0)
         nf, num_shards, shard = cfg.nfields, cfg.num_shards, cfg.shard_index
-        shuffling = cfg.shuffle == "buffer"
+        shuffling = cfg.shuffle_mode == "buffer"
         even = self.even
         hold_all = shuffling or even is not None  # every group is held here: copied out as it is read
         if mm is not None and nf == 1 and num_shards == 1 and not hold_all and not self.skip:
