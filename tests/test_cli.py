@@ -424,11 +424,17 @@ def test_demo_out_keeps_the_file_and_says_how_to_read_it(tmp_path):
     out = tmp_path / "demo.rec"
     proc = cli("demo", "--samples", 40, "--workers", 1, "--batch-size", 8, "--size", 64, "--out", out)
     text = proc.stdout.decode()
-    assert f"{out} (kept)" in text and f"read it yourself: ParallelReader({str(out)!r}" in text
-    from parrecio import ParallelReader
+    assert f"{out} and its index {tmp_path / 'demo.idx'} (kept)" in text
+    assert f"read it yourself: ParallelReader({str(out)!r}" in text
+    from parrecio import IndexedRecordReader, ParallelReader, RecordReader
     from parrecio.decoders import BoundingBoxes, Image
+    # #24: the .idx is written, so len() is known before a pass and shuffle=True is a global permutation
+    with RecordReader(out) as plain, IndexedRecordReader(out) as indexed:
+        payloads = [rec.payload for rec in plain]
+        assert len(payloads) == 80 and [indexed[i] for i in range(80)] == payloads
     with ParallelReader(out, fields=[Image(size=(224, 224)), BoundingBoxes(max_boxes=8)], batch_size=32,
-                        workers=0) as r:
+                        workers=0, shuffle=True) as r:
+        assert len(r) == 2 and r.config.shuffle_mode == "index"
         assert [len(images) for images, _ in r] == [32, 8]
     proc = cli("demo", "--samples", 8, "--out", tmp_path, check=False)
     assert proc.returncode != 0 and b"is a folder; give a file name" in proc.stderr
@@ -517,17 +523,24 @@ def test_pack_images_leaves_out_and_lists_files_that_are_no_images(tmp_path, dat
     root = tmp_path / "imgs"
     shutil.copytree(data["images"], root)
     (root / "cat" / "broken.jpg").write_text("this is not a JPEG at all\n")
+    jpeg = (root / "cat").glob("*.jpg").__next__().read_bytes()
+    (root / "cat" / "cut.jpg").write_bytes(jpeg[:200])  # a JPEG header, then nothing
     out = tmp_path / "o.rec"
     proc = cli("pack", "images", root, out)
     err = proc.stderr.decode()
-    assert f"skipped {root / 'cat' / 'broken.jpg'}: UnidentifiedImageError" in err and "text" in err
+    from parrecio.decoders.sniff import describe
+    what = describe(b"this is not a JPEG at all\n")
+    assert what.startswith("text (26 bytes")
+    assert f"skipped {root / 'cat' / 'broken.jpg'}: not an image Pillow can open: {what}\n" in err
+    assert f"skipped {root / 'cat' / 'cut.jpg'}: a JPEG image (200 bytes) that does not open: OSError: Truncated File Read\n" in err
+    assert "BytesIO" not in err and " at 0x" not in err  # #24: the message named Pillow's file object
     assert "6 records" in err  # the 6 images of the fixture, not the text file
     lst = (tmp_path / "o.lst").read_text()
     assert "broken.jpg" not in lst and len(lst.splitlines()) == 6
     from parrecio import RecordReader
     assert sum(1 for _ in RecordReader(out)) == 6
     cli("pack", "images", root, tmp_path / "all.rec", "--no-verify")
-    assert sum(1 for _ in RecordReader(tmp_path / "all.rec")) == 7
+    assert sum(1 for _ in RecordReader(tmp_path / "all.rec")) == 8
 
 
 def test_pack_images_of_a_flat_folder_says_so(tmp_path, data):

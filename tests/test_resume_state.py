@@ -132,3 +132,41 @@ def test_a_stream_shorter_than_the_saved_position_raises(tmp_path, workers, shuf
         with pytest.raises(SourceError, match="the resumed position 60 is past the end of epoch 0: this "
                                               "shard's order has 50 samples now"):
             list(r)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("batch_size,drop_last", [(None, False), (16, False), (16, True), (7, False)])
+@pytest.mark.parametrize("index", [True, False], ids=["idx", "stream"])
+def test_len_of_a_resumed_pass_is_what_it_yields(tmp_path, workers, batch_size, drop_last, index, no_leaks):
+    """#24: len() of a resumed epoch counted the whole epoch (8 batches where the pass yields 5).  It is
+    the length of the pass being (or next) iterated: the rest of the resumed epoch, then whole epochs;
+    with a stream, known once a complete pass was seen."""
+    path = str(tmp_path / "n.rec")
+    _write(path, 120, index=index and str(tmp_path / "n.idx"))
+    kw = dict(fields={"i": Json()}, workers=workers, batch_size=batch_size, drop_last=drop_last)
+
+    def batches(n):
+        return n if batch_size is None else n // batch_size if drop_last else -(-n // batch_size)
+
+    with ParallelReader(path, **kw) as r:
+        if not index:
+            list(r)  # a stream's length is known after one complete pass
+        it = iter(r)
+        for _ in range(3):
+            next(it)
+        state = r.state_dict()
+        it.close()
+    position = state["position"]
+    assert position == 3 * (batch_size or 1)
+    with ParallelReader(path, **kw) as r:
+        if not index:
+            list(r)
+        r.load_state_dict(state)
+        assert len(r) == batches(120 - position)
+        seen = 0
+        for _ in r:
+            assert len(r) == batches(120 - position)  # also while the resumed pass runs
+            seen += 1
+        assert seen == batches(120 - position)
+        assert len(r) == batches(120)  # the following epochs are whole
+        assert sum(1 for _ in r) == batches(120)

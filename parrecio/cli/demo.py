@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
         info = build_demo_stream(path, n=args.samples)
         kept = "kept" if args.out else "temporary, removed at the end; --out FILE.rec keeps it"
         print(f"demo stream: {info['samples']} samples ([JPEG][Ground Truth boxes JSON]), "
-              f"{info['file_mb']:.1f} MB, mean JPEG {info['mean_jpeg_kb']:.0f} KB: {path} ({kept})")
+              f"{info['file_mb']:.1f} MB, mean JPEG {info['mean_jpeg_kb']:.0f} KB: {path} and its index "
+              f"{info['index']} ({kept})")
         run_demo(path, workers=workers, batch_size=args.batch_size, size=args.size)
         if args.out:
             print(f"read it yourself: ParallelReader({path!r}, fields=[Image(size=(224, 224)), "

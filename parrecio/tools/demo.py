@@ -63,15 +63,19 @@ def _samples(n: int, seed: int) -> Iterator[Tuple[bytes, bytes]]:
 
 
 def build_demo_stream(path: str, n: int = 512, seed: int = 0) -> dict:
-    """Write ``n`` samples ``[JPEG][boxes JSON]`` as RecordIO to ``path``; return a summary."""
+    """Write ``n`` samples ``[JPEG][boxes JSON]`` as RecordIO to ``path``, with its ``.idx`` beside it (every
+    record's offset, as ``pack`` writes it: so ``len()`` and the global shuffle work from the start); return
+    a summary."""
     from ..recordio import RecordWriter
+    from ..recordio.paths import index_path
     nbytes = 0
-    with RecordWriter(path) as w:
+    with RecordWriter(path, index=index_path(path)) as w:
         for jpeg, label in _samples(n, seed):
             w.write(jpeg)
             w.write(label)
             nbytes += len(jpeg)
-    return {"path": path, "samples": n, "records": 2 * n, "mean_jpeg_kb": nbytes / n / 1024,
+    return {"path": path, "index": index_path(path), "samples": n, "records": 2 * n,
+            "mean_jpeg_kb": nbytes / n / 1024,
             "file_mb": os.path.getsize(path) / 2**20}
 
 

@@ -220,8 +220,15 @@ def _not_an_image(data: bytes) -> Optional[str]:
         with PILImage.open(io.BytesIO(data)) as img:
             img.verify()
     except Exception as exc:  # UnidentifiedImageError, SyntaxError for broken structure, ...
-        from ..decoders.sniff import describe
-        return f"{type(exc).__name__}: {exc} ({describe(data)})"
+        import re
+
+        from ..decoders.sniff import IMAGE_KINDS, describe, sniff
+        kind = sniff(data)
+        if isinstance(exc, PILImage.UnidentifiedImageError) or kind not in IMAGE_KINDS:
+            return f"not an image Pillow can open: {describe(data)}"
+        # Pillow names the file object it was given ("<_io.BytesIO object at 0x...>"): no news to anyone
+        said = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(exc)).strip()
+        return f"a {kind.upper()} image ({len(data)} bytes) that does not open: {type(exc).__name__}: {said}"
     return None
 
 
