@@ -109,3 +109,56 @@ def test_default_labels_batch_into_one_array(tmp_path):
         labels = [lab for _, lab in r]
     assert [lab.shape for lab in labels] == [(4,), (4,), (2,)]
     assert labels[0].dtype == np.float32 and np.concatenate(labels).tolist() == [i % 3 for i in range(10)]
+
+
+@pytest.mark.parametrize("label_width", [None, 0, 1])
+@pytest.mark.parametrize("dtype", ["int64", np.int32, np.uint8, "float64"])
+def test_label_dtype_gives_class_ids(label_width, dtype):
+    """#24: im2rec's labels are float32 where a loss wants int64 class ids; label_dtype says which."""
+    decoder = ImageRecord(Image(size=16), label_width=label_width, label_dtype=dtype)
+    image, label = decoder(pack(IRHeader(0, 7.0, 3, 0), JPEG))
+    assert label.dtype == np.dtype(dtype) and label.tolist() == ([7] if label_width == 1 else 7)
+    assert np.array_equal(image, Image(size=16)(JPEG))
+    if label_width is not None:  # a fixed spec carries the dtype into shared memory
+        assert decoder.output_spec[1] == ArraySpec((1,) if label_width else (), np.dtype(dtype))
+    many = ImageRecord(label_dtype=dtype)(pack(IRHeader(0, [1.0, 0.0, 8.0], 3, 0), JPEG))[1]
+    assert many.dtype == np.dtype(dtype) and many.tolist() == [1, 0, 8]
+
+
+def test_label_dtype_refuses_what_it_cannot_hold():
+    for label, dtype in ((2.5, "int64"), (-1.0, "uint8"), (300.0, "uint8"), (float("nan"), "int64"),
+                         ([1.0, 0.5], "int64")):
+        with pytest.raises(DecodeError, match=rf"image record \(id 4\) has the label .* which "
+                                              rf"label_dtype={np.dtype(dtype).name} cannot hold exactly"):
+            ImageRecord(label_dtype=dtype)(pack(IRHeader(0, label, 4, 0), JPEG))
+    assert ImageRecord(label_dtype="float64")(pack(IRHeader(0, 2.5, 4, 0), JPEG))[1].tolist() == 2.5
+    with pytest.raises(TypeError, match="label_dtype must be None or a numpy integer or float dtype"):
+        ImageRecord(label_dtype="no such dtype")
+    with pytest.raises(ValueError, match="label_dtype must be an integer or float dtype, got bool"):
+        ImageRecord(label_dtype=bool)
+
+
+def test_label_dtype_is_part_of_the_value():
+    import dataclasses
+    import pickle
+    d = ImageRecord(Image(size=16), label_dtype=np.int64)
+    assert repr(d) == "ImageRecord(image=Image(size=(16, 16)), label_dtype='int64')"
+    assert repr(ImageRecord()) == "ImageRecord()" and ImageRecord(label_dtype=None).label_dtype is None
+    assert d == ImageRecord(Image(size=16), label_dtype="int64") != ImageRecord(Image(size=16))
+    assert pickle.loads(pickle.dumps(d)) == d and hash(d) == hash(ImageRecord(Image(size=16), label_dtype="int64"))
+    assert dataclasses.replace(d, label_width=0).output_spec[1] == ArraySpec((), np.int64)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_int64_labels_through_the_pipeline(tmp_path, workers, no_leaks):
+    from parrecio import ParallelReader, RecordWriter
+    path = tmp_path / "l.rec"
+    with RecordWriter(str(path)) as w:
+        for i in range(10):
+            w.write(pack(IRHeader(0, float(i % 3), i, 0), JPEG))
+    for width in (None, 0):
+        with ParallelReader(path, fields=ImageRecord(Image(size=16), label_width=width, label_dtype="int64"),
+                            batch_size=4, workers=workers) as r:
+            labels = [lab for _, lab in r]
+        assert [(lab.shape, lab.dtype) for lab in labels] == [((4,), np.int64)] * 2 + [((2,), np.int64)]
+        assert np.concatenate(labels).tolist() == [i % 3 for i in range(10)]

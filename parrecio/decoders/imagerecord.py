@@ -18,7 +18,7 @@ from ..recordio.irheader import unpack
 from .base import ArraySpec, is_random
 from .checks import check_int
 from .image import Image
-from .value import Value, derive
+from .value import Value, derive, shown_as
 
 __all__ = ["ImageRecord"]
 
@@ -46,6 +46,11 @@ class ImageRecord(Value):
         ``n >= 1``: every record must have ``flag == n`` labels (or, for ``n == 1``, a scalar label); the
         label is a ``float32`` array ``(n,)`` with a fixed spec, like ``ImageRecordIter(label_width=n)``.
         A record that does not fit raises :class:`DecodeError`.
+    label_dtype:
+        The labels' numpy dtype; ``None`` (default) keeps MXNet's ``float32``.  ``"int64"`` (or any
+        integer dtype) gives class ids ready for a loss such as ``torch.nn.functional.cross_entropy``:
+        a label that is not a whole number the dtype holds raises :class:`DecodeError` (never a silent
+        truncation).  A float dtype converts the float32 values.
 
     ``output_spec`` is ``(image.output_spec, label spec)``, or ``None`` when neither is fixed;
     ``decode_into(payload, out)`` follows :mod:`parrecio.decoders.base`.
@@ -53,10 +58,20 @@ class ImageRecord(Value):
 
     image: Any = field(default_factory=Image)
     label_width: Optional[int] = None
+    label_dtype: Any = field(default=None, metadata=shown_as(lambda dtype: dtype.name))
 
     def __post_init__(self) -> None:
         label_width = None if self.label_width is None else \
             check_int("label_width", self.label_width, 0, MAX_LABEL_WIDTH, want=f"None or an int in 0..{MAX_LABEL_WIDTH}")
+        try:  # None stays None (the default's repr, and dataclasses.replace); it means float32
+            label_dtype = None if self.label_dtype is None else np.dtype(self.label_dtype)
+        except TypeError:
+            raise TypeError(f"label_dtype must be None or a numpy integer or float dtype, got "
+                            f"{self.label_dtype!r}") from None
+        if label_dtype is not None and label_dtype.kind not in "iuf":
+            raise ValueError(f"label_dtype must be an integer or float dtype, got {label_dtype}")
+        derive(self, label_dtype=label_dtype)
+        object.__setattr__(self, "_dtype", np.dtype(np.float32) if label_dtype is None else label_dtype)
         image = Image() if self.image is None else self.image
         if not callable(image):
             raise TypeError(f"image must be a decoder (a callable of the image bytes) such as Image(), got {image!r}")
@@ -64,7 +79,7 @@ class ImageRecord(Value):
         if self.label_width is None:
             label_spec = None
         else:
-            label_spec = ArraySpec((self.label_width,) if self.label_width else (), np.float32)
+            label_spec = ArraySpec((self.label_width,) if self.label_width else (), self._dtype)
         image_spec = getattr(self.image, "output_spec", None)
         if image_spec is not None and not isinstance(image_spec, ArraySpec):
             raise ValueError(f"the image decoder's output_spec must be an ArraySpec or None, got {image_spec!r}")
@@ -78,19 +93,30 @@ class ImageRecord(Value):
         return is_random(self.image)
 
     def _label(self, header: Any) -> Label:
-        """The label MXNet would see, shaped by ``label_width``."""
+        """The label MXNet would see, shaped by ``label_width``, in ``label_dtype``."""
         width = self.label_width
         if header.flag == 0:
             if width is None:
-                return np.array(header.label, dtype=np.float32)
-            if width in (0, 1):
-                return np.full((width,) if width else (), header.label, dtype=np.float32)
-            raise DecodeError(f"image record (id {header.id}) has a scalar label, but label_width={width}")
-        if width is None:
-            return header.label
-        if header.flag != width:
+                label = np.array(header.label, dtype=np.float32)
+            elif width in (0, 1):
+                label = np.full((width,) if width else (), header.label, dtype=np.float32)
+            else:
+                raise DecodeError(f"image record (id {header.id}) has a scalar label, but label_width={width}")
+        elif width is None or header.flag == width:
+            label = header.label
+        else:
             raise DecodeError(f"image record (id {header.id}) has {header.flag} labels, but label_width={width}")
-        return header.label
+        dtype = self._dtype
+        if dtype == np.float32:
+            return label
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            if not (np.all(np.isfinite(label)) and np.all(label == np.round(label))
+                    and np.all(label >= info.min) and np.all(label <= info.max)):
+                shown = label.tolist() if label.ndim == 0 or label.size <= 8 else f"{label[:8].tolist()}..."
+                raise DecodeError(f"image record (id {header.id}) has the label {shown}, which label_dtype="
+                                  f"{dtype.name} cannot hold exactly (class ids are whole numbers)")
+        return label.astype(dtype)
 
     def __call__(self, payload: Any, key: Optional[int] = None) -> Tuple[Any, Label]:
         """Decode ``payload`` (bytes-like) to ``(image, label)``; ``key`` goes to a ``random`` image decoder."""
