@@ -305,3 +305,25 @@ def test_keras_fit_generator_every_batch_of_both_epochs(rec, no_leaks):
         gen = generator(reader, inputs="image", targets="label")
         assert _fit(model, gen, steps_per_epoch=steps, epochs=2) == [BATCHES, BATCHES]
         gen.close()
+
+
+def test_keras_generator_with_epochs_reads_exactly_those_passes(cls_rec, no_leaks):
+    """#24: an endless generator is read ahead by Keras's prefetch, so fit(epochs=3) started a fourth pass
+    (one batch of it: stats.samples 376 for 3 x 120; on a Pipe-mode channel that pass waits for a FIFO
+    SageMaker never creates).  generator(reader, epochs=3) ends with the third pass: exactly 3 x N
+    samples read, every batch trained on, and no "ran out of data" warning."""
+    import warnings
+    model = _model()
+    with ParallelReader(cls_rec, fields=[Image(SIZE), ClassLabel()], workers=2, batch_size=BATCH) as reader:
+        list(reader)  # the length, for steps_per_epoch
+        before = reader.stats.samples
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*ran out of data")
+            assert _fit(model, generator(reader, epochs=3), steps_per_epoch=steps_per_epoch(reader),
+                        epochs=3) == [BATCHES] * 3
+        assert reader.stats.samples - before == 3 * N and reader.stats.epochs == 4
+        # the endless generator: Keras asks it for more than it trains on (pinned, so that the README's
+        # advice is checked against the Keras in CI: if this starts failing, Keras stopped reading ahead)
+        before = reader.stats.samples
+        assert _fit(model, generator(reader), steps_per_epoch=BATCHES, epochs=3) == [BATCHES] * 3
+        assert reader.stats.samples - before > 3 * N

@@ -8,12 +8,14 @@
 
     reader = ParallelReader("train.rec", fields={"image": Image(size=(224, 224)), "label": ClassLabel()},
                             workers=8, batch_size=64)
-    model.fit(generator(reader, inputs="image", targets="label"),
+    model.fit(generator(reader, inputs="image", targets="label", epochs=10),
               steps_per_epoch=steps_per_epoch(reader) or 1000, epochs=10)
     reader.close()
 
-The generator runs pass after pass of the reader (a Keras generator must not run dry between epochs) and
-yields plain numpy arrays (views of shared memory, no copy; Keras converts them). With the TensorFlow
+The generator runs pass after pass of the reader (a Keras generator must not run dry between epochs);
+give it ``fit``'s ``epochs`` too: Keras reads a generator ahead (``prefetch``), so an endless one has a
+pass more started when training ends (one batch read of it: 376 samples read for 3 epochs of 120; on a
+Pipe-mode channel that pass waits for a FIFO SageMaker never creates).  It yields plain numpy arrays (views of shared memory, no copy; Keras converts them). With the TensorFlow
 backend, Keras feeds a generator through ``tf.data.Dataset.from_generator`` and ``prefetch``, which may
 wrap those arrays without copying them: the batches it holds (the first ones it peeks at to infer the
 signature, those it prefetches) keep their output slots until Keras is done with them, a bounded number.
@@ -85,7 +87,8 @@ def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,
     ``inputs``/``targets``/``sample_weights`` select columns (see :func:`select`): default ``0`` and
     ``1``, the ``(image, label)`` of ``fields=[Image(...), ClassLabel()]``; names for dict fields, e.g.
     ``inputs="image", targets="label"``; ``inputs={"pixels": "image", "meta": "extra"}`` for a model
-    with named inputs. The reader is not closed when the generator ends: close it yourself.
+    with named inputs. ``epochs``: the passes to run, ``fit``'s ``epochs`` (see the module's docstring for
+    why); ``None``: endless. The reader is not closed when the generator ends: close it yourself.
     """
     if epochs is not None and epochs < 0:
         raise ValueError(f"epochs must be >= 0 or None, not {epochs}")
