@@ -185,7 +185,6 @@ print("epochs read:", counts)
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory):
     """The files every case's folder starts with (copied, so that a snippet may overwrite them)."""
-    import numpy as np
     from PIL import Image as PILImage
 
     from parrecio import RecordWriter
