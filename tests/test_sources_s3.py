@@ -265,12 +265,12 @@ def test_index_shuffle_same_order_as_local(aws, tmp_path, no_leaks):
     bucket, local = write_data(aws, tmp_path, index=True, sizes=(30, 20, 25))
     url = f"s3://{bucket}/data/"
     with ParallelReader(url, shuffle=True, seed=7, workers=2) as reader:
-        assert reader.config.shuffle == "index"
+        assert reader.config.shuffle_mode == "index"
         assert [str(r) for r, _ in reader.config.index_paths] == [o.url for o in reader.source.objects]
         assert len(reader) == 75
         got = [list(reader), list(reader)]
     expected, cfg = two_epochs(str(local), shuffle=True, seed=7, workers=0)
-    assert cfg.shuffle == "index"
+    assert cfg.shuffle_mode == "index"
     assert two_epochs(str(local), shuffle=True, seed=7, workers=2)[0] == expected  # local, processes
     assert got == expected
     assert got[0] != got[1] and sorted(got[0]) == sorted(got[1])
@@ -547,7 +547,7 @@ def test_prefix_of_concat_objects_shuffled_each_group_once(aws, tmp_path, no_lea
     url = f"s3://{bucket}/train/"
     shuffled = dict(shuffle=True, seed=11, shuffle_buffer=16, **CONCAT)
     expected, cfg = two_epochs(url, workers=0, **shuffled)
-    assert cfg.shuffle == "buffer"
+    assert cfg.shuffle_mode == "buffer"
     for epoch in expected:
         assert sorted(epoch) == sorted(groups) and len(epoch) == len(groups)
     assert expected[0] != groups and expected[0] != expected[1]
