@@ -98,6 +98,21 @@ class DecodeError(_Located):
         super().__init__(self._format())
 
 
+def field_error(what: str, exc: BaseException, index: Optional[int], offset: Optional[int],
+                source: Optional[str], note: str = "") -> DecodeError:
+    """The :class:`DecodeError` of a field that raised ``exc``: ``"<what>: <reason><note>"`` located at
+    sample ``index``, byte ``offset`` of ``source``.  A DecodeError keeps its reason (and cause); any
+    other exception is named by type and becomes the cause."""
+    if isinstance(exc, DecodeError):
+        err = exc.located(index, offset, source)
+        err.reason = f"{what}: {exc.reason}{note}"
+        err.args = (err._format(),)
+        return err
+    err = DecodeError(f"{what}: {type(exc).__name__}: {exc}{note}", index=index, offset=offset, source=source)
+    err.__cause__ = exc
+    return err
+
+
 class SourceError(ParrecioError):
     """A stream could not be opened or read."""
 

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence, Tuple
 
 import orjson
 
-__all__ = ["sniff", "guess_fields", "describe", "KINDS", "IMAGE_KINDS", "PREFIX"]
+__all__ = ["sniff", "guess_fields", "guess_from_kinds", "describe", "KINDS", "IMAGE_KINDS", "PREFIX"]
 
 #: Every value :func:`sniff` can return.
 KINDS = ("jpeg", "png", "gif", "bmp", "webp", "tiff", "json", "text", "empty", "other")
@@ -157,9 +157,13 @@ def guess_fields(payloads: Sequence[Any], max_group: int = 8) -> Tuple[str, ...]
     ``"text"``; empty records fit any position.  Raises ``ValueError`` when ``payloads`` is empty or no
     group size up to ``max_group`` fits.  With fewer than two whole groups the guess is weak evidence.
     """
+    return guess_from_kinds([sniff(p) for p in payloads], max_group)
+
+
+def guess_from_kinds(kinds: Sequence[str], max_group: int = 8) -> Tuple[str, ...]:
+    """:func:`guess_fields` of records whose :func:`sniff` kinds are ``kinds``."""
     if max_group < 1:
         raise ValueError(f"max_group must be >= 1, got {max_group}")
-    kinds = [sniff(p) for p in payloads]
     if not kinds:
         raise ValueError("guess_fields needs at least one payload")
     for group in range(1, min(max_group, len(kinds)) + 1):

@@ -95,7 +95,7 @@ import numpy as np
 from ..decoders.base import (ArraySpec, is_passthrough, is_random, payload_kinds, sample_key, spec_of,
                              write_into)
 from ..decoders.imagerecord import ImageRecord
-from ..errors import CorruptRecordError, DecodeError, SourceError
+from ..errors import CorruptRecordError, DecodeError, SourceError, field_error
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, JOINS, read_record
 from ..recordio.index import read_index
 from ..recordio.paths import index_path
@@ -408,7 +408,7 @@ class _Columns:
                                         f"got {type(vals[f]).__name__}")
                 view.release()  # BufferError if the decoder kept it
             except Exception as exc:
-                err = _decode_error(st, f, exc, index, offset, path)
+                err = _decode_error(st, f, exc, payloads, index, offset, path)
                 raise err from err.__cause__
         for f, (spec, parts) in enumerate(zip(st.specs, st.parts)):
             if isinstance(spec, ArraySpec):
@@ -465,19 +465,21 @@ def _column(values: List[Any]) -> np.ndarray:
     return out
 
 
-def _decode_error(st: _Settings, f: int, exc: BaseException, index: int, offset: int, path: str) -> DecodeError:
-    """The DecodeError of field ``f`` of sample ``index``, worded as ParallelReader words it
-    (``field 'name' (decoder): reason (sample i, byte offset o of path)``)."""
+def _decode_error(st: _Settings, f: int, exc: BaseException, payloads: Sequence[Any], index: int, offset: int,
+                  path: str) -> DecodeError:
+    """The DecodeError of field ``f`` of sample ``index`` (whose payloads are ``payloads``), worded as
+    ParallelReader words it (``field 'name' (decoder): reason; the payload is ... (sample i, byte offset o
+    of path)``)."""
+    from ..pipeline.mismatch import field_note  # what the payload is, as ParallelReader says it
+
     dec = st.decoders[f]
-    what = f"field {st.names[f]!r} ({dec!r})"
+    try:
+        note = field_note(str(exc), st.decoders, payloads, f)
+    except Exception:  # a hint must never hide the error itself
+        note = ""
+    err = field_error(f"field {st.names[f]!r} ({dec!r})", exc, index, offset, path, note)
     if isinstance(exc, DecodeError):
-        err = exc.located(index, offset, path)
-        err.reason = f"{what}: {exc.reason}"
-        err.args = (err._format(),)
         err.__cause__ = exc.__cause__ or exc
-    else:
-        err = DecodeError(f"{what}: {type(exc).__name__}: {exc}", index=index, offset=offset, source=path)
-        err.__cause__ = exc
     return err
 
 

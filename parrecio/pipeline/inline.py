@@ -49,10 +49,12 @@ import numpy as np
 
 from ..decoders.base import ArraySpec, is_random, sample_key, write_into
 from ..decoders.basic import Json
-from ..errors import CorruptRecordError, DecodeError
+from ..errors import CorruptRecordError, DecodeError, field_error
 from ..recordio import RecordReader
 from .batching import collate, shaper
 from .plan import EvenShards, epoch_order, resume_overrun, whole_groups
+from .mismatch import field_note
+from ..decoders.sniff import sniff
 from .resync import for_stream
 from .run import Cursor, _ended
 
@@ -72,6 +74,7 @@ def _fast_calls() -> dict:
 
 _FAST = _fast_calls()
 _NO_WRITE = frozenset(map(id, [bytes, *_FAST.values()]))  # calls that never write into the payload
+_CONTEXT = 16   # records sniffed at the start of each stream, for a decode error's hint
 
 
 class _ThisProcess:
@@ -144,6 +147,7 @@ class InlineRun:
         self.randoms = [is_random(d) and k != _PASS for k, d in zip(self.kinds, self.cfg.decoders)]
         # counters of the group stage, added to stats at the end of the pass
         self.records = self.nbytes = self.skipped_groups = self.sharded_out = 0
+        self.first_kinds: dict = {}  # source -> the sniff() kinds of its first _CONTEXT records
 
     # -- lifecycle (as Run) ------------------------------------------------------------------------
     def ring_in_use(self) -> int:
@@ -209,19 +213,22 @@ class InlineRun:
         try:
             try:
                 for source, reader in streams:
+                    kinds = self.first_kinds[source] = []
                     for offset, view in reader.iter_views():
                         nbytes += len(view)
+                        if len(kinds) < _CONTEXT:  # what a decode error's hint compares with (mismatch.py)
+                            kinds.append(sniff(view))
                         try:
                             if readonly:  # as a decoder process: a read-only view, released after the call
-                                view = view.toreadonly()
+                                ro = view.toreadonly()
                                 try:
-                                    value = call(view)
+                                    value = call(ro)
                                 finally:
-                                    view.release()  # BufferError if the decoder kept it
+                                    ro.release()  # BufferError if the decoder kept it
                             else:
                                 value = call(view)
                         except Exception as exc:
-                            e = self._failed(0, exc, view, seq, offset, source)
+                            e = self._failed(0, exc, [view], seq, offset, source)
                             if raise_:
                                 err, failed = e, 1
                                 break
@@ -306,7 +313,7 @@ class InlineRun:
                             finally:
                                 p.release()  # BufferError if the decoder kept it
                     except Exception as exc:
-                        e = self._failed(f, exc, p, seq, offset, source)
+                        e = self._failed(f, exc, parts, seq, offset, source)
                         seq += 1
                         if raise_:
                             err = e
@@ -415,25 +422,23 @@ class InlineRun:
 
         return new_arrays, new_lists, columns
 
-    def _failed(self, f: int, exc: BaseException, payload: Any, index: int, offset: int,
+    def _failed(self, f: int, exc: BaseException, group: Sequence[Any], index: int, offset: int,
                 source: str) -> DecodeError:
-        """The DecodeError of field ``f`` of sample ``index``, worded as the pipeline words it
-        (``field 'name' (decoder): reason``); logged when skipped."""
+        """The DecodeError of field ``f`` of sample ``index`` (whose payloads are ``group``), worded as the
+        pipeline words it (``field 'name' (decoder): reason; the payload is ...``); logged when skipped."""
         dec = self.cfg.decoders[f]
         if self.calls[f] is not dec:  # a fast call failed: the decoder's own error is the one to raise
             try:
-                dec(payload)
+                dec(group[f])
             except Exception as own:
                 exc = own
-        what = f"field {self.cfg.names[f]!r} ({dec!r})"
-        if isinstance(exc, DecodeError):
-            err = exc.located(index, offset, source)
-            err.reason = f"{what}: {exc.reason}"
-            err.args = (err._format(),)
-        else:
-            err = DecodeError(f"{what}: {type(exc).__name__}: {exc}", index=index, offset=offset,
-                              source=source)
-            err.__cause__ = exc
+        note = ""
+        try:
+            note = field_note(str(exc), self.cfg.decoders, group, f, self.first_kinds.get(source),
+                              f"the first {len(self.first_kinds.get(source) or ())} records of {source}")
+        except Exception:  # a hint must never hide the error itself
+            pass
+        err = field_error(f"field {self.cfg.names[f]!r} ({dec!r})", exc, index, offset, source, note)
         err.__traceback__ = exc.__traceback__  # post-mortem lands in the decoder's frame
         if self.cfg.on_error != "raise":
             log.warning("parrecio: skipped %s", err)
@@ -535,10 +540,13 @@ class InlineRun:
             keep = True
             records = nbytes = 0
             realign = for_stream(cfg, source)
+            kinds = self.first_kinds[source] = []
             try:
                 for offset, view in reader.iter_views():
                     records += 1
                     nbytes += len(view)
+                    if records <= _CONTEXT:  # what a decode error's hint compares with (mismatch.py)
+                        kinds.append(sniff(view))
                     if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
                         skipped_seen = reader.skipped_records
                         realign.damaged(reader.last_corrupt, bool(parts))

@@ -20,7 +20,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from ..errors import DecodeError, ParrecioError
+from ..errors import DecodeError, ParrecioError, field_error
 
 __all__ = ["StreamStart", "Chunk", "ReaderEnd", "Release", "Stop", "Task", "TaskDone", "RemoteError"]
 
@@ -112,10 +112,11 @@ class RemoteError:
     of the remote traceback, chained as the cause when the consumer raises it.
     """
 
-    __slots__ = ("exc_bytes", "type_name", "message", "traceback", "field")
+    __slots__ = ("exc_bytes", "type_name", "message", "traceback", "field", "note")
 
-    def __init__(self, exc: BaseException, field: int = -1) -> None:
+    def __init__(self, exc: BaseException, field: int = -1, note: str = "") -> None:
         self.field = field  # which field of the group failed, -1 when not field-specific
+        self.note = note    # appended to the reason: what the payload is (parrecio.pipeline.mismatch)
         self.type_name = type(exc).__name__
         self.message = str(exc)
         self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -126,10 +127,10 @@ class RemoteError:
             self.exc_bytes = None
 
     def __getstate__(self):
-        return (self.exc_bytes, self.type_name, self.message, self.traceback, self.field)
+        return (self.exc_bytes, self.type_name, self.message, self.traceback, self.field, self.note)
 
     def __setstate__(self, state):
-        self.exc_bytes, self.type_name, self.message, self.traceback, self.field = state
+        self.exc_bytes, self.type_name, self.message, self.traceback, self.field, self.note = state
 
     def original(self) -> Optional[BaseException]:
         """The remote exception rebuilt here, with the remote traceback as its cause, or None."""
@@ -148,11 +149,8 @@ class RemoteError:
         """
         orig = self.original()
         if isinstance(orig, DecodeError):
-            err = orig.located(index, offset, source)
-            err.reason = f"{what}: {orig.reason}"
-            err.args = (err._format(),)
-            return err
-        err = DecodeError(f"{what}: {self.type_name}: {self.message}", index=index, offset=offset,
+            return field_error(what, orig, index, offset, source, self.note)
+        err = DecodeError(f"{what}: {self.type_name}: {self.message}{self.note}", index=index, offset=offset,
                           source=source)
         err.__cause__ = orig if orig is not None else _RemoteTraceback(self.traceback)
         return err

@@ -31,9 +31,11 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ..decoders.base import is_random, sample_key, write_into
+from ..decoders.sniff import sniff
 from .config import PipelineConfig
 from .mapped import MappedFiles, is_mapped
 from .messages import RemoteError, Stop, Task, TaskDone
+from .mismatch import field_note
 from .shipping import unship
 from .shm import Segment, sweep
 from .slots import SlotLayout
@@ -157,7 +159,7 @@ def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, sl
             except (Exception, KeyboardInterrupt, SystemExit) as exc:
                 # A decode error is data: it is raised at its sequence number.  KeyboardInterrupt and
                 # SystemExit raised *by a decoder* are its errors too, not requests to end this process.
-                errors[j] = RemoteError(exc, f)
+                errors[j] = RemoteError(exc, f, _note(cfg, exc, mem, offs, lens, n, j, f))
                 for col in columns:
                     if col is not None:
                         col[j] = None
@@ -166,6 +168,23 @@ def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, sl
         if seg is not ring:
             seg.close()
     return TaskDone(task.task_id, (columns, errors), time.process_time() - cpu0, os.getpid())
+
+
+def _note(cfg: PipelineConfig, exc: BaseException, mem: memoryview, offs, lens, n: int, j: int, f: int) -> str:
+    """What field ``f`` of group ``j`` was given, and what the task's records nearby (up to three groups
+    either side, successive unless the read is shuffled) suggest (:func:`parrecio.pipeline.mismatch.field_note`)."""
+    nf = len(cfg.decoders)
+    lo, hi = (max(0, j - 3), min(n, j + 4)) if not cfg.shuffle else (j, j + 1)
+    records = [mem[offs[i]:offs[i] + lens[i]] for i in range(lo * nf, hi * nf)]
+    try:
+        group = records[(j - lo) * nf:(j - lo + 1) * nf]
+        context = [sniff(r) for r in records] if hi - lo > 1 else None
+        return field_note(str(exc), cfg.decoders, group, f, context)
+    except Exception:  # a hint must never hide the error itself
+        return ""
+    finally:
+        for r in records:
+            r.release()
 
 
 def _pickled(done: TaskDone, split: bool, decoders: List[Any]) -> tuple:
