@@ -7,7 +7,8 @@
 
 The list of paths is fixed when the source is resolved (errors come early, in the consumer, and every
 epoch reads the same files).  Files are opened only in :meth:`FileSource.streams`, in the reader process,
-so a FIFO path is opened by the reader alone (a blocking open: the pipeline ends a reader stuck there).
+so a FIFO path is opened by the reader alone (:func:`parrecio.sources.fifo.open_fifo`: it says when it
+waits for a writer, and never opens a FIFO that another process is reading).
 
 Directory rule (:func:`list_recordio_files`): the ``*.rec`` files of the directory in name order; if it
 has none, every regular file whose name does not start with ``.`` and does not end in ``.idx`` or ``.lst``
@@ -24,6 +25,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence
 
 from ..errors import SourceError
 from .base import Source, Stream
+from .fifo import FifoWait, is_fifo, open_fifo
 
 __all__ = ["FileSource", "list_recordio_files", "expand_patterns", "GLOB_CHARS"]
 
@@ -147,7 +149,14 @@ class FileSource(Source):
 
 
 def open_for_reading(path: str):
-    """``open(path, "rb")`` with errors as :class:`SourceError` naming the path."""
+    """``open(path, "rb")`` with errors as :class:`SourceError` naming the path.
+
+    A FIFO is opened by :func:`parrecio.sources.fifo.open_fifo`: not while another process has it open for
+    reading (the two would split its bytes), and never blocked in ``open()``; a wait for its writer (or for
+    that other reader) longer than 2 s is said in a WARNING, again every 60 s, and is not an error.
+    """
+    if is_fifo(path):
+        return open_fifo(path, FifoWait("FIFO source", None))
     try:
         return open(path, "rb")
     except OSError as exc:

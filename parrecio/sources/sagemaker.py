@@ -42,7 +42,8 @@ from typing import Any, Callable, Dict, Iterator, Optional
 from ..errors import SourceError
 from ..recordio.framing import MAGIC_BYTES
 from .base import DEFAULT_FIFO_TIMEOUT, Source, Stream
-from .files import FileSource, list_recordio_files, open_for_reading
+from .fifo import GONE, MISSING, NO_WRITER, FifoWait, PrefixedRaw as _PrefixedRaw, open_fifo
+from .files import FileSource, list_recordio_files
 
 __all__ = [
     "PipeChannelSource", "FileChannelSource", "channel_source", "looks_like_channel_name",
@@ -53,6 +54,10 @@ DEFAULT_INPUT_DIR = "/opt/ml/input"
 INPUT_CONFIG_FILE = "inputdataconfig.json"
 _CHANNEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")  # SageMaker's ChannelName pattern
 _RAW_CONTENT_TYPES = ("image/", "application/x-image", "text/", "application/json", "application/jsonlines")
+_EXPLAIN = {  # what SageMaker does, beside what a wait is for
+    MISSING: "SageMaker creates it when the epoch starts, once the previous epoch's FIFO was read to its end",
+    NO_WRITER: "SageMaker opens it when it starts streaming the epoch",
+}
 _FIX_WRAPPER = (
     "set RecordWrapperType to RecordIO on the channel (SageMaker Python SDK: "
     "TrainingInput(..., input_mode='Pipe', record_wrapping='RecordIO'); for an augmented manifest also "
@@ -156,8 +161,12 @@ class FileChannelSource(FileSource):
 class PipeChannelSource(Source):
     """A SageMaker channel in Pipe mode: epoch ``e`` is the FIFO ``<data>/<channel>_<e>``.
 
-    :meth:`streams` waits up to ``fifo_timeout`` seconds for the FIFO to appear (:meth:`wait_for_fifo`), then
-    opens it (a blocking open, in the reader process only) and yields it as the epoch's one stream.
+    :meth:`streams` opens it (in the reader process only) with :func:`parrecio.sources.fifo.open_fifo`,
+    waiting up to ``fifo_timeout`` seconds in all for it to appear, for a writer, and for another process
+    that has it open for reading to let go (two readers would split its bytes); each wait is said in a
+    WARNING after 2 s and every 60 s after that.  At ``fifo_timeout`` it raises a :class:`SourceError`
+    naming the reason; once a writer is there, a stalled stream is not an error.  It yields the FIFO as the
+    epoch's one stream.
     """
 
     kind = "sagemaker-pipe"
@@ -187,12 +196,53 @@ class PipeChannelSource(Source):
 
     def streams(self, epoch: int) -> Iterator[Stream]:
         self.check_epoch(epoch)
-        path = self.wait_for_fifo(epoch)
-        file = open_for_reading(path)
+        path = self.fifo_path(epoch)
+        wait = FifoWait(f"epoch {epoch} of SageMaker channel {self.channel!r} (Pipe mode)", self.fifo_timeout,
+                        timeout_error=lambda *why: self._timeout_error(epoch, path, *why),
+                        explain=_EXPLAIN, hint=lambda: self._later_fifo_hint(epoch))
+        file = open_fifo(path, wait, appear=True)  # never blocks in open(); says what it waits for
         name = f"{self.channel}_{epoch} (FIFO {path})"
         if not self.wrapped:
             file = _expect_recordio(file, name, self.channel)
         yield Stream(name, file)
+
+    def _timeout_error(self, epoch: int, path: str, kind: str, who: str, hint: str) -> SourceError:
+        """The SourceError of epoch ``epoch``'s FIFO not ready within ``fifo_timeout``, by reason."""
+        head = f"SageMaker channel {self.channel!r} (Pipe mode): the FIFO of epoch {epoch}, {path},"
+        split = ("two readers of one FIFO split its bytes between them, each getting part of the records "
+                 "without an error. Read a channel in one process only (give other processes channels of "
+                 "their own)")
+        if kind == MISSING:
+            return SourceError(self._missing_message(epoch, path) + (f"; {hint}" if hint else ""))
+        if kind == GONE:
+            return SourceError(f"{head} was read by another process ({who}): it had it open for reading until "
+                               f"it was removed, and no FIFO of that name appeared again within "
+                               f"{self.fifo_timeout:g} s (fifo_timeout). This process did not open it: {split}")
+        if kind == NO_WRITER:
+            return SourceError(f"{head} exists but no writer opened it within {self.fifo_timeout:g} s "
+                               f"(SageMaker opens it when it streams the epoch; raise fifo_timeout= if it is "
+                               f"just slow)")
+        return SourceError(f"{head} was held open for reading by another process ({who}) for "
+                           f"{self.fifo_timeout:g} s (fifo_timeout), so it was not opened: {split}, or end the "
+                           f"other process first")
+
+    def _missing_message(self, epoch: int, path: str) -> str:
+        return (f"SageMaker channel {self.channel!r} (Pipe mode): the FIFO of epoch {epoch}, {path}, did not "
+                f"appear within {self.fifo_timeout:g} s (SageMaker creates <channel>_<epoch> after the "
+                f"previous epoch's FIFO was read to its end; raise fifo_timeout= if it is just slow)")
+
+    def _later_fifo_hint(self, epoch: int) -> str:
+        """A sentence when a later epoch's FIFO is there: this epoch was served already, to someone else."""
+        pattern = re.compile(re.escape(self.channel) + r"_(\d+)\Z")
+        try:
+            later = sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(self.data_dir))
+                           if m and int(m.group(1)) > epoch)
+        except OSError:
+            return ""
+        if not later:
+            return ""
+        return (f"{self.fifo_path(later[0])} exists, so epoch {epoch} was probably served already, to another "
+                f"process (each epoch's FIFO is served once)")
 
     def wait_for_fifo(self, epoch: int, on_wait: Optional[Callable[[str, float], None]] = None) -> str:
         """Wait up to ``fifo_timeout`` seconds for epoch ``epoch``'s FIFO to appear; return its path.
@@ -217,11 +267,7 @@ class PipeChannelSource(Source):
                 return path
             now = time.monotonic()
             if now >= deadline:
-                raise SourceError(
-                    f"SageMaker channel {self.channel!r} (Pipe mode): the FIFO of epoch {epoch}, {path}, did not "
-                    f"appear within {self.fifo_timeout:g} s (SageMaker creates <channel>_<epoch> after the "
-                    f"previous epoch's FIFO was read to its end; raise fifo_timeout= if it is just slow)"
-                )
+                raise SourceError(self._missing_message(epoch, path))
             if on_wait is not None:
                 on_wait(path, now - start)
             time.sleep(min(delay, max(0.0, deadline - now)))
@@ -256,43 +302,3 @@ def _expect_recordio(file, name: str, channel: str):
         f"objects back to back and they must be RecordIO (.rec) files themselves; for raw objects (images, "
         f"an augmented manifest's attributes) the records cannot be delimited: {_FIX_WRAPPER}"
     )
-
-
-class _PrefixedRaw(io.RawIOBase):
-    """``prefix`` followed by the rest of the unbuffered ``raw`` file: gives back the bytes read to check
-    the magic.  ``fileno()`` is ``raw``'s (the FIFO); :meth:`pending` counts the prefix bytes not yet read,
-    which ``select()`` on that descriptor cannot see."""
-
-    def __init__(self, prefix: bytes, raw) -> None:
-        super().__init__()
-        self._prefix = memoryview(prefix)
-        self._raw = raw
-
-    def readable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._raw.fileno()
-
-    @property
-    def name(self):
-        return getattr(self._raw, "name", None)
-
-    def pending(self) -> int:
-        """Bytes of the prefix not handed out yet: readable now without waiting on the descriptor."""
-        return len(self._prefix)
-
-    def readinto(self, buf) -> Optional[int]:
-        if self._prefix:
-            n = min(len(buf), len(self._prefix))
-            buf[:n] = self._prefix[:n]
-            self._prefix = self._prefix[n:]
-            return n
-        return self._raw.readinto(buf)
-
-    def close(self) -> None:
-        if not self.closed:
-            try:
-                self._raw.close()
-            finally:
-                super().close()
