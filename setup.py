@@ -2,7 +2,8 @@
 
 Built when a C compiler and libjpeg's headers are there -- Pillow-SIMD, which builds from source, needs
 the same.  Without them the build goes on without it (``optional=True``), and ``Image(crop=...)`` decodes
-whole JPEGs with Pillow: the same pixels, a little slower.  Everything else is in pyproject.toml.
+whole JPEGs with Pillow (the same pixels, a little slower) and ``Image(strict=True)`` checks JPEGs with
+simplejpeg.  Everything else is in pyproject.toml.
 """
 
 from setuptools import Extension, setup

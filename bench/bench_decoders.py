@@ -124,6 +124,7 @@ def throughput(images: List[bytes], size: int, repeat: int) -> Dict[str, float]:
         "Image(size) stretch CHW, decode_into": lambda b, d=Image(size, layout="CHW"),
             o=np.empty((3, size, size), np.uint8): d.decode_into(b, o),
         "Image(size) stretch draft=True, decode_into": into(Image(size, draft=True)),
+        "Image(size) stretch strict=True, decode_into": into(Image(size, strict=True)),
         "Image(size) stretch reducing_gap=2.0, decode_into": into(Image(size, reducing_gap=2.0)),
         "Image() no resize, __call__": Image(),
     }
@@ -134,7 +135,8 @@ def throughput(images: List[bytes], size: int, repeat: int) -> Dict[str, float]:
         for name, make in (("Image(size) stretch", lambda **k: Image(size, **k)),
                            ("Image(size) letterbox", lambda **k: Image(size, resize="letterbox", **k)),
                            ("Image(size) shorter", lambda **k: Image(size, resize="shorter", **k)),
-                           ("Image(size) stretch draft=True", lambda **k: Image(size, draft=True, **k))):
+                           ("Image(size) stretch draft=True", lambda **k: Image(size, draft=True, **k)),
+                           ("Image(size) stretch strict=True", lambda **k: Image(size, strict=True, **k))):
             cases[f"{name}, decode_into, backend=simplejpeg"] = into(make(backend="simplejpeg"))
         cases["Image(size) stretch CHW, decode_into, backend=simplejpeg"] = \
             lambda b, d=Image(size, layout="CHW", backend="simplejpeg"), o=np.empty((3, size, size), np.uint8): \

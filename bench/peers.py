@@ -38,7 +38,6 @@ import io
 import json
 import os
 import struct
-import sys
 import time
 from typing import Any, Dict, List, Tuple
 

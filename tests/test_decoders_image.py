@@ -343,12 +343,14 @@ def test_truncated_jpeg_raises_even_with_pillows_global_flag(monkeypatch):
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
 
 
-@pytest.mark.xfail(strict=True, reason="libjpeg only warns on a scan cut short before an EOI marker, and "
-                                       "Pillow drops libjpeg warnings: documented limit")
-def test_jpeg_cut_mid_scan_but_ending_in_eoi():
+def test_jpeg_cut_mid_scan_but_ending_in_eoi_decodes_unless_strict():
+    """libjpeg only warns on a scan cut short before an EOI marker, and Pillow drops its warnings: the
+    default decodes it (grey lower half), strict=True refuses it (tests/test_decoders_image_strict.py)."""
     payload = jpeg(320, 240)
-    with pytest.raises(DecodeError):
-        Image()(payload[:len(payload) // 2] + b"\xff\xd9")
+    cut = payload[:len(payload) // 2] + b"\xff\xd9"
+    assert np.array_equal(Image()(cut), np.asarray(pil(cut)))
+    with pytest.raises(DecodeError, match="libjpeg says"):
+        Image(strict=True)(cut)
 
 
 def test_truncated_and_corrupt_png_raise():

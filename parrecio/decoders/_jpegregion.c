@@ -1,4 +1,5 @@
-/* Decode one region of a JPEG with libjpeg(-turbo): the rows and columns a crop needs, no more.
+/* Decode one region of a JPEG with libjpeg(-turbo): the rows and columns a crop needs, no more; and
+ * verify(data), libjpeg's first warning about a JPEG, for Image(strict=True) (see verify below).
  *
  * decode_region(data, x, y, w, h, scale_denom, flags) -> (buffer, x0, width) or None
  *
@@ -257,10 +258,93 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nii)", buffer, (int)x0, (int)width);
 }
 
+/* verify(data) -> None or str: decode the whole JPEG as cheaply as libjpeg can while still reading all of
+ * its entropy-coded data and markers (1/8 DCT scaling: the IDCT is the DC term alone; luma only), and
+ * return libjpeg's message for the first warning or error, None when there is none.  A warning is
+ * what a whole decode (Pillow's) passes over with grey or smeared blocks: corrupt data, a scan cut short
+ * before an EOI, extraneous bytes before a marker.  The GIL is released while libjpeg works. */
+struct verify_error {
+    struct region_error base;
+    char message[JMSG_LENGTH_MAX];
+};
+
+static void on_verify_message(j_common_ptr cinfo, int level) {
+    if (level < 0) {
+        struct verify_error *err = (struct verify_error *)cinfo->err;
+        (*cinfo->err->format_message)(cinfo, err->message);
+        longjmp(err->base.jump, 1);
+    }
+}
+
+static void on_verify_error(j_common_ptr cinfo) {
+    struct verify_error *err = (struct verify_error *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->base.jump, 1);
+}
+
+static PyObject *verify(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) {
+        return NULL;
+    }
+    struct jpeg_decompress_struct cinfo;
+    struct verify_error err;
+    unsigned char *volatile row = NULL;
+    volatile int failed = 0;
+    memset(&cinfo, 0, sizeof(cinfo));
+    err.message[0] = 0;
+    cinfo.err = jpeg_std_error(&err.base.pub);
+    err.base.pub.error_exit = on_verify_error;
+    err.base.pub.emit_message = on_verify_message;
+    Py_BEGIN_ALLOW_THREADS
+    if (setjmp(err.base.jump) == 0) {
+        jpeg_create_decompress(&cinfo);
+        jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+        jpeg_read_header(&cinfo, TRUE);
+        cinfo.scale_num = 1;
+        cinfo.scale_denom = 8;
+        cinfo.dct_method = JDCT_IFAST;
+        cinfo.do_fancy_upsampling = FALSE;
+        if (cinfo.jpeg_color_space == JCS_YCbCr || cinfo.jpeg_color_space == JCS_GRAYSCALE) {
+            cinfo.out_color_space = JCS_GRAYSCALE;  /* luma only: chroma is entropy-decoded all the same */
+        }
+        jpeg_start_decompress(&cinfo);
+        row = (unsigned char *)malloc((size_t)cinfo.output_width * (size_t)cinfo.output_components + 16);
+        if (row == NULL) {
+            strcpy(err.message, "out of memory");
+            failed = 1;
+        } else {
+            while (cinfo.output_scanline < cinfo.output_height) {
+                JSAMPROW r = row;
+                if (jpeg_read_scanlines(&cinfo, &r, 1) != 1) {
+                    strcpy(err.message, "the data ends before the last row");
+                    failed = 1;
+                    break;
+                }
+            }
+            if (!failed) {
+                jpeg_finish_decompress(&cinfo); /* the markers after the scans, up to EOI */
+            }
+        }
+    } else {
+        failed = 1;
+    }
+    jpeg_destroy_decompress(&cinfo);
+    free(row);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (!failed) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_DecodeLatin1(err.message, (Py_ssize_t)strlen(err.message), "replace");
+}
+
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS,
      "decode_region(data, x, y, w, h, scale_denom, flags) -> (bytearray, x0, width) or None\n"
      "flags: GRAY (1) for L output, FRAMED (2) for the region at its place in a (y+h) x (x+w) buffer"},
+    {"verify", verify, METH_VARARGS,
+     "verify(data) -> None or str: libjpeg's message for the first warning or error of a whole decode"},
     {NULL, NULL, 0, NULL},
 };
 

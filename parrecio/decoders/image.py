@@ -44,9 +44,10 @@ falls back to Pillow otherwise (:attr:`Image.jpeg_backend` says which is in use)
 
 Strictness.  A truncated image raises :class:`DecodeError` even when Pillow's global
 ``ImageFile.LOAD_TRUNCATED_IMAGES`` is set (``allow_truncated=True`` accepts them).  Images whose header
-claims more than ``max_pixels`` pixels are refused before any pixel memory is allocated.  Known limit: a
-JPEG whose data is cut short but still ends with an EOI marker decodes with grey blocks (libjpeg only
-warns, and Pillow drops its warnings).
+claims more than ``max_pixels`` pixels are refused before any pixel memory is allocated.  A JPEG whose
+data is damaged, or cut short but still ending with an EOI marker, decodes with grey or smeared blocks
+(libjpeg only warns, and Pillow drops its warnings); ``strict=True`` refuses it with libjpeg's message,
+checked after the header (a bomb is refused before it is decoded at all).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ except ImportError:  # pragma: no cover - depends on the build
 from .augment import Crop, check_crop, check_flip, normalization_lut, sample_rng, write_pixels
 from .checks import check_bool, check_real, is_int
 from .value import Value, derive
-from .simplejpeg_backend import (_JPEG_MAGIC, _prefix3, _require_simplejpeg, _simplejpeg,
+from .simplejpeg_backend import (_INSTALL_HINT, _JPEG_MAGIC, _prefix3, _require_simplejpeg, _simplejpeg,
                                  _simplejpeg_matches_pillow)
 from .sniff import IMAGE_KINDS, describe, sniff
 
@@ -292,6 +293,35 @@ def _load(image: PILImage.Image, allow_truncated: bool) -> None:
         ImageFile.LOAD_TRUNCATED_IMAGES = saved
 
 
+def _jpeg_verifier() -> Optional[Any]:
+    """``verify(payload) -> None | str`` (libjpeg's first warning or error of a whole decode), or None when
+    neither the C extension nor simplejpeg is installed."""
+    if _jpegregion is not None and hasattr(_jpegregion, "verify"):
+        return _jpegregion.verify
+    module = _simplejpeg()
+    if module is None:
+        return None
+
+    def verify(payload: Any) -> Optional[str]:
+        try:  # the smallest DCT scale, luma only: every byte of the scans is still decoded
+            module.decode_jpeg(payload, colorspace="GRAY", min_width=1, min_height=1, strict=True)
+        except Exception as exc:
+            return str(exc) or type(exc).__name__
+        return None
+
+    return verify
+
+
+def _refuse_warned(payload: Any, image: PILImage.Image) -> None:
+    """``Image(strict=True)``: a DecodeError for a JPEG that libjpeg warns about (or fails on)."""
+    verify = _jpeg_verifier()
+    message = verify(payload) if verify is not None else None
+    if message is not None:
+        raise DecodeError(f"corrupt JPEG image of {image.width}x{image.height}: libjpeg says {message!r}; "
+                          f"strict=True refuses it (strict=False decodes what libjpeg can, with grey or "
+                          f"smeared blocks where the data is damaged)")
+
+
 def _orientation(image: PILImage.Image) -> int:
     try:
         value = image.getexif().get(_EXIF_ORIENTATION, 1)
@@ -390,6 +420,8 @@ class _PillowDecoder(Value):
         large as what the planned resize reads.
         """
         image = _open(payload, self.max_pixels, self.formats)
+        if getattr(self, "strict", False) and image.format == "JPEG":
+            _refuse_warned(payload, image)
         raw_size = image.size
         orientation = _orientation(image) if exif_transpose else 1
         upright = (raw_size[1], raw_size[0]) if orientation >= 5 else raw_size
@@ -655,6 +687,16 @@ class Image(_PillowDecoder):
     allow_truncated:
         Accept truncated images (the missing part grey), as Pillow's ``LOAD_TRUNCATED_IMAGES`` would.
         Default ``False``: a truncated image raises :class:`DecodeError`, whatever that global says.
+    strict:
+        Refuse a JPEG that libjpeg reports as corrupt (a :class:`DecodeError` naming libjpeg's message)
+        instead of returning the pixels it could make of it: libjpeg only *warns* about damaged
+        entropy-coded data, a scan cut short before an EOI marker or bytes out of place, and fills the
+        blocks it cannot read with grey or smears; Pillow drops those warnings.  The check is a whole
+        1/8-scale luma decode (``_jpegregion.verify``, else simplejpeg's strict decode; ImportError here
+        when neither is installed), none when simplejpeg decoded the image itself (its decode is strict
+        already).  Default ``False``: what libjpeg can decode is returned, as Pillow, MXNet and
+        torchvision do, because most such files still make usable samples and the check costs time.
+        Not with ``allow_truncated``.
     formats:
         Pillow format names to try (e.g. ``("JPEG", "PNG")``), or ``None`` for every format Pillow has.
     backend:
@@ -698,6 +740,7 @@ class Image(_PillowDecoder):
     reducing_gap: Optional[float] = None
     exif_transpose: bool = False
     allow_truncated: bool = False
+    strict: bool = False
     formats: Optional[Sequence[str]] = None
     backend: str = "pillow"
     crop: Optional[Crop] = None
@@ -724,6 +767,15 @@ class Image(_PillowDecoder):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "simplejpeg":
             _require_simplejpeg()
+        strict = check_bool("strict", self.strict)
+        if strict and self.allow_truncated:
+            raise ValueError("strict=True refuses the truncated JPEGs that allow_truncated=True accepts: "
+                             "pass one of them")
+        if strict and _jpeg_verifier() is None:
+            raise ImportError(f"Image(strict=True) checks JPEGs with parrecio's C extension (_jpegregion, built "
+                              f"at install where a C compiler and libjpeg's headers are) or with simplejpeg, "
+                              f"and neither is here: {_INSTALL_HINT}", name="simplejpeg")
+        derive(self, strict=strict)
         derive(self, size=_size_pair(self.size), resize=_check_resize(self.resize), max_pixels=max_pixels,
                fill=_fill_value(fill), draft=draft if isinstance(draft, float) else bool(draft),
                reducing_gap=reducing_gap,
