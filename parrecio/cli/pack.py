@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "manifest", help="an augmented manifest, as a SageMaker Pipe-mode RecordIO stream",
         description="Write one record per attribute and manifest line (-ref attributes: the referenced "
                     "file's bytes; others: their JSON text), framed as SageMaker Pipe mode's RecordIO "
-                    "wrapper does; read it back with join='concat'. The same code as 'parrecio pipe-serve'.")
+                    "wrapper does (concat-joined multipart records, which the default join='auto' reads "
+                    "back). The same code as 'parrecio pipe-serve'.")
     man.add_argument("manifest", metavar="MANIFEST", help="augmented manifest (JSON lines)")
     man.add_argument("out", metavar="OUT.rec", help="output file, or - for stdout")
     man.add_argument("--attribute-names", required=True,

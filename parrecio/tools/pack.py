@@ -238,7 +238,8 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
     """Write an augmented manifest as the RecordIO stream SageMaker Pipe mode would deliver.
 
     One record per attribute name per manifest line (``-ref`` attributes: the referenced file's bytes;
-    others: their JSON text), in SageMaker's wrapper framing -- read it back with ``join="concat"``.
+    others: their JSON text), in SageMaker's wrapper framing (``join="concat"``, which ``join="auto"``
+    finds).
     Records larger than ``split_bytes`` become multipart records.  ``out`` is a path (written atomically)
     or a binary file object (e.g. ``sys.stdout.buffer``).  ``shuffle`` permutes the manifest lines with
     ``random.Random(seed)``.  ``progress(n, None)`` is called every 1000 records.
