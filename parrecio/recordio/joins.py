@@ -11,7 +11,8 @@ Two writers split a payload into the parts of a multipart record (cflags 1, 2, .
   the last is exactly ``S`` bytes, the last 1..S, and no single-part record is longer than ``S``.
 
 :class:`JoinGuess` holds what a stream has shown so far and decides at the first record that fits one
-convention only: a part whose length is not a multiple of 4 (not MXNet's); parts of unequal lengths, a
+convention only: a part whose length is not a multiple of 4 (not MXNet's: concat, whether the parts are
+of one size, as SageMaker cuts them, or not, as in ML-IO's test files); aligned parts of unequal lengths, a
 last part longer than the others, or a single-part record longer than the parts (not a fixed split); a
 second multipart record cut at the same ``S`` (MXNet's writer cuts where the magic happens to be: two
 records with the magic at one offset, each no longer than ``2 S``, and no record longer than ``S``
@@ -86,17 +87,13 @@ class JoinGuess:
         size, last = lengths[0], lengths[-1]
         aligned = all(n % 4 == 0 for n in head)
         fixed = (size > 0 and all(n == size for n in head) and 1 <= last <= size)
-        if not aligned and fixed:
-            return self._decide("concat", f"the multipart record at byte {offset} has a {size}-byte part, not "
+        if not aligned:  # MXNet's writer cuts only at an aligned magic; concatenation is the other way
+            odd = next(n for n in head if n % 4)   # (ML-IO's split records: parts of 8, 10, 1, 29 bytes)
+            return self._decide("concat", f"the multipart record at byte {offset} has a {odd}-byte part, not "
                                           f"a multiple of 4: not MXNet's writer, which cuts at an aligned magic")
         if not fixed:
-            if aligned:
-                return self._decide("mxnet", f"the parts of the multipart record at byte {offset} "
-                                             f"({_show(lengths)} bytes) are not a fixed-size split")
-            raise AmbiguousJoin(f"the multipart record at byte {offset} fits neither convention: its parts "
-                              f"({_show(lengths)} bytes) are neither cut at an aligned magic (MXNet) nor at "
-                              f"a fixed size (SageMaker's RecordIO wrapper): pass join='mxnet' or "
-                              f"join='concat' if you know its writer")
+            return self._decide("mxnet", f"the parts of the multipart record at byte {offset} "
+                                         f"({_show(lengths)} bytes) are not a fixed-size split")
         if self.max_single > size:
             return self._decide("mxnet", f"a single-part record of {self.max_single} bytes is longer than the "
                                          f"{size}-byte parts of the multipart record at byte {offset}: not a "
