@@ -6,6 +6,7 @@ Examples::
     parrecio pack list train.lst train.rec --root photos/        # from an im2rec list (multi-label too)
     parrecio pack manifest train.manifest train.rec \\
         --attribute-names source-ref,bounding-box --split-bytes 65536   # SageMaker Pipe-mode stream
+    parrecio pack protobuf X.npy train.rec --labels y.npy       # SageMaker RecordIO-protobuf (.npz: sparse)
 
 The work is in :mod:`parrecio.tools.pack`; this module parses arguments and prints a summary.
 """
@@ -17,7 +18,7 @@ import sys
 from typing import Optional
 
 NAME = "pack"
-HELP = "build a .rec (+ .idx, .lst) from images, an im2rec list, or an augmented manifest"
+HELP = "build a .rec (+ .idx, .lst) from images, an im2rec list, an augmented manifest, or arrays (protobuf)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +63,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="split records larger than N bytes into multipart records (cflag 1/2/3)")
     _add_shuffle(man)
 
-    for p in (images, lst, man):
+    pb = sub.add_parser(
+        "protobuf", help="numpy / scipy sparse arrays, as SageMaker RecordIO-protobuf",
+        description="Write each row of FEATURES (a 2-D .npy array, or a scipy sparse matrix saved with "
+                    "scipy.sparse.save_npz) as one aialgs.data.Record, as the SageMaker Python SDK's "
+                    "write_numpy_to_dense_tensor / write_spmatrix_to_sparse_tensor do (the same bytes), "
+                    "into OUT.rec + OUT.idx; read it with fields=ProtobufRecord().")
+    pb.add_argument("features", metavar="FEATURES", help="a 2-D .npy array, or a scipy sparse .npz")
+    pb.add_argument("out", metavar="OUT.rec", help="output .rec (the .idx goes next to it)")
+    pb.add_argument("--labels", metavar="LABELS.npy", default=None, help="a 1-D .npy array, one label per row")
+
+    for p in (images, lst, man, pb):
         p.add_argument("--quiet", action="store_true", help="no summary on stderr")
 
 
@@ -110,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
             root = args.root if args.root is not None else (os.path.dirname(args.list) or ".")
             res = tools.pack_image_list(items, root, args.out, shuffle=args.shuffle, seed=args.seed,
                                         progress=progress, verify=False)
+        elif args.pack_kind == "protobuf":
+            res = tools.pack_protobuf(args.features, args.out, args.labels)
         else:
             from ..tools.manifest import parse_attribute_names
             names = parse_attribute_names(args.attribute_names)

@@ -16,8 +16,10 @@ from .image import Geometry, Image
 from .mask import Mask
 from .imagerecord import ImageRecord
 from .labels import BoundingBoxes, ClassLabel
+from .protobuf_record import ProtobufRecord, ProtobufSample, SparseCOO, SparseTensor
 from .sniff import guess_fields, sniff
 
 __all__ = ["ArraySpec", "Decoder", "OutputSpec", "Raw", "Json", "Image", "Mask", "Geometry", "BoundingBoxes",
+           "ProtobufRecord", "ProtobufSample", "SparseCOO", "SparseTensor",
            "ClassLabel", "ImageRecord", "RandomResizedCrop", "CenterCrop", "IMAGENET_MEAN", "IMAGENET_STD",
            "sniff", "guess_fields"]

@@ -29,8 +29,12 @@ __all__ = ["collate", "shaper", "batches", "unbatched"]
 
 
 def collate(values: List[Any]) -> Any:
-    """Stack a column of values (see the module docstring)."""
+    """Stack a column of values (see the module docstring).  Values whose type has a
+    ``collate_batch(values)`` classmethod batch themselves (:class:`parrecio.decoders.ProtobufSample`)."""
     first = values[0]
+    own = getattr(type(first), "collate_batch", None)
+    if own is not None:
+        return own(values)
     if isinstance(first, (np.ndarray, np.generic)):
         shape, dtype = np.shape(first), first.dtype
         if all(isinstance(v, (np.ndarray, np.generic)) and np.shape(v) == shape and v.dtype == dtype
@@ -116,18 +120,36 @@ def _columns(spans: List[Span], layout: SlotLayout, nfields: int) -> List[Any]:
             for key in pieces[0]:
                 fixed[key] = np.concatenate([p[key] for p in pieces])
     cols: List[Any] = []
-    for f in range(nfields):
-        spec = layout.specs[f]
-        if (f, None) in fixed:
-            cols.append(fixed[(f, None)])
-            continue
-        col = spans[0].columns[f] if len(spans) == 1 else list(chain.from_iterable(sp.columns[f] for sp in spans))
-        if isinstance(spec, tuple) and fixed:
-            cols.append(tuple(fixed[(f, p)] if (f, p) in fixed else collate([v[p] for v in col])
-                              for p in range(len(spec))))
-        else:
-            cols.append(collate(col))
+    try:
+        for f in range(nfields):
+            spec = layout.specs[f]
+            if (f, None) in fixed:
+                cols.append(fixed[(f, None)])
+                continue
+            col = spans[0].columns[f] if len(spans) == 1 else list(chain.from_iterable(sp.columns[f] for sp in spans))
+            if isinstance(spec, tuple) and fixed:
+                cols.append(tuple(fixed[(f, p)] if (f, p) in fixed else collate([v[p] for v in col])
+                                  for p in range(len(spec))))
+            else:
+                cols.append(collate(col))
+    except DecodeError as exc:
+        raise batch_error(exc, lambda i: _seq_at(spans, i)) from None
     return cols
+
+
+def _seq_at(spans: List[Span], i: int) -> int:
+    """The sequence number of the batch's ``i``-th sample (spans may have gaps: skipped samples)."""
+    for sp in spans:
+        if i < sp.n:
+            return sp.seq + i
+        i -= sp.n
+    return spans[-1].seq + spans[-1].n - 1
+
+
+def batch_error(exc: DecodeError, seq_of: Callable[[int], int]) -> DecodeError:
+    """A DecodeError raised while batching (its ``index``: the position in the batch, or None) located at
+    the sample it names: ``seq_of(i)`` is the sample number of the batch's ``i``-th sample."""
+    return exc.located(seq_of(exc.index or 0))
 
 
 def _split(span: Span, k: int) -> tuple:
@@ -158,9 +180,9 @@ def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: Slo
                 buf.append(head)
                 have += head.n
                 if have == batch_size:
-                    cols = _columns(buf, layout, nfields)
-                    cursor.pos = buf[-1].seq + buf[-1].n
-                    buf, have = [], 0
+                    ready, buf, have = buf, [], 0  # a batch that cannot be made is not made again below
+                    cols = _columns(ready, layout, nfields)
+                    cursor.pos = ready[-1].seq + ready[-1].n
                     yield shape(tuple(cols))
     except (DecodeError, CorruptRecordError):
         if buf:

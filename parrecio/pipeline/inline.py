@@ -51,7 +51,7 @@ from ..decoders.base import ArraySpec, is_random, sample_key, write_into
 from ..decoders.basic import Json
 from ..errors import CorruptRecordError, DecodeError, field_error
 from ..recordio import RecordReader
-from .batching import collate, shaper
+from .batching import batch_error, collate, shaper
 from .plan import EvenShards, epoch_order, resume_overrun, whole_groups
 from .mismatch import field_note
 from ..decoders.sniff import sniff
@@ -341,7 +341,7 @@ class InlineRun:
                     row += 1
                     batched_to = seq  # the position after the batch's last sample
                     if row == batch_size:
-                        batch = columns(arrays, lists, row)
+                        batch = columns(arrays, lists, row, batched_to - row)
                         arrays = lists = None
                         row = 0
                         delivered += batch_size
@@ -354,7 +354,7 @@ class InlineRun:
             if row:
                 delivered += row  # counted as the pipeline counts them: even when drop_last drops them
                 if err is not None or not drop_last:  # the samples before an error come out first
-                    batch = columns(arrays, lists, row)
+                    batch = columns(arrays, lists, row, batched_to - row)
                     arrays = lists = None
                     row = 0
                     cursor.pos = batched_to
@@ -406,18 +406,21 @@ class InlineRun:
                     out[f] = [[] if s is None else None for s in specs[f]]
             return out
 
-        def columns(arrays: list, lists: list, n: int) -> Any:
+        def columns(arrays: list, lists: list, n: int, first_seq: int) -> Any:
             cols: list = []
-            for f in fields:
-                k = kinds[f]
-                if k == _FIXED:
-                    a = arrays[f]
-                    cols.append(a if n == batch_size else a[:n])
-                elif k == _TUPLE:
-                    cols.append(tuple(collate(lst) if a is None else a if n == batch_size else a[:n]
-                                      for a, lst in zip(arrays[f], lists[f])))
-                else:
-                    cols.append(collate(lists[f]))
+            try:
+                for f in fields:
+                    k = kinds[f]
+                    if k == _FIXED:
+                        a = arrays[f]
+                        cols.append(a if n == batch_size else a[:n])
+                    elif k == _TUPLE:
+                        cols.append(tuple(collate(lst) if a is None else a if n == batch_size else a[:n]
+                                          for a, lst in zip(arrays[f], lists[f])))
+                    else:
+                        cols.append(collate(lists[f]))
+            except DecodeError as exc:  # a batch its values refuse (ProtobufSample): name the sample
+                raise batch_error(exc, lambda i: first_seq + i) from None
             return tuple(cols) if shape is None else shape(tuple(cols))
 
         return new_arrays, new_lists, columns

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ..errors import SourceError
 from ..recordio import IRHeader, RecordWriter, pack
@@ -317,3 +317,37 @@ class _Outputs:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def pack_protobuf(features_path: str, out: str, labels_path: Optional[str] = None) -> PackResult:
+    """Write ``features_path`` (a 2-D ``.npy`` array, or a scipy sparse matrix saved with
+    ``scipy.sparse.save_npz``) as SageMaker RecordIO-protobuf, one Record per row, into ``out`` and the
+    ``.idx`` next to it (:mod:`parrecio.recordio.protobuf_writer`: the SageMaker SDK's bytes); the
+    labels from the 1-D ``.npy`` ``labels_path``."""
+    import numpy as np
+
+    from ..recordio.protobuf_writer import write_dense, write_sparse
+
+    labels = None if labels_path is None else np.load(labels_path, allow_pickle=False)
+    if features_path.endswith(".npz"):
+        try:
+            import scipy.sparse
+        except ImportError:
+            raise SourceError(f"{features_path}: a .npz is read as a scipy sparse matrix, and scipy is not "
+                              f"installed: pip install 'parrecio[sparse]'") from None
+        try:
+            matrix = scipy.sparse.load_npz(features_path)
+        except (ValueError, KeyError, OSError) as exc:
+            raise SourceError(f"{features_path}: not a scipy sparse matrix saved by scipy.sparse.save_npz "
+                              f"({exc})") from None
+        write = write_sparse
+        features: Any = matrix
+    else:
+        features = np.load(features_path, allow_pickle=False)
+        write = write_dense
+    idx = index_path(out)
+    try:
+        rows = write(out, features, labels, index=idx)
+    except (ValueError, TypeError) as exc:
+        raise SourceError(f"{features_path}: {exc}") from None
+    return PackResult(records=rows, bytes=os.path.getsize(out), rec_path=out, idx_path=idx)

@@ -1,0 +1,363 @@
+"""SageMaker RecordIO-protobuf: files the SageMaker Python SDK writes, read back exactly; parrecio's writer
+equal to the SDK's byte for byte; the hand parser equal to the protobuf package's on drawn Records; the
+ML-IO split-record layout; hostile payloads refused by name (parrecio/decoders/protobuf_record.py,
+parrecio/recordio/protobuf_writer.py).
+
+The SDK (``sagemaker``, v2: ``sagemaker.amazon.common``) is installed by .ci/run; without it the tests
+that need it are skipped, and the rest still run.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from parrecio import DecodeError, ParallelReader, RecordReader, RecordWriter
+from parrecio.decoders import ProtobufRecord, ProtobufSample, SparseCOO, SparseTensor
+from parrecio.decoders.protobuf_record import parse_record
+from parrecio.recordio.protobuf_writer import encode_record, write_dense, write_sparse
+
+os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sdk():
+    """``sagemaker.amazon.common`` (the SDK's writer and record_pb2), or skip."""
+    return pytest.importorskip("sagemaker.amazon.common", reason="the SageMaker Python SDK is not installed")
+
+
+def record_pb2():
+    return pytest.importorskip("sagemaker.amazon.record_pb2", reason="the SageMaker Python SDK is not installed")
+
+
+def dense_cases():
+    rng = np.random.default_rng(0)
+    return {
+        "float32": (rng.normal(size=(40, 7)).astype(np.float32), rng.integers(0, 3, 40).astype(np.float32)),
+        "float64": (rng.normal(size=(40, 5)), rng.normal(size=40)),
+        "int": (rng.integers(-2 ** 31, 2 ** 31 - 1, (40, 6)), rng.integers(-3, 3, 40)),   # -> Int32Tensor
+        "no label": (rng.normal(size=(40, 3)).astype(np.float32), None),
+    }
+
+
+def sparse_case():
+    import scipy.sparse
+    rng = np.random.default_rng(1)
+    m = scipy.sparse.random(60, 300, density=0.05, format="csr", random_state=2, dtype=np.float32).tolil()
+    m[3, :] = 0  # an empty row
+    return m.tocsr(), rng.integers(0, 2, 60).astype(np.float32)
+
+
+def sdk_bytes(writer, x, y) -> bytes:
+    buf = io.BytesIO()
+    writer(buf, x, y)
+    return buf.getvalue()
+
+
+def read_all(path, workers=0, **kw):
+    with ParallelReader(str(path), fields=ProtobufRecord(), workers=workers, **kw) as reader:
+        return list(reader)
+
+
+@pytest.mark.parametrize("name", list(dense_cases()))
+def test_dense_sdk_files_write_and_read_exactly(tmp_path, name):
+    common = sdk()
+    x, y = dense_cases()[name]
+    want = sdk_bytes(common.write_numpy_to_dense_tensor, x, y)
+    ours = io.BytesIO()
+    assert write_dense(ours, x, y) == len(x)
+    assert ours.getvalue() == want  # byte for byte
+    path = tmp_path / "dense.rec"
+    path.write_bytes(want)
+    dtype = np.int32 if x.dtype == np.int64 else x.dtype
+    for workers in (0, 2):
+        got = read_all(path, workers)
+        assert len(got) == len(x)
+        for i, s in enumerate(got):
+            assert type(s) is ProtobufSample
+            assert s["values"].dtype == dtype and np.array_equal(s["values"], x[i])
+            if y is None:
+                assert list(s) == ["values"]
+            else:
+                assert list(s) == ["values", "label_values"] and s["label_values"].shape == (1,)
+                assert s["label_values"][0] == y[i]
+
+
+def test_sparse_sdk_file_writes_and_reads_exactly(tmp_path):
+    common = sdk()
+    m, y = sparse_case()
+    want = sdk_bytes(common.write_spmatrix_to_sparse_tensor, m, y)
+    ours = io.BytesIO()
+    write_sparse(ours, m, y)
+    assert ours.getvalue() == want
+    path = tmp_path / "sparse.rec"
+    path.write_bytes(want)
+    for workers in (0, 2):
+        got = read_all(path, workers)
+        dense = np.zeros(m.shape, np.float32)
+        for i, s in enumerate(got):
+            t = s["values"]
+            assert isinstance(t, SparseTensor) and t.shape == (300,) and t.values.dtype == np.float32
+            dense[i, t.keys.astype(np.int64)] = t.values
+            assert s["label_values"][0] == y[i]
+        assert np.array_equal(dense, m.toarray())
+        assert len(got[3]["values"].keys) == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_shuffled_and_sharded(tmp_path, workers, no_leaks):
+    """Dense features stack, sparse ones batch as COO and CSR; the shards of a shuffled read are the whole
+    file once, each sample intact."""
+    import scipy.sparse
+    x, y = dense_cases()["float32"]
+    write_dense(tmp_path / "d.rec", x, y, index=True)
+    m, ym = sparse_case()
+    write_sparse(tmp_path / "s.rec", m, ym, index=True)
+    seen = []
+    for shard in range(2):
+        with ParallelReader(str(tmp_path / "d.rec"), fields=ProtobufRecord(), workers=workers, batch_size=8,
+                            shuffle=True, seed=5, num_shards=2, shard_index=shard) as reader:
+            for b in reader:
+                assert b["values"].shape[1:] == (7,) and b["values"].dtype == np.float32
+                assert b["label_values"].shape[1:] == (1,)
+                for row, label in zip(b["values"], b["label_values"][:, 0]):
+                    i = int(np.flatnonzero((x == row).all(axis=1))[0])
+                    assert y[i] == label
+                    seen.append(i)
+    assert sorted(seen) == list(range(len(x)))
+    with ParallelReader(str(tmp_path / "s.rec"), fields=ProtobufRecord(), workers=workers, batch_size=16) as r:
+        coo = [b["values"] for b in r]
+    assert all(isinstance(c, SparseCOO) for c in coo) and coo[0].shape == (16, 300)
+    dense = np.concatenate([_densify(c) for c in coo])
+    assert np.array_equal(dense, m.toarray())
+    with ParallelReader(str(tmp_path / "s.rec"), fields=ProtobufRecord(sparse="csr"), workers=workers,
+                        batch_size=16) as r:
+        csr = [b["values"] for b in r]
+    assert all(scipy.sparse.issparse(c) for c in csr)
+    assert np.array_equal(scipy.sparse.vstack(csr).toarray(), m.toarray())
+
+
+def _densify(c: SparseCOO) -> np.ndarray:
+    out = np.zeros(c.shape, c.values.dtype)
+    out[tuple(c.indices.T)] = c.values
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_record_that_does_not_match_its_batch_names_the_sample(tmp_path, workers, no_leaks):
+    path = tmp_path / "mixed.rec"
+    with RecordWriter(str(path)) as w:
+        for i in range(12):
+            n = 5 if i != 9 else 6
+            w.write(encode_record(2, np.arange(n, dtype=np.float32)))
+    with ParallelReader(str(path), fields=ProtobufRecord(), workers=workers, batch_size=4) as reader:
+        it = iter(reader)
+        assert next(it)["values"].shape == (4, 5)
+        assert next(it)["values"].shape == (4, 5)
+        with pytest.raises(DecodeError) as info:
+            next(it)
+    assert info.value.index == 9
+    assert str(info.value).startswith("'values' is a dense float32 tensor of shape (6,) where the batch's first "
+                                      "sample's is a dense float32 tensor of shape (5,)")
+
+
+def _pb_record(rng, names, sparse):
+    """A random Record built with the protobuf package (the SDK's record_pb2)."""
+    rec = record_pb2().Record()
+    for name in names:
+        kind = rng.choice(["float32_tensor", "float64_tensor", "int32_tensor", "bytes"])
+        value = rec.features[name]
+        if kind == "bytes":
+            value.bytes.value.extend([bytes(rng.integers(0, 256, rng.integers(0, 9)).astype(np.uint8))
+                                      for _ in range(rng.integers(0, 3))])
+            continue
+        tensor = getattr(value, kind)
+        n = int(rng.integers(0, 12))
+        if kind == "int32_tensor":
+            vals = rng.integers(-2 ** 31, 2 ** 31, n).tolist()
+        else:
+            vals = rng.normal(size=n).astype(np.float32 if kind == "float32_tensor" else np.float64).tolist()
+        tensor.values.extend(vals)
+        if sparse and n:
+            size = int(rng.integers(n, 4 * n + 1))
+            tensor.keys.extend(sorted(rng.choice(size, n, replace=False).tolist()))
+            tensor.shape.extend([size])
+        elif rng.random() < 0.5 and n:
+            tensor.shape.extend([1, n])
+    rec.label["values"].float32_tensor.values.extend([float(rng.integers(0, 9))])
+    if rng.random() < 0.5:
+        rec.uid = f"id-{rng.integers(1000)}"
+    if rng.random() < 0.5:
+        rec.metadata = '{"source": "é"}'
+    return rec
+
+
+def _expected(value):
+    kind = value.WhichOneof("value")
+    if kind == "bytes":
+        return list(value.bytes.value)
+    t = getattr(value, kind)
+    dtype = {"float32_tensor": np.float32, "float64_tensor": np.float64, "int32_tensor": np.int32}[kind]
+    vals = np.array(list(t.values), dtype)
+    if len(t.keys):
+        return SparseTensor(np.array(list(t.keys), np.uint64), vals, tuple(t.shape))
+    return vals.reshape(tuple(t.shape)) if len(t.shape) else vals
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), nfeatures=st.integers(1, 4), sparse=st.booleans())
+def test_the_hand_parser_equals_the_protobuf_package(seed, nfeatures, sparse):
+    rng = np.random.default_rng(seed)
+    rec = _pb_record(rng, [f"f{i}" for i in range(nfeatures)], sparse)
+    data = rec.SerializeToString()
+    sample = ProtobufRecord(uid=True, metadata=True)(memoryview(data).toreadonly())
+    for name, value in rec.features.items():
+        got, want = sample[name], _expected(value)
+        if isinstance(want, SparseTensor):
+            assert isinstance(got, SparseTensor) and got.shape == want.shape
+            assert np.array_equal(got.keys, want.keys) and np.array_equal(got.values, want.values)
+            assert got.values.dtype == want.values.dtype
+        elif isinstance(want, list):
+            assert got == want
+        else:
+            assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    assert sample["label_values"].tolist() == list(rec.label["values"].float32_tensor.values)
+    assert sample["uid"] == rec.uid and sample["metadata"] == rec.metadata
+
+
+def test_ml_io_split_record_layout_reads_by_default():
+    """ML-IO's split_records.pr: parts of 8, 10, 1 and 29 bytes whose plain concatenation is the record
+    (no magic re-inserted).  join='auto' sees parts that are not multiples of 4: concat."""
+    payload = encode_record(2, np.arange(3, dtype=np.float32), 2, 1.0)
+    assert len(payload) == 48
+    parts, pos, buf = (8, 10, 1, 29), 0, io.BytesIO()
+    for k, n in enumerate(parts):
+        cflag = 1 if k == 0 else 3 if k == len(parts) - 1 else 2
+        chunk = payload[pos:pos + n]
+        pos += n
+        buf.write(np.array([0xCED7230A, cflag << 29 | n], "<u4").tobytes() + chunk + b"\0" * (-n % 4))
+    whole = np.array([0xCED7230A, len(payload)], "<u4").tobytes() + payload  # complete_records.pr's kind
+    data = whole + buf.getvalue() + whole
+    recs = [r.payload for r in RecordReader(io.BytesIO(data))]
+    assert recs == [payload] * 3
+    with ParallelReader(io.BytesIO(data), fields=ProtobufRecord(), workers=0) as reader:
+        got = list(reader)
+    assert all(np.array_equal(s["values"], np.arange(3, dtype=np.float32)) for s in got) and len(got) == 3
+
+
+def _frame(payload: bytes) -> bytes:
+    return np.array([0xCED7230A, len(payload)], "<u4").tobytes() + payload + b"\0" * (-len(payload) % 4)
+
+
+def _tensor_body(values: bytes = b"", keys: bytes = b"", shape: bytes = b"") -> bytes:
+    body = b""
+    for number, raw in ((1, values), (2, keys), (3, shape)):
+        if raw:
+            body += bytes([number << 3 | 2]) + _len(raw) + raw
+    return body
+
+
+def _len(raw: bytes) -> bytes:
+    out, n = bytearray(), len(raw)
+    while True:
+        if n < 0x80:
+            out.append(n)
+            return bytes(out)
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+
+
+def _record_with(tensor_body: bytes, kind: int = 2) -> bytes:
+    value = bytes([kind << 3 | 2]) + _len(tensor_body) + tensor_body
+    entry = b"\x0a\x06values" + b"\x12" + _len(value) + value
+    return b"\x0a" + _len(entry) + entry
+
+
+HOSTILE = {
+    "truncated varint": (b"\x0a\xff", "runs past the end"),
+    "length past the end": (b"\x0a\x7f\x0a\x06values", "declares 127 bytes, past the end"),
+    "ten-byte varint overflow": (b"\x08" + b"\xff" * 9 + b"\x7f", "longer than 64 bits"),
+    "eleven-byte varint": (b"\x08" + b"\xff" * 10 + b"\x01", "longer than 10 bytes"),
+    "a group": (b"\x0b\x0c", "wire type 3 (a group)"),
+    "huge declared shape": (_record_with(_tensor_body(values=b"\0" * 12, shape=b"\x80\x80\x80\x80\x80\x80\x80\x80\x40")),
+                            "holds 4611686018427387904 values, the tensor has 3"),
+    "keys outside the shape": (_record_with(_tensor_body(values=b"\0" * 8, keys=b"\x01\x09", shape=b"\x05")),
+                               "key 9 outside the shape [5]"),
+    "keys without a shape": (_record_with(_tensor_body(values=b"\0" * 4, keys=b"\x01")), "without a shape"),
+    "keys and values of other counts": (_record_with(_tensor_body(values=b"\0" * 8, keys=b"\x01", shape=b"\x05")),
+                                        "1 keys for 2 values"),
+    "floats not a multiple of 4": (_record_with(_tensor_body(values=b"\0" * 7)), "not a multiple of 4"),
+    "int32 out of range": (_record_with(_tensor_body(values=b"\x80\x80\x80\x80\x10"), kind=7),
+                           "out of the int32 range"),
+    "an empty Value": (b"\x0a\x0a\x0a\x06values\x12\x00", "a Value with none of"),
+    "a map entry without a value": (b"\x0a\x08\x0a\x06values", "has no value"),
+    "a name that is not UTF-8": (b"\x0a\x05\x0a\x03\xff\xfe\xfd", "not valid UTF-8"),
+    "deep unknown nesting": (b"\x32" + _len(b"\x32\x02" * 5000) + b"\x32\x02" * 5000, None),  # skipped, no recursion
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_payloads_are_refused_by_name(name):
+    payload, message = HOSTILE[name]
+    if message is None:
+        assert ProtobufRecord()(payload) == {}  # unknown fields are skipped whole, never descended into
+        return
+    with pytest.raises(DecodeError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        ProtobufRecord()(payload)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_hostile_record_in_a_file_names_its_sample(tmp_path, workers, no_leaks):
+    path = tmp_path / "h.rec"
+    good = encode_record(2, np.ones(4, np.float32))
+    path.write_bytes(b"".join(_frame(p) for p in [good] * 5 + [HOSTILE["huge declared shape"][0]] + [good] * 3))
+    with ParallelReader(str(path), fields=ProtobufRecord(), workers=workers) as reader:
+        with pytest.raises(DecodeError) as info:
+            list(reader)
+    assert info.value.index == 5 and info.value.offset == 5 * len(_frame(good))
+    assert "field '0' (ProtobufRecord()): feature 'values': shape [4611686018427387904] holds" in str(info.value)
+    with ParallelReader(str(path), fields=ProtobufRecord(), workers=workers, on_error="skip") as reader:
+        assert len(list(reader)) == 8 and reader.stats.skipped == 1
+
+
+def test_features_and_options():
+    payload = encode_record(2, np.arange(3, dtype=np.float32), 7, 2)
+    assert list(ProtobufRecord()(payload)) == ["values", "label_values"]
+    assert list(ProtobufRecord(label=False)(payload)) == ["values"]
+    assert ProtobufRecord(uid=True)(payload)["uid"] == ""
+    assert ProtobufRecord(label=False, features=["values"])(payload)["values"].tolist() == [0, 1, 2]
+    with pytest.raises(DecodeError, match=r"the record has no feature 'x' \(it has \['values'\]\)"):
+        ProtobufRecord(features=["x"])(payload)
+    with pytest.raises(ValueError, match="sparse must be one of"):
+        ProtobufRecord(sparse="dense")
+    with pytest.raises(TypeError, match="features must be None or a sequence of names"):
+        ProtobufRecord(features="values")
+    assert repr(ProtobufRecord(sparse="csr")) == "ProtobufRecord(sparse='csr')"
+    assert parse_record(payload)[1]["values"].dtype == np.int32
+
+
+def test_cli_pack_protobuf_writes_the_sdks_bytes(tmp_path):
+    common = sdk()
+    x, y = dense_cases()["float64"]
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    m, ym = sparse_case()
+    import scipy.sparse
+    scipy.sparse.save_npz(tmp_path / "m.npz", m)
+    np.save(tmp_path / "ym.npy", ym)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for feats, labels, out, want in (("x.npy", "y.npy", "d.rec", sdk_bytes(common.write_numpy_to_dense_tensor, x, y)),
+                                     ("m.npz", "ym.npy", "s.rec",
+                                      sdk_bytes(common.write_spmatrix_to_sparse_tensor, m, ym))):
+        proc = subprocess.run([sys.executable, "-m", "parrecio.cli", "pack", "protobuf", feats, out, "--labels",
+                               labels], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / out).read_bytes() == want
+        assert (tmp_path / out).with_suffix(".idx").exists()
+        assert proc.stderr.startswith(f"pack: {len(ym) if out == 's.rec' else len(y)} records, ")
