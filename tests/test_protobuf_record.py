@@ -361,3 +361,38 @@ def test_cli_pack_protobuf_writes_the_sdks_bytes(tmp_path):
         assert (tmp_path / out).read_bytes() == want
         assert (tmp_path / out).with_suffix(".idx").exists()
         assert proc.stderr.startswith(f"pack: {len(ym) if out == 's.rec' else len(y)} records, ")
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csr"])
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_torch_gets_sparse_tensors_where_asked(tmp_path, fmt, layout, no_leaks):
+    torch = pytest.importorskip("torch")
+    from parrecio.integrations.torch import ParallelIterableDataset, to_torch
+    m, y = sparse_case()
+    write_sparse(tmp_path / "s.rec", m, y)
+    with ParallelReader(str(tmp_path / "s.rec"), fields=ProtobufRecord(sparse=fmt), workers=2, batch_size=16) as r:
+        batches = [to_torch(b, sparse_layout=layout) for b in r]
+    want = torch.sparse_coo if layout == "coo" else torch.sparse_csr
+    assert all(b["values"].layout == want and b["values"].dtype == torch.float32 for b in batches)
+    assert np.array_equal(np.concatenate([b["values"].to_dense().numpy() for b in batches]), m.toarray())
+    assert np.array_equal(np.concatenate([b["label_values"].numpy()[:, 0] for b in batches]), y)
+    with ParallelIterableDataset(str(tmp_path / "s.rec"), fields=ProtobufRecord(sparse=fmt), workers=0,
+                                 batch_size=16, sparse_layout=layout) as ds:
+        assert [b["values"].layout for b in ds] == [want] * 4
+    with pytest.raises(ValueError, match="sparse_layout must be one of"):
+        to_torch({}, sparse_layout="dense")
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csr"])
+def test_tf_data_gets_sparse_tensors(tmp_path, fmt, no_leaks):
+    tf = pytest.importorskip("tensorflow")
+    from parrecio.integrations.tf import dataset
+    m, y = sparse_case()
+    write_sparse(tmp_path / "s.rec", m, y)
+    with ParallelReader(str(tmp_path / "s.rec"), fields=ProtobufRecord(sparse=fmt), workers=2, batch_size=16) as r:
+        ds = dataset(r)
+        assert ds.element_spec["values"] == tf.SparseTensorSpec([None, 300], tf.float32)
+        got = list(ds)
+    dense = np.concatenate([tf.sparse.to_dense(b["values"]).numpy() for b in got])
+    assert np.array_equal(dense, m.toarray())
+    assert np.array_equal(np.concatenate([b["label_values"].numpy()[:, 0] for b in got]), y)

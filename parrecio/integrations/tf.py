@@ -80,8 +80,9 @@ __all__ = ["FieldSpec", "infer_signature", "to_tensor_specs", "from_tensor_specs
 class FieldSpec:
     """A framework-neutral description of one column (leaf) of a sample or batch.
 
-    ``kind``: ``"tensor"`` (a dense array), ``"string"`` (bytes/str values) or ``"ragged"`` (a list of
-    arrays whose first dimension varies, ``ragged_rank=1``). ``shape``: with ``None`` for unknown
+    ``kind``: ``"tensor"`` (a dense array), ``"string"`` (bytes/str values), ``"ragged"`` (a list of
+    arrays whose first dimension varies, ``ragged_rank=1``) or ``"sparse"`` (a RecordIO-protobuf sparse
+    batch: :class:`~parrecio.decoders.SparseCOO` or a ``scipy.sparse.csr_matrix``; ``tf.SparseTensor``). ``shape``: with ``None`` for unknown
     dimensions. ``dtype``: a numpy dtype name (``"uint8"``, ``"float32"``...) or ``"string"``.
     """
 
@@ -102,6 +103,11 @@ def infer_signature(value: Any, batched: bool = True, _path_: str = "") -> Any:
     Raises ``TypeError`` naming the column that cannot be described.
     """
     p = _path_
+    coo = _as_coo(value)
+    if coo is not None:
+        if not batched:
+            raise TypeError(f"{_path(p)}: a sparse batch outside a batch; read with batch_size")
+        return FieldSpec("sparse", (None,) + tuple(coo.shape[1:]), coo.values.dtype.name)
     if isinstance(value, dict):
         return {k: infer_signature(v, batched, f"{p}[{k!r}]") for k, v in value.items()}
     if isinstance(value, tuple):
@@ -131,6 +137,19 @@ def infer_signature(value: Any, batched: bool = True, _path_: str = "") -> Any:
             raise TypeError(f"{_path(p)}: cannot describe a list inside a sample; pass output_signature")
         return _infer_list(value, p)
     raise TypeError(f"{_path(p)}: cannot describe a {type(value).__name__}; pass output_signature")
+
+
+def _as_coo(value: Any) -> Any:
+    """A sparse batch (SparseCOO, scipy CSR) as a SparseCOO; None for anything else."""
+    from ..decoders.protobuf_record import SparseCOO
+
+    if isinstance(value, SparseCOO):
+        return value
+    if hasattr(value, "indptr") and getattr(value, "format", None) == "csr":  # scipy.sparse.csr_matrix
+        rows = np.repeat(np.arange(value.shape[0], dtype=np.int64), np.diff(value.indptr))
+        indices = np.stack([rows, value.indices.astype(np.int64)], axis=1)
+        return SparseCOO(indices, value.data, tuple(value.shape))
+    return None
 
 
 def _python_dtype(value: Any) -> str:
@@ -178,7 +197,7 @@ def flatten_ragged(arrays: list) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, np.ndarray], Any]] = None,
-            copy: bool = False) -> Any:
+            copy: bool = False, sparse: Optional[Callable[[np.ndarray, np.ndarray, tuple], Any]] = None) -> Any:
     """Shape one item for ``from_generator``: walk ``value`` alongside ``signature``; ``ragged`` leaves
     become ``ragged(values, row_lengths)`` (default: the ``(values, row_lengths)`` pair), tuples stay
     tuples (namedtuples become plain tuples), everything else is passed on (tf converts it).
@@ -186,6 +205,11 @@ def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, n
     ``copy``: dense numpy arrays are copied, so that nothing passed on is a view of the reader's shared
     memory (ragged leaves are always new arrays: their concatenation)."""
     if isinstance(signature, FieldSpec):
+        if signature.kind == "sparse":
+            coo = _as_coo(value)
+            if coo is None:
+                raise TypeError(f"a column described as sparse came as a {type(value).__name__}")
+            return coo if sparse is None else sparse(coo.indices, coo.values.copy(), coo.shape)
         if signature.kind == "ragged":
             values, lengths = flatten_ragged(list(value))
             return (values, lengths) if ragged is None else ragged(values, lengths)
@@ -198,9 +222,9 @@ def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, n
             return value.copy()
         return _plain(value)
     if isinstance(signature, dict):
-        return {k: prepare(value[k], s, ragged, copy) for k, s in signature.items()}
+        return {k: prepare(value[k], s, ragged, copy, sparse) for k, s in signature.items()}
     if isinstance(signature, tuple):
-        return tuple(prepare(v, s, ragged, copy) for v, s in zip(value, signature))
+        return tuple(prepare(v, s, ragged, copy, sparse) for v, s in zip(value, signature))
     if copy and isinstance(value, np.ndarray):  # a user-given signature leaf (a tf.TypeSpec): tf converts it
         return value.copy()
     return _plain(value)
@@ -280,6 +304,8 @@ def to_tensor_specs(signature: Any) -> Any:
         if not isinstance(s, FieldSpec):
             return s  # already a tf.TypeSpec
         dtype = tf.string if s.dtype == "string" else tf.as_dtype(np.dtype(s.dtype))
+        if s.kind == "sparse":
+            return tf.SparseTensorSpec(shape=s.shape, dtype=dtype)
         if s.kind == "ragged":
             return tf.RaggedTensorSpec(shape=s.shape, dtype=dtype, ragged_rank=1,
                                        row_splits_dtype=tf.int64)
@@ -301,6 +327,8 @@ def from_tensor_specs(specs: Any) -> Any:
             return {k: conv(v) for k, v in s.items()}
         if isinstance(s, tuple):
             return tuple(conv(v) for v in s)
+        if isinstance(s, tf.SparseTensorSpec):
+            return FieldSpec("sparse", tuple(s.shape.as_list()), s.dtype.name)
         if not isinstance(s, (tf.TensorSpec, tf.RaggedTensorSpec)):
             return s
         shape = tuple(s.shape.as_list()) if s.shape.rank is not None else None
@@ -325,7 +353,8 @@ def dataset(reader: Any, output_signature: Any = None) -> "tf.data.Dataset":
     :class:`FieldSpec`; ``None`` infers it from the first item, which starts the reader's first pass
     now (that item is yielded first when the dataset is first iterated). Ragged columns are fed as
     ``tf.RaggedTensor`` when the signature says so (an inferred ragged column, or a given
-    ``tf.RaggedTensorSpec`` with ``ragged_rank=1``). The tensors are copies of the reader's arrays
+    ``tf.RaggedTensorSpec`` with ``ragged_rank=1``), and sparse RecordIO-protobuf batches as
+    ``tf.SparseTensor``. The tensors are copies of the reader's arrays
     (see the module docstring: shared memory stays bounded). Raises ``TypeError`` naming the column when
     the first item cannot be described (that first pass is then ended), ``ValueError`` when the stream is
     empty.
@@ -355,9 +384,12 @@ def dataset(reader: Any, output_signature: Any = None) -> "tf.data.Dataset":
     def ragged(values, lengths):
         return tf.RaggedTensor.from_row_lengths(values, row_lengths=lengths)
 
+    def sparse(indices, values, shape):
+        return tf.sparse.SparseTensor(indices, values, shape)
+
     def generator():
         for item in gen():
-            out = prepare(item, neutral, ragged, copy=True)
+            out = prepare(item, neutral, ragged, copy=True, sparse=sparse)
             del item  # no view of a shared-memory slot is kept while the generator waits
             yield out
 

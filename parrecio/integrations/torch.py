@@ -46,7 +46,10 @@ _WORKER_MESSAGE = (
     "num_workers=0) and set workers=/batch_size= on the dataset (ParallelReader) instead.")
 
 
-def to_torch(batch: Any, *, pin_memory: bool = False) -> Any:
+_SPARSE_LAYOUTS = (None, "coo", "csr")
+
+
+def to_torch(batch: Any, *, pin_memory: bool = False, sparse_layout: Optional[str] = None) -> Any:
     """Convert what a :class:`~parrecio.ParallelReader` yields to tensors, without copying.
 
     Numeric numpy arrays -> ``torch.from_numpy(array)`` (shares memory; ``tensor.data_ptr() ==
@@ -57,10 +60,19 @@ def to_torch(batch: Any, *, pin_memory: bool = False) -> Any:
 
     ``pin_memory=True`` copies each tensor into page-locked memory (for fast ``.cuda(non_blocking=True)``)
     when CUDA is available; without CUDA it is ignored.
+
+    ``sparse_layout``: sparse batches of :class:`~parrecio.decoders.ProtobufRecord` features (a
+    :class:`~parrecio.decoders.SparseCOO`, or a ``scipy.sparse.csr_matrix`` with ``sparse="csr"``)
+    become ``torch.sparse_coo_tensor`` (``"coo"``) or ``torch.sparse_csr_tensor`` (``"csr"``; 2-D only);
+    ``None`` (default) walks a SparseCOO as the namedtuple it is and leaves a csr_matrix as it is.
     """
     import torch
 
+    if sparse_layout not in _SPARSE_LAYOUTS:
+        raise ValueError(f"sparse_layout must be one of {_SPARSE_LAYOUTS}, got {sparse_layout!r}")
     pin = bool(pin_memory) and torch.cuda.is_available()
+    if sparse_layout is not None:
+        batch = _sparse_to_torch(batch, sparse_layout, torch)
 
     def convert(array):
         try:
@@ -70,6 +82,29 @@ def to_torch(batch: Any, *, pin_memory: bool = False) -> Any:
         return tensor.pin_memory() if pin else tensor
 
     return map_arrays(batch, convert)
+
+
+def _sparse_to_torch(value: Any, layout: str, torch: Any) -> Any:
+    """``value`` with its sparse batches (SparseCOO, scipy CSR) as torch sparse tensors of ``layout``."""
+    import numpy as np
+
+    from ..decoders.protobuf_record import SparseCOO
+
+    if isinstance(value, SparseCOO):
+        tensor = torch.sparse_coo_tensor(torch.from_numpy(np.ascontiguousarray(value.indices.T)),
+                                         torch.from_numpy(value.values), value.shape,
+                                         check_invariants=False).coalesce()  # valid by construction
+        return tensor.to_sparse_csr() if layout == "csr" else tensor
+    if hasattr(value, "indptr") and getattr(value, "format", None) == "csr":  # scipy.sparse.csr_matrix
+        tensor = torch.sparse_csr_tensor(torch.from_numpy(value.indptr.astype(np.int64)),
+                                         torch.from_numpy(value.indices.astype(np.int64)),
+                                         torch.from_numpy(value.data), value.shape)
+        return tensor.to_sparse_coo().coalesce() if layout == "coo" else tensor
+    if isinstance(value, dict):
+        return type(value)((k, _sparse_to_torch(v, layout, torch)) for k, v in value.items())
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_sparse_to_torch(v, layout, torch) for v in value)
+    return value
 
 
 def _check_not_batched_again(reader: Any, caller: Any) -> None:
@@ -139,6 +174,8 @@ def _make_dataset_class() -> type:
                 warning, otherwise). ``DataLoader(..., pin_memory=True)`` does the same in a thread.
             convert: ``False`` yields the reader's numpy items unchanged (``default_convert`` of the
                 DataLoader still turns arrays into tensors, also without a copy).
+            sparse_layout: ``"coo"`` or ``"csr"``: sparse RecordIO-protobuf batches as torch sparse
+                tensors of that layout (see :func:`to_torch`); ``None`` leaves them as they are.
 
         ``len(ds)`` is ``len(reader)`` (batches, or samples without ``batch_size``) when the reader
         knows its length; otherwise it raises ``TypeError`` (which ``list()`` and friends accept).
@@ -148,7 +185,7 @@ def _make_dataset_class() -> type:
         """
 
         def __init__(self, reader: Any = None, *args: Any, pin_memory: bool = False, convert: bool = True,
-                     **reader_kwargs: Any) -> None:
+                     sparse_layout: Optional[str] = None, **reader_kwargs: Any) -> None:
             super().__init__()
             self._reader: Optional[ParallelReader] = None
             self._factory: Optional[Callable[[], Any]] = None
@@ -165,6 +202,9 @@ def _make_dataset_class() -> type:
                 channel = reader
                 self._factory = lambda: ParallelReader(channel, *args, **reader_kwargs)
             self.convert = bool(convert)
+            if sparse_layout not in _SPARSE_LAYOUTS:
+                raise ValueError(f"sparse_layout must be one of {_SPARSE_LAYOUTS}, got {sparse_layout!r}")
+            self.sparse_layout = sparse_layout  # to_torch's: sparse protobuf features as torch sparse tensors
             self.pin_memory = bool(pin_memory)
             if self.pin_memory and not torch.cuda.is_available():
                 warnings.warn("ParallelIterableDataset(pin_memory=True): CUDA is not available, "
@@ -209,9 +249,9 @@ def _make_dataset_class() -> type:
                 if not self.convert:
                     yield from items
                     return
-                pin = self.pin_memory
+                pin, layout = self.pin_memory, self.sparse_layout
                 for item in items:
-                    yield to_torch(item, pin_memory=pin)
+                    yield to_torch(item, pin_memory=pin, sparse_layout=layout)
             finally:
                 items.close()
 
