@@ -20,7 +20,8 @@ from hypothesis import given, settings, strategies as st
 
 from parrecio import DecodeError, ParallelReader, RecordReader, RecordWriter
 from parrecio.decoders import ProtobufRecord, ProtobufSample, SparseCOO, SparseTensor
-from parrecio.decoders.protobuf_record import parse_record
+from parrecio.decoders import protobuf_record
+from parrecio.decoders.protobuf_record import parse_record, parse_record_py
 from parrecio.recordio.protobuf_writer import encode_record, write_dense, write_sparse
 
 os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
@@ -229,6 +230,54 @@ def test_the_hand_parser_equals_the_protobuf_package(seed, nfeatures, sparse):
             assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
     assert sample["label_values"].tolist() == list(rec.label["values"].float32_tensor.values)
     assert sample["uid"] == rec.uid and sample["metadata"] == rec.metadata
+    assert _same(parse_record_py(data), parse_record(data))  # the C and the Python parser
+
+
+def _outcome(parse, data):
+    try:
+        return parse(data)
+    except DecodeError as exc:
+        return ("DecodeError", str(exc))
+
+
+def _same(a, b) -> bool:
+    """Two parse results (or errors) are equal: the same names, kinds, dtypes, shapes and values."""
+    if isinstance(a, tuple) and not isinstance(a, SparseTensor) and a and isinstance(a[0], str) \
+            and a[0] == "DecodeError":
+        return a == b
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)) and not isinstance(a, SparseTensor):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, SparseTensor):
+        return a.shape == b.shape and _same(a.keys, b.keys) and _same(a.values, b.values)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    return a == b
+
+
+needs_c = pytest.mark.skipif(protobuf_record._protobuf is None, reason="the _protobuf C extension is not built")
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)),
+                                                         max_size=4), cut=st.integers(0, 10_000))
+def test_the_c_and_the_python_parser_agree_on_damaged_records(seed, edits, cut):
+    """Bytes changed or cut anywhere in a valid record: the same result, or the same DecodeError."""
+    rng = np.random.default_rng(seed)
+    data = bytearray(encode_record(int(rng.choice([2, 3, 7])), rng.integers(-9, 9, int(rng.integers(0, 20))),
+                                   2, 1.0, keys=None))
+    if rng.random() < 0.5:
+        k = np.sort(rng.choice(50, 5, replace=False))
+        data = bytearray(encode_record(2, np.ones(5), 7, 3, keys=k, shape=[50]))
+    for pos, byte in edits:
+        if data:
+            data[pos % len(data)] = byte
+    data = bytes(data[:cut % (len(data) + 1)])
+    assert _same(_outcome(parse_record_py, data), _outcome(parse_record, data))
 
 
 def test_ml_io_split_record_layout_reads_by_default():
@@ -302,8 +351,13 @@ HOSTILE = {
 }
 
 
+@pytest.mark.parametrize("parser", ["c", "python"])
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_payloads_are_refused_by_name(name):
+def test_hostile_payloads_are_refused_by_name(name, parser, monkeypatch):
+    if parser == "python":
+        monkeypatch.setattr(protobuf_record, "_protobuf", None)
+    elif protobuf_record._protobuf is None:
+        pytest.skip("the _protobuf C extension is not built")
     payload, message = HOSTILE[name]
     if message is None:
         assert ProtobufRecord()(payload) == {}  # unknown fields are skipped whole, never descended into

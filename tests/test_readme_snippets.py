@@ -117,6 +117,10 @@ def _packed(out: str, folder: str) -> None:
     assert os.path.exists(os.path.join(folder, "train.lst"))
 
 
+def _protobuf_output(out: str, folder: str) -> None:
+    assert out.strip().splitlines() == ["(232, 784) float32 int32", "csr_matrix (256, 50000)"], out
+
+
 def _bench_output(out: str, folder: str) -> None:
     rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)]
     assert [(r[0], r[1]) for r in rows] == [("1", "40"), ("2", "40"), ("4", "40")], out  # workers, samples
@@ -133,6 +137,7 @@ CASES: Dict[Tuple[str, int], Case] = {
     ("Frameworks", 2): Case(given=KERAS_MODEL, needs=("tensorflow", "keras")),
     ("Frameworks", 3): Case(needs=("ray", "torch"), timeout=600),
     ("S3", 0): Case(needs=("boto3", "moto"), check=_moto_output),
+    ("SageMaker built-in algorithm data (RecordIO-protobuf)", 0): Case(needs=("scipy",), check=_protobuf_output),
     ("Decoders", 0): Case(),
     ("Training augmentations", 0): Case(),
     ("RecordIO", 0): Case(given="from fixtures import photo_jpegs\njpegs = photo_jpegs() * 2\n"
@@ -276,7 +281,7 @@ def test_every_block_has_a_case():
     stale = [k for k in list(CASES) + list(NOT_RUN) if k not in keys]
     assert not stale, f"cases for blocks the README no longer has: {stale}"
     assert set(CASES).isdisjoint(NOT_RUN)
-    assert len(CASES) == 13 and len(found) == 20  # the count the closing note of #24 reports
+    assert len(CASES) == 14 and len(found) == 21  # 13 and 20 in the closing note of #24; + RecordIO-protobuf (#26)
 
 
 @pytest.mark.parametrize("key", list(CASES), ids=[f"{h}-{n}" for h, n in CASES])

@@ -12,10 +12,13 @@ them; ML-IO's ``RecordIOProtobufReader`` reads them)::
                repeated uint64 shape = 3 [packed]; }
     Bytes    { repeated bytes value = 1; optional string content_type = 2; }
 
-:class:`ProtobufRecord` parses that schema by hand (:func:`parse_record`): the packed float and double
-values are read with ``numpy.frombuffer`` and copied once, packed varints (keys, shape, int32 values)
-are decoded with numpy, so a record costs a few microseconds plus its size; ``bench/bench_protobuf.py``
-measures it against the ``protobuf`` package's ``ParseFromString`` and a numpy conversion.  Nothing is
+:class:`ProtobufRecord` parses that schema by hand (:func:`parse_record`): the wire format in C
+(``_protobuf.c``: one pass, packed values copied once into buffers that numpy views), or, where the
+extension was not built, in Python (:func:`parse_record_py`: ``numpy.frombuffer`` for packed floats,
+numpy for packed varints), with the same results and errors (tests/test_protobuf_record.py compares
+them on damaged records).  ``bench/bench_protobuf.py`` measures both against the ``protobuf`` package's
+``ParseFromString`` and a numpy conversion (the C parser: about 3x; the Python one: 0.6-1x), which is
+why the package is not used.  Nothing is
 allocated by a declared size: a tensor's ``shape`` is checked against the values that are there, a
 sparse tensor stays sparse (keys and values), and every length is checked against the payload.
 
@@ -41,7 +44,13 @@ from ..errors import DecodeError
 from .checks import check_bool
 from .value import Value, derive
 
-__all__ = ["ProtobufRecord", "ProtobufSample", "SparseTensor", "SparseCOO", "parse_record", "TENSOR_DTYPES"]
+try:  # the wire format in C (setup.py builds it where a compiler is; else the Python parser below)
+    from . import _protobuf
+except ImportError:  # pragma: no cover - depends on the build
+    _protobuf = None
+
+__all__ = ["ProtobufRecord", "ProtobufSample", "SparseTensor", "SparseCOO", "parse_record", "parse_record_py",
+           "TENSOR_DTYPES"]
 
 #: Value's tensor field numbers -> the numpy dtype of their values.
 TENSOR_DTYPES = {2: np.dtype("<f4"), 3: np.dtype("<f8"), 7: np.dtype(np.int32)}
@@ -193,15 +202,21 @@ def _tensor(data: bytes, start: int, stop: int, kind: int, name: str) -> Any:
         vals = np.zeros(0, dtype)
     else:  # a copy: the arrays must not hold the payload (a view of shared memory in the pipeline)
         vals = np.concatenate(values) if len(values) > 1 else values[0].copy()
-    vals = vals.astype(dtype.newbyteorder("="), copy=False)
     dims = tuple(int(d) for d in (np.concatenate(shape) if shape else ()))
     if len(dims) > _MAX_RANK:
         raise DecodeError(f"feature {name!r}: a shape of {len(dims)} dimensions (at most {_MAX_RANK})")
+    k = None if not keys else np.concatenate(keys) if len(keys) > 1 else keys[0]
+    return _finish(name, vals, k, dims)
+
+
+def _finish(name: str, vals: np.ndarray, k: Optional[np.ndarray], dims: Tuple[int, ...]) -> Any:
+    """A tensor's values, keys (None: dense) and shape -> an array of its shape, or a SparseTensor; the
+    checks of the schema's meaning (the same for the C and the Python parser)."""
+    vals = vals.astype(vals.dtype.newbyteorder("="), copy=False)
     size = 1
     for d in dims:
         size *= d
-    if keys:
-        k = np.concatenate(keys) if len(keys) > 1 else keys[0]
+    if k is not None and len(k):
         if len(k) != len(vals):
             raise DecodeError(f"feature {name!r}: {len(k)} keys for {len(vals)} values")
         if not dims:
@@ -250,7 +265,34 @@ def _entry(data: bytes, start: int, stop: int, where: str) -> Tuple[str, Tuple[i
 
 def parse_record(payload: Any) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, str]]:
     """One ``aialgs.data.Record`` -> ``(features, label, strings)``: name -> array / SparseTensor / list
-    of bytes, and ``uid``/``metadata``/``configuration`` where present.  Raises :class:`DecodeError`."""
+    of bytes, and ``uid``/``metadata``/``configuration`` where present.  Raises :class:`DecodeError`.
+    The wire format is walked by the C extension (``_protobuf``) where it was built, else in Python
+    (:func:`parse_record_py`): the same results and the same errors."""
+    if _protobuf is None:
+        return parse_record_py(payload)
+    try:
+        features, label, strings = _protobuf.parse(payload)
+    except ValueError as exc:
+        text = str(exc)
+        if text.startswith("truncated: "):
+            raise DecodeError(f"not a whole aialgs.data.Record ({memoryview(payload).nbytes} bytes): "
+                              f"{text[len('truncated: '):]}") from None
+        raise DecodeError(text) from None
+    return ({n: _assembled(n, kind, v, k, d) for n, kind, v, k, d in features},
+            {n: _assembled(f"label_{n}", kind, v, k, d) for n, kind, v, k, d in label},
+            {what: _string(raw, 0, len(raw), what) for what, raw in strings.items()})
+
+
+def _assembled(name: str, kind: int, values: Any, keys: Any, shape: Any) -> Any:
+    """A tensor of the C parser (bytearrays, which the arrays keep: no copy) as the Python one gives it."""
+    if kind == _BYTES_FIELD:
+        return values
+    vals = np.frombuffer(values, TENSOR_DTYPES[kind])
+    return _finish(name, vals, None if keys is None else np.frombuffer(keys, "<u8"), shape or ())
+
+
+def parse_record_py(payload: Any) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, str]]:
+    """:func:`parse_record` in Python alone (where the C extension was not built)."""
     data = payload if isinstance(payload, bytes) else bytes(payload)
     features: Dict[str, Any] = {}
     label: Dict[str, Any] = {}

@@ -98,7 +98,8 @@ def _sparse_to_torch(value: Any, layout: str, torch: Any) -> Any:
     if hasattr(value, "indptr") and getattr(value, "format", None) == "csr":  # scipy.sparse.csr_matrix
         tensor = torch.sparse_csr_tensor(torch.from_numpy(value.indptr.astype(np.int64)),
                                          torch.from_numpy(value.indices.astype(np.int64)),
-                                         torch.from_numpy(value.data), value.shape)
+                                         torch.from_numpy(value.data), value.shape,
+                                         check_invariants=False)  # scipy's CSR: valid
         return tensor.to_sparse_coo().coalesce() if layout == "coo" else tensor
     if isinstance(value, dict):
         return type(value)((k, _sparse_to_torch(v, layout, torch)) for k, v in value.items())
