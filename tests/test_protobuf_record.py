@@ -112,6 +112,42 @@ def test_sparse_sdk_file_writes_and_reads_exactly(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_sdk_files_shuffled_and_sharded_read_exactly(tmp_path, workers, kind, no_leaks):
+    """SDK-written files, shuffled (a shuffle buffer: no .idx) and read as 2 shards: every row once over
+    the shards, each with its values, dtype, shape and label."""
+    common = sdk()
+    if kind == "dense":
+        x, y = dense_cases()["float64"]
+        data, rows = sdk_bytes(common.write_numpy_to_dense_tensor, x, y), x
+    else:
+        m, y = sparse_case()
+        data, rows = sdk_bytes(common.write_spmatrix_to_sparse_tensor, m, y), m.toarray()
+    path = tmp_path / f"{kind}.rec"
+    path.write_bytes(data)
+    where = {rows[i].tobytes() + np.asarray(y[i]).tobytes(): i for i in range(len(rows))}
+    seen = []
+    for shard in range(2):
+        with ParallelReader(str(path), fields=ProtobufRecord(), workers=workers, shuffle=True, seed=9,
+                            shuffle_buffer=16, num_shards=2, shard_index=shard) as reader:
+            assert reader.config.shuffle_mode == "buffer"
+            for s in reader:
+                v = s["values"]
+                if kind == "sparse":
+                    assert v.shape == (300,) and v.values.dtype == np.float32
+                    row = np.zeros(300, np.float32)
+                    row[v.keys.astype(np.int64)] = v.values
+                else:
+                    assert v.dtype == np.float64 and v.shape == (5,)
+                    row = v
+                label = s["label_values"]
+                assert label.shape == (1,) and label.dtype == y.dtype
+                seen.append(where[row.tobytes() + label[0].tobytes()])
+    assert sorted(seen) == list(range(len(rows)))
+    assert seen != sorted(seen)  # shuffled
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_batches_shuffled_and_sharded(tmp_path, workers, no_leaks):
     """Dense features stack, sparse ones batch as COO and CSR; the shards of a shuffled read are the whole
     file once, each sample intact."""
@@ -331,6 +367,8 @@ def _record_with(tensor_body: bytes, kind: int = 2) -> bytes:
 HOSTILE = {
     "truncated varint": (b"\x0a\xff", "runs past the end"),
     "length past the end": (b"\x0a\x7f\x0a\x06values", "declares 127 bytes, past the end"),
+    "a declared length of 2**62": (b"\x0a" + b"\x80" * 8 + b"\x40" + b"\0" * 16,
+                                   "declares 4611686018427387904 bytes, past the end"),
     "ten-byte varint overflow": (b"\x08" + b"\xff" * 9 + b"\x7f", "longer than 64 bits"),
     "eleven-byte varint": (b"\x08" + b"\xff" * 10 + b"\x01", "longer than 10 bytes"),
     "a group": (b"\x0b\x0c", "wire type 3 (a group)"),

@@ -6,7 +6,7 @@
  *     Value field number (2 float32, 3 float64, 7 int32: values a bytearray of little-endian float32 /
  *     float64 / int32; keys None or a bytearray of little-endian uint64; shape None or a tuple of ints),
  *     or 9 (Bytes: values a list of bytes, keys and shape None);
- *   strings: {"uid" | "metadata" | "configuration": bytes}.
+ *   strings: {"uid" | "metadata" | "configuration": str}.
  * A payload that is not a whole Record raises ValueError whose message starts with "truncated: "; any
  * other refusal (a varint over 64 bits, a group, an int32 out of range, ...) a ValueError with the same
  * words as the Python parser.  The semantic checks (shape against values, keys inside the shape) are
@@ -25,6 +25,34 @@ typedef struct {
 static int fail(const char *message) {
     PyErr_SetString(PyExc_ValueError, message);
     return -1;
+}
+
+/* UTF-8 text, or a ValueError worded as the Python parser words it: "<what> is not valid UTF-8 (<reason>
+ * at byte <start>)". */
+static PyObject *utf8(span f, const char *what) {
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)f.p, (Py_ssize_t)(f.end - f.p), "strict");
+    if (text != NULL || !PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        return text;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    Py_ssize_t start = 0;
+    PyObject *reason = value ? PyUnicodeDecodeError_GetReason(value) : NULL;
+    if (value) {
+        PyUnicodeDecodeError_GetStart(value, &start);
+    }
+    PyErr_Clear();
+    if (reason != NULL) {
+        PyErr_Format(PyExc_ValueError, "%s is not valid UTF-8 (%U at byte %zd)", what, reason, start);
+    } else {
+        PyErr_Format(PyExc_ValueError, "%s is not valid UTF-8", what);
+    }
+    Py_XDECREF(reason);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return NULL;
 }
 
 static int varint(span *s, uint64_t *out) {
@@ -106,6 +134,24 @@ static int next_field(span *s, uint64_t *number, int *wire, span *value) {
 /* Append the varints of v (packed, or the one of an unpacked field) to buf as little-endian uint64 (or,
  * with as_int32, as int32 after a range check). */
 static int append_varints(PyObject *buf, span v, int as_int32, PyObject *name) {
+    /* The checks of the whole field first, in the Python parser's order: cut short, a varint over 10
+     * bytes, one over 64 bits; then the values (and the int32 range). */
+    if (v.p < v.end && (v.end[-1] & 0x80)) {
+        return fail("truncated: a packed varint runs past the end of its field");
+    }
+    int run = 0, overflow = 0;
+    for (const unsigned char *q = v.p; q < v.end; q++) {
+        run++;
+        if (!(*q & 0x80)) {
+            overflow |= run == 10 && *q > 1;
+            run = 0;
+        } else if (run >= 10) {
+            return fail("a varint longer than 10 bytes");
+        }
+    }
+    if (overflow) {
+        return fail("a varint longer than 64 bits");
+    }
     while (v.p < v.end) {
         uint64_t x;
         if (varint(&v, &x) < 0) {
@@ -322,11 +368,8 @@ static PyObject *entry(span e, int label) {
         }
         if (number == 1 && wire == 2) {
             Py_XDECREF(name);
-            name = PyUnicode_DecodeUTF8((const char *)f.p, (Py_ssize_t)(f.end - f.p), "strict");
+            name = utf8(f, label ? "a label name" : "a feature name");
             if (name == NULL) {
-                PyErr_Clear();
-                PyErr_SetString(PyExc_ValueError, label ? "a label name is not valid UTF-8"
-                                                        : "a feature name is not valid UTF-8");
                 return NULL;
             }
         } else if (number == 2 && wire == 2) {
@@ -384,7 +427,7 @@ static PyObject *parse(PyObject *self, PyObject *args) {
             }
             Py_DECREF(e);
         } else if (number >= 3 && number <= 5) {
-            PyObject *text = PyBytes_FromStringAndSize((const char *)f.p, (Py_ssize_t)(f.end - f.p));
+            PyObject *text = utf8(f, string_names[number - 3]);
             if (text == NULL || PyDict_SetItemString(strings, string_names[number - 3], text) < 0) {
                 Py_XDECREF(text);
                 goto done;

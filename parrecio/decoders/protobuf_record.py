@@ -206,7 +206,16 @@ def _tensor(data: bytes, start: int, stop: int, kind: int, name: str) -> Any:
     if len(dims) > _MAX_RANK:
         raise DecodeError(f"feature {name!r}: a shape of {len(dims)} dimensions (at most {_MAX_RANK})")
     k = None if not keys else np.concatenate(keys) if len(keys) > 1 else keys[0]
-    return _finish(name, vals, k, dims)
+    return _Pending(name, vals, k, dims)  # the checks of meaning come after the whole record was walked
+
+
+class _Pending(NamedTuple):
+    """A tensor walked but not yet checked (:func:`_finish`, once the whole record is known to be whole:
+    the C parser's order, so that both report the same first error)."""
+    name: str
+    vals: np.ndarray
+    keys: Optional[np.ndarray]
+    dims: Tuple[int, ...]
 
 
 def _finish(name: str, vals: np.ndarray, k: Optional[np.ndarray], dims: Tuple[int, ...]) -> Any:
@@ -280,7 +289,7 @@ def parse_record(payload: Any) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str
         raise DecodeError(text) from None
     return ({n: _assembled(n, kind, v, k, d) for n, kind, v, k, d in features},
             {n: _assembled(f"label_{n}", kind, v, k, d) for n, kind, v, k, d in label},
-            {what: _string(raw, 0, len(raw), what) for what, raw in strings.items()})
+            strings)
 
 
 def _assembled(name: str, kind: int, values: Any, keys: Any, shape: Any) -> Any:
@@ -311,7 +320,8 @@ def parse_record_py(payload: Any) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[
         raise DecodeError(f"not a whole aialgs.data.Record ({len(data)} bytes): {exc}") from None
     except struct.error as exc:  # pragma: no cover - frombuffer checks lengths first
         raise DecodeError(f"not a whole aialgs.data.Record: {exc}") from None
-    return features, label, strings
+    done = lambda v: _finish(*v) if isinstance(v, _Pending) else v  # noqa: E731
+    return ({k: done(v) for k, v in features.items()}, {k: done(v) for k, v in label.items()}, strings)
 
 
 # -- samples and batches -----------------------------------------------------------------------------------
