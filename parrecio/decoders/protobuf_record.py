@@ -53,7 +53,7 @@ __all__ = ["ProtobufRecord", "ProtobufSample", "SparseTensor", "SparseCOO", "par
            "TENSOR_DTYPES"]
 
 #: Value's tensor field numbers -> the numpy dtype of their values.
-TENSOR_DTYPES = {2: np.dtype("<f4"), 3: np.dtype("<f8"), 7: np.dtype(np.int32)}
+TENSOR_DTYPES = {2: np.dtype("<f4"), 3: np.dtype("<f8"), 7: np.dtype("<i4")}
 _BYTES_FIELD = 9
 _NAMES = {2: "float32_tensor", 3: "float64_tensor", 7: "int32_tensor", 9: "bytes"}
 _MAX_RANK = 32          # a shape with more dimensions than this is refused
