@@ -488,3 +488,27 @@ def test_tf_data_gets_sparse_tensors(tmp_path, fmt, no_leaks):
     dense = np.concatenate([tf.sparse.to_dense(b["values"]).numpy() for b in got])
     assert np.array_equal(dense, m.toarray())
     assert np.array_equal(np.concatenate([b["label_values"].numpy()[:, 0] for b in got]), y)
+
+
+def test_the_writer_refuses_what_the_sdk_refuses(tmp_path):
+    from parrecio.errors import SourceError
+    from parrecio.tools.pack import pack_protobuf
+    with pytest.raises(ValueError, match="array must be a matrix"):
+        write_dense(io.BytesIO(), np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="unsupported dtype uint8"):
+        write_dense(io.BytesIO(), np.zeros((2, 3), np.uint8))
+    with pytest.raises(ValueError, match="3 labels for 2 rows"):
+        write_dense(io.BytesIO(), np.zeros((2, 3)), np.zeros(3))
+    with pytest.raises(TypeError, match="matrix must be a scipy sparse matrix"):
+        write_sparse(io.BytesIO(), np.zeros((2, 3)))
+    np.save(tmp_path / "v.npy", np.zeros(4, np.float32))
+    with pytest.raises(SourceError, match=r"v\.npy: array must be a matrix"):
+        pack_protobuf(str(tmp_path / "v.npy"), str(tmp_path / "out.rec"))
+    np.savez(tmp_path / "plain.npz", a=np.zeros(3))
+    with pytest.raises(SourceError, match=r"plain\.npz: not a scipy sparse matrix saved by scipy\.sparse\.save_npz"):
+        pack_protobuf(str(tmp_path / "plain.npz"), str(tmp_path / "out.rec"))
+    np.save(tmp_path / "m.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
+    res = pack_protobuf(str(tmp_path / "m.npy"), str(tmp_path / "ok.rec"))
+    assert (res.records, res.rec_path, res.idx_path) == (2, str(tmp_path / "ok.rec"), str(tmp_path / "ok.idx"))
+    with ParallelReader(res.rec_path, fields=ProtobufRecord(), workers=0) as reader:
+        assert len(reader) == 2 and [s["values"].tolist() for s in reader] == [[0, 1, 2], [3, 4, 5]]

@@ -419,8 +419,8 @@ class ProtobufRecord(Value):
     metadata: bool = False
     configuration: bool = False
     sparse: str = "coo"
-
-    payload_kinds = frozenset({"other"})  # binary protobuf (decoders.base)
+    # no payload_kinds: a Record's bytes can sniff as anything (even empty: a Record with no fields), and
+    # a kind left out would drop records after damage (decoders.base)
 
     def __post_init__(self) -> None:
         features = self.features
