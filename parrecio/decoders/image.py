@@ -775,8 +775,8 @@ class Image(_PillowDecoder):
             raise ImportError(f"Image(strict=True) checks JPEGs with parrecio's C extension (_jpegregion, built "
                               f"at install where a C compiler and libjpeg's headers are) or with simplejpeg, "
                               f"and neither is here: {_INSTALL_HINT}", name="simplejpeg")
-        derive(self, strict=strict)
-        derive(self, size=_size_pair(self.size), resize=_check_resize(self.resize), max_pixels=max_pixels,
+        derive(self, strict=strict, size=_size_pair(self.size), resize=_check_resize(self.resize),
+               max_pixels=max_pixels,
                fill=_fill_value(fill), draft=draft if isinstance(draft, float) else bool(draft),
                reducing_gap=reducing_gap,
                exif_transpose=check_bool("exif_transpose", self.exif_transpose),

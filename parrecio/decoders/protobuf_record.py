@@ -34,7 +34,6 @@ shape, or kind than the batch's first raises :class:`DecodeError` naming the sam
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -50,6 +49,7 @@ except ImportError:  # pragma: no cover - depends on the build
     _protobuf = None
 
 __all__ = ["ProtobufRecord", "ProtobufSample", "SparseTensor", "SparseCOO", "parse_record", "parse_record_py",
+           "as_coo", "is_csr",
            "TENSOR_DTYPES"]
 
 #: Value's tensor field numbers -> the numpy dtype of their values.
@@ -126,16 +126,14 @@ def _packed_varints(data: bytes, start: int, end: int) -> np.ndarray:
 
 
 def _skip(data: bytes, pos: int, end: int, wire: int) -> int:
-    """The position after a field of wire type ``wire`` whose value starts at ``pos``."""
+    """The position after a field of wire type ``wire`` (not 2: :func:`_fields` reads those) whose value
+    starts at ``pos``."""
     if wire == 0:
         return _varint(data, pos, end)[1]
     if wire == 1:
         pos += 8
     elif wire == 5:
         pos += 4
-    elif wire == 2:
-        n, pos = _varint(data, pos, end)
-        pos += n
     else:  # 3/4: proto2 groups, which this schema never uses
         raise DecodeError(f"a field of wire type {wire} (a group), which aialgs.data.Record has not")
     if pos > end:
@@ -230,7 +228,7 @@ def _finish(name: str, vals: np.ndarray, k: Optional[np.ndarray], dims: Tuple[in
             raise DecodeError(f"feature {name!r}: {len(k)} keys for {len(vals)} values")
         if not dims:
             raise DecodeError(f"feature {name!r}: a sparse tensor (keys) without a shape")
-        if len(k) and int(k.max()) >= size:
+        if int(k.max()) >= size:
             raise DecodeError(f"feature {name!r}: key {int(k.max())} outside the shape {list(dims)} "
                               f"({size} elements)")
         return SparseTensor(k, vals, dims)
@@ -318,8 +316,6 @@ def parse_record_py(payload: Any) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[
                 strings[what] = _string(data, a, b, what)
     except _Truncated as exc:
         raise DecodeError(f"not a whole aialgs.data.Record ({len(data)} bytes): {exc}") from None
-    except struct.error as exc:  # pragma: no cover - frombuffer checks lengths first
-        raise DecodeError(f"not a whole aialgs.data.Record: {exc}") from None
     done = lambda v: _finish(*v) if isinstance(v, _Pending) else v  # noqa: E731
     return ({k: done(v) for k, v in features.items()}, {k: done(v) for k, v in label.items()}, strings)
 
@@ -363,6 +359,23 @@ class ProtobufSample(dict):
             else:
                 out[name] = col
         return out
+
+
+def is_csr(value: Any) -> bool:
+    """Whether ``value`` is a ``scipy.sparse.csr_matrix`` (a ``sparse="csr"`` batch), without importing
+    scipy."""
+    return hasattr(value, "indptr") and getattr(value, "format", None) == "csr"
+
+
+def as_coo(value: Any) -> Optional[SparseCOO]:
+    """A sparse batch (a :class:`SparseCOO`, or a scipy CSR matrix) as a SparseCOO; None for anything
+    else (what the tf.data adapter feeds to ``tf.SparseTensor``)."""
+    if isinstance(value, SparseCOO):
+        return value
+    if is_csr(value):
+        rows = np.repeat(np.arange(value.shape[0], dtype=np.int64), np.diff(value.indptr))
+        return SparseCOO(np.stack([rows, value.indices.astype(np.int64)], axis=1), value.data, tuple(value.shape))
+    return None
 
 
 class _CSRSample(ProtobufSample):

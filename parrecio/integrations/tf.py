@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Tuple
 
 import numpy as np
 
+from ..decoders.protobuf_record import as_coo
 from ..errors import PipelineError
 from .dlpack import NUMERIC_KINDS
 
@@ -82,8 +83,8 @@ class FieldSpec:
 
     ``kind``: ``"tensor"`` (a dense array), ``"string"`` (bytes/str values), ``"ragged"`` (a list of
     arrays whose first dimension varies, ``ragged_rank=1``) or ``"sparse"`` (a RecordIO-protobuf sparse
-    batch: :class:`~parrecio.decoders.SparseCOO` or a ``scipy.sparse.csr_matrix``; ``tf.SparseTensor``). ``shape``: with ``None`` for unknown
-    dimensions. ``dtype``: a numpy dtype name (``"uint8"``, ``"float32"``...) or ``"string"``.
+    batch: :class:`~parrecio.decoders.SparseCOO` or a ``scipy.sparse.csr_matrix``; ``tf.SparseTensor``).
+    ``shape``: with ``None`` for unknown dimensions. ``dtype``: a numpy dtype name (``"uint8"``, ``"float32"``...) or ``"string"``.
     """
 
     kind: str
@@ -103,7 +104,7 @@ def infer_signature(value: Any, batched: bool = True, _path_: str = "") -> Any:
     Raises ``TypeError`` naming the column that cannot be described.
     """
     p = _path_
-    coo = _as_coo(value)
+    coo = as_coo(value)
     if coo is not None:
         if not batched:
             raise TypeError(f"{_path(p)}: a sparse batch outside a batch; read with batch_size")
@@ -137,19 +138,6 @@ def infer_signature(value: Any, batched: bool = True, _path_: str = "") -> Any:
             raise TypeError(f"{_path(p)}: cannot describe a list inside a sample; pass output_signature")
         return _infer_list(value, p)
     raise TypeError(f"{_path(p)}: cannot describe a {type(value).__name__}; pass output_signature")
-
-
-def _as_coo(value: Any) -> Any:
-    """A sparse batch (SparseCOO, scipy CSR) as a SparseCOO; None for anything else."""
-    from ..decoders.protobuf_record import SparseCOO
-
-    if isinstance(value, SparseCOO):
-        return value
-    if hasattr(value, "indptr") and getattr(value, "format", None) == "csr":  # scipy.sparse.csr_matrix
-        rows = np.repeat(np.arange(value.shape[0], dtype=np.int64), np.diff(value.indptr))
-        indices = np.stack([rows, value.indices.astype(np.int64)], axis=1)
-        return SparseCOO(indices, value.data, tuple(value.shape))
-    return None
 
 
 def _python_dtype(value: Any) -> str:
@@ -206,7 +194,7 @@ def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, n
     memory (ragged leaves are always new arrays: their concatenation)."""
     if isinstance(signature, FieldSpec):
         if signature.kind == "sparse":
-            coo = _as_coo(value)
+            coo = as_coo(value)
             if coo is None:
                 raise TypeError(f"a column described as sparse came as a {type(value).__name__}")
             return coo if sparse is None else sparse(coo.indices, coo.values.copy(), coo.shape)

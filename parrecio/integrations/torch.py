@@ -88,14 +88,14 @@ def _sparse_to_torch(value: Any, layout: str, torch: Any) -> Any:
     """``value`` with its sparse batches (SparseCOO, scipy CSR) as torch sparse tensors of ``layout``."""
     import numpy as np
 
-    from ..decoders.protobuf_record import SparseCOO
+    from ..decoders.protobuf_record import SparseCOO, is_csr
 
     if isinstance(value, SparseCOO):
         tensor = torch.sparse_coo_tensor(torch.from_numpy(np.ascontiguousarray(value.indices.T)),
                                          torch.from_numpy(value.values), value.shape,
                                          check_invariants=False).coalesce()  # valid by construction
         return tensor.to_sparse_csr() if layout == "csr" else tensor
-    if hasattr(value, "indptr") and getattr(value, "format", None) == "csr":  # scipy.sparse.csr_matrix
+    if is_csr(value):
         tensor = torch.sparse_csr_tensor(torch.from_numpy(value.indptr.astype(np.int64)),
                                          torch.from_numpy(value.indices.astype(np.int64)),
                                          torch.from_numpy(value.data), value.shape,

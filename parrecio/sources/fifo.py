@@ -42,7 +42,7 @@ from typing import BinaryIO, Callable, Dict, Iterable, List, NamedTuple, Optiona
 
 from ..errors import SourceError
 
-__all__ = ["open_fifo", "FifoWait", "fifo_readers", "Holder", "PrefixedRaw", "is_fifo",
+__all__ = ["open_fifo", "open_plain", "FifoWait", "fifo_readers", "Holder", "PrefixedRaw", "is_fifo",
            "GRACE_S", "REPEAT_S", "MISSING", "NO_WRITER", "HELD", "GONE"]
 
 log = logging.getLogger("parrecio")
@@ -192,7 +192,7 @@ def open_fifo(path: str, wait: FifoWait, *, appear: bool = False) -> BinaryIO:
             if stat.S_ISDIR(st.st_mode):
                 raise SourceError(f"{wait.what}: {path} is a directory, not a FIFO")
             if not stat.S_ISFIFO(st.st_mode):
-                return _open_plain(path)
+                return open_plain(path)
             if fd is not None:
                 own = os.fstat(fd)
                 if (own.st_dev, own.st_ino) != (st.st_dev, st.st_ino):  # replaced by a new FIFO of that name
@@ -248,7 +248,8 @@ def _probe(fd: int, timeout: float):
     return bool(events & select.POLLHUP) if _LINUX else False, b""
 
 
-def _open_plain(path: str) -> BinaryIO:
+def open_plain(path: str) -> BinaryIO:
+    """``open(path, "rb")`` with its error as a :class:`SourceError` naming the path."""
     try:
         return open(path, "rb")
     except OSError as exc:

@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence
 
 from ..errors import SourceError
 from .base import Source, Stream
-from .fifo import FifoWait, is_fifo, open_fifo
+from .fifo import FifoWait, is_fifo, open_fifo, open_plain
 
 __all__ = ["FileSource", "list_recordio_files", "expand_patterns", "GLOB_CHARS"]
 
@@ -157,10 +157,7 @@ def open_for_reading(path: str):
     """
     if is_fifo(path):
         return open_fifo(path, FifoWait("FIFO source", None))
-    try:
-        return open(path, "rb")
-    except OSError as exc:
-        raise SourceError(f"cannot open {path!r}: {exc.strerror or exc}") from exc
+    return open_plain(path)
 
 
 def _describe(paths: Sequence[str]) -> str:
