@@ -512,3 +512,38 @@ def test_the_writer_refuses_what_the_sdk_refuses(tmp_path):
     assert (res.records, res.rec_path, res.idx_path) == (2, str(tmp_path / "ok.rec"), str(tmp_path / "ok.idx"))
     with ParallelReader(res.rec_path, fields=ProtobufRecord(), workers=0) as reader:
         assert len(reader) == 2 and [s["values"].tolist() for s in reader] == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.parametrize("source", ["file", "stream"])
+def test_many_ring_laps_and_records_over_half_the_ring(tmp_path, source, no_leaks):
+    """Dense and sparse Records of every size, from empty to 600 KB (more than half of a 1 MiB ring), some
+    5 MiB in all: a file read in place and a stream that laps the ring five times; workers 1 and 3 give
+    what workers=0 gives, and that is what the Python parser makes of each payload on its own."""
+    from parrecio import Tuning
+    rng = np.random.default_rng(3)
+    payloads = []
+    for i in range(400):
+        n = [0, 1, 7, 256, 4000][i % 5] if i % 97 else 150_000  # 150k float32: 600 KB
+        if i % 3 == 0:
+            keys = np.sort(rng.choice(10 * n + 10, n, replace=False)) if n else np.zeros(0, np.int64)
+            payloads.append(encode_record(2, rng.normal(size=n).astype(np.float32), 7, i,
+                                          keys=keys, shape=[10 * n + 10]))
+        else:
+            payloads.append(encode_record(3 if i % 2 else 7, rng.integers(-99, 99, n), 2, float(i)))
+    path = tmp_path / "laps.rec"
+    with RecordWriter(str(path)) as w:
+        for p in payloads:
+            w.write(p)
+    assert path.stat().st_size > 5 * (1 << 20)
+    want = [parse_record_py(p) for p in payloads]
+    got = {}
+    for workers in (0, 1, 3):
+        src = str(path) if source == "file" else io.BytesIO(path.read_bytes())
+        with ParallelReader(src, fields=ProtobufRecord(), workers=workers, tuning=Tuning(ring_bytes=1 << 20)) as r:
+            got[workers] = [dict(s) for s in r]
+            assert r.stats.samples == len(payloads)
+    for workers, samples in got.items():
+        assert len(samples) == len(want)
+        for s, (features, label, _) in zip(samples, want):
+            expected = dict(features, **{f"label_{k}": v for k, v in label.items()})
+            assert _same(s, expected), workers
