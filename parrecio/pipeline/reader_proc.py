@@ -41,17 +41,17 @@ import stat
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Tuple
 
-from ..errors import CorruptRecordError, ParrecioError
+from ..errors import ParrecioError
 from ..recordio import RecordReader
 from .config import PipelineConfig
+from .groups import GroupStream, Placement, open_indexed_all
 from .mapped import map_stream
-from .plan import EvenShards, epoch_order, resume_overrun, whole_groups
 from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
 from .poller import Poller
+from .placement import Mapped, Windows
 from .ring import GroupTooLarge, RingWriter
-from .resync import for_stream
 from .ring_windows import RingWindows
 from .shm import Segment, sweep
 
@@ -119,13 +119,13 @@ class _Reader:
         self.poller = Poller()
         self.cpu0 = time.process_time()
         self.seq = job.skip   # next sequence number (groups of this shard's order; a resumed epoch
-        self.skip = job.skip  # starts past the groups it leaves out, which are never sent)
-        self.group_index = 0  # groups seen in the stream (all shards)
+        #                       starts past the groups it leaves out, which are never sent)
+        self.groups = GroupStream(cfg, job.epoch, job.skip)
+        self.segment: Optional[str] = None  # the mapped file being read (None: the ring)
         self.pending = _Pending()
         self.group_end = 0        # ring position after the last complete group: what a chunk may release
         self.sent_end = 0         # the group_end of the last chunk sent
         self.windows: Optional[RingWindows] = None  # the stream being read into the ring, if it is
-        self.even: Optional[EvenShards] = None      # equal shard lengths of a stream (set by run())
         self.n_oneoff = 0
         self.oneoff_inflight = 0  # bytes of one-off segments sent and not yet released
         self.mapped_inflight = 0  # bytes of mapped groups sent and not yet released
@@ -203,11 +203,7 @@ class _Reader:
 
     def _emit_group(self, stream_id: int, payloads: list, first_offset: int) -> None:
         """A complete group held in this process (shuffled, read by index, or too big for the ring):
-        into the ring if it fits in half of it, else into a one-off segment.  Left out while a resumed
-        epoch's delivered groups are skipped."""
-        if self.skip:
-            self.skip -= 1
-            return
+        into the ring if it fits in half of it, else into a one-off segment."""
         sizes = [len(b) for b in payloads]
         try:
             offs = self.ring.place(sizes)  # waits for ring space (sending what is pending first)
@@ -284,260 +280,98 @@ class _Reader:
 
     # -- the stream ------------------------------------------------------------------------------
     def run(self) -> None:
-        cfg = self.cfg
-        if cfg.shuffle_mode is not None:
-            import numpy as np
-            self.rng = np.random.default_rng([cfg.seed, self.job.epoch])
-            self.shuffle_buf: list = []
+        """This shard's groups of the epoch (:class:`~parrecio.pipeline.groups.GroupStream`), placed:
+        a group whose records stay where they were read goes out as their offsets, a held one is
+        copied into the ring or a one-off segment."""
+        cfg, gs = self.cfg, self.groups
         if cfg.by_index:
-            self._run_indexed()
-            self.flush()
-            return
-        self.even = (EvenShards(cfg.num_shards, cfg.shard_index, cfg.even_shards)
-                     if cfg.even_shards is not None else None)
+            opened: list = []
+            try:
+                readers = open_indexed_all(cfg, self.job.source, opened)
+                names = [str(rec) for rec, _ in cfg.index_paths]
+                for g in gs.indexed(readers, names, lambda i, name: self.data.send(StreamStart(i, name))):
+                    if g.parts is None:  # a group that cannot be read keeps its position in the order
+                        self.flush()     # (a chunk's groups have consecutive positions)
+                        self.seq += 1
+                    else:
+                        self._emit_group(g.stream_id, g.parts, g.offset)
+                    self._handle_ctrl()
+            finally:
+                for r in opened:
+                    r.close()
+        else:
+            for g in gs.groups(self._streams()):
+                if g.held:
+                    self._emit_group(g.stream_id, g.parts, g.offset)
+                else:
+                    self._emit_placed(g.stream_id, g.parts, g.offset, self.segment)
+        self.flush()
+
+    def _streams(self) -> Iterator[Tuple[int, str, RecordReader, Placement]]:
+        """Each stream of the epoch, opened and framed where it lies, for the group stream.
+
+        A mapped file's records stay in the page cache; a stream's are read into ring windows and stay
+        there (:mod:`parrecio.pipeline.placement`).  Shuffled groups and equal shards of a stream are
+        held from the start (they wait in the shuffle buffer, or for the epoch's end): then a stream is
+        read into a private buffer, not into the ring."""
+        cfg = self.cfg
+        held = self.groups.holds
         for stream_id, stream in enumerate(self.job.source.streams(self.job.epoch)):
             self.flush()
             self.data.send(StreamStart(stream_id, stream.name))
             try:
-                self._read_stream(stream_id, stream)
+                mapped = map_stream(stream.file)
+                if mapped is None:
+                    yield from self._streamed(stream_id, stream, held)
+                    continue
+                mm, segment, start = mapped
+                reader = RecordReader.over(mm, start, join=cfg.join, on_corrupt=cfg.on_error,
+                                           max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
+                place = Placement() if held else Mapped(mm, start)
+                place.flat = lambda rd, _gs: self._frame_flat(stream_id, rd, mm, segment, start)
+                self.segment = segment
+                t0 = time.perf_counter()
+                try:
+                    yield stream_id, stream.name, reader, place
+                finally:
+                    self.stats.read_time += time.perf_counter() - t0
+                    reader.close()
+                    try:
+                        mm.close()
+                    except BufferError:  # a view escaped (an exception's traceback): the mapping goes with it
+                        pass
             finally:
                 try:
                     stream.file.close()
                 except OSError:
                     pass
-        if self.even is not None:  # the epoch's length is known now: the held-back or repeated groups
-            for item in self.even.end(self.group_index):
-                self._group_done(*item)
-        if cfg.shuffle_mode == "buffer":  # what is left in the buffer, in random order
-            buf = self.shuffle_buf
-            for i in self.rng.permutation(len(buf)):
-                self._emit_group(*buf[i])
-            buf.clear()
-        if self.skip:  # a resumed epoch shorter than its saved position
-            raise resume_overrun(self.job.skip, self.job.skip - self.skip, self.job.epoch)
-        self.flush()
 
-    def _group_done(self, stream_id: int, parts: list, first_offset: int) -> None:
-        """A complete group of this shard, held here: through the shuffle buffer, or out."""
-        if self.cfg.shuffle_mode == "buffer":
-            self._shuffled(stream_id, parts, first_offset)
-        else:
-            self._emit_group(stream_id, parts, first_offset)
-
-    def _shuffled(self, stream_id: int, parts: list, first_offset: int) -> None:
-        """Through the shuffle buffer: once it is full, each new group swaps with a random one there,
-        which is emitted (tf.data's shuffle, DALI's ``initial_fill``)."""
-        item = (stream_id, parts, first_offset)
-        buf = self.shuffle_buf
-        if len(buf) < self.cfg.shuffle_buffer:
-            buf.append(item)
-            return
-        i = int(self.rng.integers(len(buf)))
-        buf[i], item = item, buf[i]
-        self._emit_group(*item)
-
-    def _run_indexed(self) -> None:
-        """The groups of every file read by their ``.idx`` offsets, in this shard's order of the epoch
-        (:func:`parrecio.pipeline.plan.indexed_order`: a global permutation, then the shard's slice)."""
-        from ..sources.resolver import open_indexed, read_groups
-        cfg, st, nf = self.cfg, self.stats, self.cfg.nfields
-        readers, offsets = [], []
-        groups = None
-        try:
-            # local files: an IndexedRecordReader each (pread); s3:// objects: the source's reader
-            # (ranged GETs, groups requested ahead on a thread pool; their .idx fetched in parallel)
-            for rec, idx in cfg.index_paths:
-                readers.append(open_indexed(self.job.source, rec, idx, join=cfg.join,
-                                            max_record_bytes=cfg.max_record_bytes))
-            for stream_id, (rec, idx) in enumerate(cfg.index_paths):
-                r = readers[stream_id]
-                self.data.send(StreamStart(stream_id, str(rec)))
-                offs, cut = whole_groups(r.offsets, nf, str(rec), cfg.on_error)
-                st.skipped_groups += cut
-                offsets.append(offs)
-            order, others = epoch_order(cfg, self.job.epoch, offsets)
-            st.sharded_out += others
-            # A resumed epoch starts at its position in the order (self.seq == skip); a group that
-            # cannot be read still takes its place in the order, so positions stay those of the order.
-            skip, self.skip = self.skip, 0
-            if skip > len(order):
-                raise resume_overrun(skip, len(order), self.job.epoch)
-            groups = read_groups(readers, offsets, nf, order[skip:])
-            for stream_id, offs, payloads in groups:
-                if isinstance(payloads, CorruptRecordError):
-                    if cfg.on_error == "raise":
-                        raise payloads
-                    st.skipped_groups += 1
-                    st.skipped_records += 1
-                    self.flush()  # a chunk's groups have consecutive positions
-                    self.seq += 1
-                    continue
-                st.records += nf
-                st.bytes += sum(map(len, payloads))
-                self._emit_group(stream_id, payloads, offs[0])
-                self._handle_ctrl()
-        finally:
-            if groups is not None:
-                groups.close()
-            for r in readers:
-                r.close()
-
-    def _read_stream(self, stream_id: int, stream) -> None:
-        """Records -> groups -> ring.  The hot loop of the pipeline for small records: counters are
-        locals, and a group whose records all went to the ring takes the short way out.
-
-        A mapped file's records stay in the page cache; a stream's are read into ring windows and stay
-        there.  A group that cannot stay where it was read (a multipart record, a group that would
-        outgrow half the ring) is copied out and held here (``held``), then placed whole
-        (:meth:`_emit_group`).  Shuffled groups and equal shards of a stream are always held (they wait
-        in the shuffle buffer, or for the epoch's end)."""
+    def _streamed(self, stream_id: int, stream: Any, held: bool) -> Iterator[Tuple[int, str, RecordReader, Placement]]:
+        """A stream that is not a mapped file: read straight into the ring, unless every group is held."""
         cfg = self.cfg
-        mapped = map_stream(stream.file)
-        if mapped is None:
-            # Read straight into the ring, unless every group is copied out anyway (the shuffle buffer,
-            # equal shards of a stream)
-            copied = cfg.shuffle_mode == "buffer" or cfg.even_shards is not None
-            self.windows = None if copied else RingWindows(self.ring, self.seg.buf, self.mem, self._advance)
+        self.windows = None if held else RingWindows(self.ring, self.seg.buf, self.mem, self._advance)
+        self.segment = None
+        try:
+            reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
+                                  max_record_bytes=cfg.max_record_bytes, source_name=stream.name,
+                                  buffers=self.windows)
             try:
-                reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
-                                      max_record_bytes=cfg.max_record_bytes, source_name=stream.name,
-                                      buffers=self.windows)
-                try:
-                    self._frame(stream_id, stream, reader, None)
-                    if self.windows is not None:  # the unused end of its last window: for the next stream
-                        self.windows.finish()
-                finally:
-                    reader.close()
+                place = Placement() if self.windows is None else \
+                    Windows(self.windows, self.ring, self.mem, self._advance)
+                yield stream_id, stream.name, reader, place
+                if self.windows is not None:  # the unused end of its last window: for the next stream
+                    self.windows.finish()
             finally:
-                self.windows = None
-            return
-        mm, segment, start = mapped
-        reader = RecordReader.over(mm, start, join=cfg.join, on_corrupt=cfg.on_error,
-                                   max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
-        t0 = time.perf_counter()
-        try:
-            self._frame(stream_id, stream, reader, (mm, segment, start))
+                reader.close()
         finally:
-            self.stats.read_time += time.perf_counter() - t0
-            reader.close()
-            try:
-                mm.close()
-            except BufferError:  # a view escaped (an exception's traceback): the mapping goes with it
-                pass
+            self.windows = None
 
-    def _frame(self, stream_id: int, stream, reader: RecordReader, mapped: Optional[tuple]) -> None:
-        """The records of one stream -> groups -> chunks (see :meth:`_read_stream`)."""
-        cfg, st = self.cfg, self.stats
-        mm, segment, start = mapped if mapped is not None else (None, None, 0)
-        nf, num_shards, shard = cfg.nfields, cfg.num_shards, cfg.shard_index
-        shuffling = cfg.shuffle_mode == "buffer"
-        even = self.even
-        hold_all = shuffling or even is not None  # every group is held here: copied out as it is read
-        if mm is not None and nf == 1 and num_shards == 1 and not hold_all and not self.skip:
-            self._frame_flat(stream_id, reader, mm, segment, start)
-            return
-        ring, mem = self.ring, self.mem
-        win = self.windows  # the stream is read into ring windows: records lie where they are read
-        ringobj = win.obj if win is not None else None
-        max_span = ring.max_span
-        parts: list = []  # (ring offset, length) while placed; bytes once held; None when sharded out
-        held = hold_all
-        floor = 0         # ring position where the group being read starts
-        first_offset = 0
-        skipped_seen = 0
-        keep = True
-        records = nbytes = 0
-        realign = for_stream(cfg, stream.name, start)
-        try:
-            for offset, view in reader.iter_views():
-                n = len(view)
-                records += 1
-                nbytes += n
-                if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
-                    skipped_seen = reader.skipped_records
-                    realign.damaged(reader.last_corrupt, bool(parts))
-                    if parts:
-                        parts, held = [], hold_all
-                        if win is not None:
-                            win.floor = None
-                if realign.aligning and not realign.starts_group(offset, view):
-                    if win is not None:  # dropped: its bytes are garbage, released with the next chunk
-                        win.unframed = offset + win.shift + (8 + ((n + 3) & -4) if view.obj is ringobj else 0)
-                        self._advance(win.watermark())
-                    continue
-                if not parts:
-                    first_offset = offset
-                    floor = ring.head
-                    if num_shards > 1:
-                        keep = self.group_index % num_shards == shard
-                        if even is not None and not keep:  # pad: the first row is repeated at the end
-                            keep = even.wants_copy(self.group_index)
-                    if win is not None:  # where the group lies in the ring (if it does: in a window)
-                        floor = offset + win.shift if view.obj is ringobj else None
-                        win.floor = floor if keep else None
-                if not keep:
-                    parts.append(None)
-                elif held:
-                    parts.append(bytes(view))
-                elif mm is not None:
-                    if view.obj is mm:  # in place: its payload starts 8 bytes after its frame
-                        parts.append((start + offset + 8, n))
-                    else:  # a multipart record, joined in a new buffer: hold the group
-                        parts = [bytes(mm[o:o + k]) for o, k in parts]
-                        parts.append(bytes(view))
-                        held = True
-                else:  # read into ring windows (a stream that is not held: see _read_stream)
-                    if view.obj is ringobj and offset + 8 + n + win.shift - floor <= max_span:
-                        parts.append((offset + 8 + win.delta, n))  # in place, 8 bytes after its frame
-                    else:  # joined in a new buffer, read into a private one, or the group outgrows half
-                        parts = [bytes(mem[o:o + k]) for o, k in parts]  # the ring: hold the group
-                        parts.append(bytes(view))
-                        held = True
-                        win.floor = None
-                if len(parts) == nf:
-                    g = self.group_index
-                    self.group_index += 1
-                    if win is not None:  # framed up to the end of this record (a joined one: its start)
-                        win.floor = None
-                        win.unframed = offset + win.shift + (8 + ((n + 3) & -4) if view.obj is ringobj else 0)
-                    if even is not None:
-                        st.sharded_out += g % num_shards != shard
-                        for item in even.group(g, (stream_id, parts, first_offset) if keep else None):
-                            self._group_done(*item)
-                    elif not keep:
-                        st.sharded_out += 1
-                        if win is not None:
-                            self._advance(win.watermark())  # its bytes are garbage: released with the next chunk
-                    elif shuffling:
-                        self._shuffled(stream_id, parts, first_offset)
-                    elif held:
-                        self._emit_group(stream_id, parts, first_offset)
-                    elif self.skip:  # a resumed epoch: groups already delivered before
-                        self.skip -= 1
-                        if win is not None:
-                            self._advance(win.watermark())
-                    else:
-                        self._emit_placed(stream_id, parts, first_offset, segment)
-                    parts, held = [], hold_all
-        finally:
-            st.records += records
-            st.bytes += nbytes
-            st.skipped_groups += realign.skipped_groups
-        st.skipped_records += reader.skipped_records
-        st.skipped_bytes += reader.skipped_bytes
-        if parts:
-            msg = (f"stream ended inside a group: {len(parts)} of {nf} records "
-                   f"(the stream's record count is not a multiple of the group size)")
-            if cfg.on_error == "raise":
-                self.flush()
-                raise CorruptRecordError(msg, first_offset, source=stream.name)
-            st.skipped_groups += 1
-
-    def _frame_flat(self, stream_id: int, reader: RecordReader, mm: Any, segment: str, start: int) -> None:
-        """The hot loop of the commonest small-record case: a mapped file, one record per group, no
-        shards, no shuffle.  Each record is three array appends to the pending chunk; the chunk's
-        counters live in locals and are written back before anything else looks at them."""
-        cfg, st = self.cfg, self.stats
+    def _frame_flat(self, stream_id: int, reader: RecordReader, mm: Any, segment: str, start: int) -> Tuple[int, int]:
+        """The hot loop of the commonest small-record case (the group stream's ``Placement.flat``): a
+        mapped file, one record per group, no shards, no shuffle, no resume skip.  Each record is three
+        array appends to the pending chunk; the chunk's counters live in locals and are written back
+        before anything else looks at them.  Returns the records and payload bytes it framed."""
+        cfg = self.cfg
         max_groups, min_groups, min_bytes, chunk_bytes = (self.max_groups, self.min_groups, self.min_bytes,
                                                           cfg.chunk_bytes)
         records = nbytes = k = nb = 0
@@ -579,14 +413,11 @@ class _Reader:
             if p is not None:
                 p.n, p.nbytes = k, nb
                 self.seq = p.first_seq + k
-            st.records += records
-            st.bytes += nbytes
-            self.group_index += records
-        st.skipped_records += reader.skipped_records
-        st.skipped_bytes += reader.skipped_bytes
+        return records, nbytes
 
     def finish(self, error: Optional[BaseException]) -> None:
         st = self.stats
+        st.__dict__.update(self.groups.counters())
         st.groups = self.seq
         self.flush()
         st.cpu_time = time.process_time() - self.cpu0

@@ -1,0 +1,305 @@
+"""The one group stream: records -> groups of this shard, in the order they are delivered.
+
+::
+
+    streams (RecordReader each, with its Placement)          .idx offsets of every file (by_index)
+       |  framing; groups of len(fields) records; the resync rule after damage        |
+       |  shards; equal shards (held back or repeated groups)                          |  epoch_order():
+       v                                                                               v  shards, permutation
+    [ shuffle buffer ]  (shuffle="buffer": draws from default_rng([seed, epoch]))     read_groups()
+       |                                                                               |
+       +---- the resume skip: the first ``skip`` groups of the order are left out -----+
+       v
+    Group(stream_id, offset, parts, held)
+
+Every mode walks this one generator: the reader process (:mod:`parrecio.pipeline.reader_proc`) places
+what it yields into the ring, a mapped file or a one-off segment; ``workers=0``
+(:mod:`parrecio.pipeline.inline`) decodes it where it stands.  Where a record's payload goes while its
+group is open is the :class:`Placement`'s business (``parts`` are whatever it returns: ring offsets,
+file offsets, ``bytes``, a view), so the rules of grouping, sharding, shuffling and resuming exist once.
+
+The stream's position is data (:class:`GroupStream`'s attributes), not generator locals: ``group_index``
+counts the groups seen in the stream (all shards), ``skip`` the groups still to leave out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import CorruptRecordError
+from ..decoders.sniff import sniff
+from .plan import EvenShards, epoch_order, resume_overrun, whole_groups
+from .resync import for_stream
+
+__all__ = ["Group", "GroupStream", "Placement", "InProcess", "HOLD", "CONTEXT"]
+
+CONTEXT = 16    # records sniffed at the start of each stream when asked to: a decode error's hint
+
+
+class Group(NamedTuple):
+    """One sample's records.  ``parts``: one entry per record, as the placement made it (or ``bytes``
+    once ``held``: copied out of where it was read, as groups in the shuffle buffer are); ``None`` for a
+    group the index lists but that cannot be read (``on_error="skip"``).  ``offset``: the stream offset
+    of its first record."""
+    stream_id: int
+    offset: int
+    parts: Optional[list]
+    held: bool
+
+
+HOLD = object()  # Placement.add(): this record cannot stay where it was read; copy the group out
+
+
+class Placement:
+    """Where the records of an open group stay.  The base class holds every record as ``bytes``."""
+
+    holds = True    # parts are bytes from the start (no record stays where it was read)
+    flat: Optional[Callable[[Any, "GroupStream"], Tuple[int, int]]] = None  # a fast loop for nf == 1
+
+    def begin(self, offset: int, view: memoryview, keep: bool) -> None:
+        """The record at stream offset ``offset`` opens a group (``keep``: of this shard)."""
+
+    def add(self, offset: int, view: memoryview, parts: list) -> Any:
+        """The part for this record of the open group (``parts``: the ones before it), or HOLD."""
+        return bytes(view)
+
+    def hold(self, parts: list) -> list:
+        """The parts so far, copied out (after ``add`` said HOLD)."""
+        return parts
+
+    def framed(self, offset: int, view: memoryview) -> None:
+        """Every record up to this one was framed (a group completed, or this record was dropped)."""
+
+    def garbage(self) -> None:
+        """The records framed so far that are not sent (dropped, another shard's, skipped) are garbage."""
+
+    def broken(self) -> None:
+        """Damage broke the open group: its records are dropped."""
+
+
+class InProcess(Placement):
+    """The records of a group decoded in this process (``workers=0``): the group's last record as the
+    reader's view (decoded before the reader's next step), the others as ``bytes``; every record as
+    ``bytes`` when groups wait (``hold``: the shuffle buffer, equal shards)."""
+
+    def __init__(self, nfields: int, hold: bool) -> None:
+        self.holds = hold
+        self.last = nfields - 1
+
+    def add(self, offset: int, view: memoryview, parts: list) -> Any:
+        return bytes(view) if self.holds or len(parts) < self.last else view
+
+
+class GroupStream:
+    """This shard's groups of one pass (one epoch), for the pipeline settings ``cfg``
+    (:class:`~parrecio.pipeline.config.PipelineConfig`).  Counters are added up as the stream is read:
+    ``records``, ``bytes``, ``sharded_out``, ``skipped_groups``, ``skipped_records``, ``skipped_bytes``."""
+
+    def __init__(self, cfg: Any, epoch: int, skip: int = 0, context: bool = False) -> None:
+        self.cfg = cfg
+        self.epoch = epoch
+        self.resumed = skip       # groups of this shard's order already delivered (a resumed epoch)
+        self.skip = skip          # of those, the ones not yet left out
+        self.group_index = 0      # groups seen in the stream (all shards)
+        self.place: Placement = Placement()  # the placement of the stream being read
+        self.first_kinds: Optional[dict] = {} if context else None  # source -> sniff() of its first records
+        self.records = self.bytes = self.sharded_out = 0
+        self.skipped_groups = self.skipped_records = self.skipped_bytes = 0
+        self.even = (EvenShards(cfg.num_shards, cfg.shard_index, cfg.even_shards)
+                     if cfg.even_shards is not None else None)
+        self.rng = np.random.default_rng([cfg.seed, epoch]) if cfg.shuffle_mode is not None else None
+
+    @property
+    def holds(self) -> bool:
+        """Whether every group is held (copied out as it is read): they wait in the shuffle buffer, or
+        for the epoch's end (equal shards of a stream)."""
+        return self.cfg.shuffle_mode == "buffer" or self.even is not None
+
+    def counters(self) -> dict:
+        return {"records": self.records, "bytes": self.bytes, "sharded_out": self.sharded_out,
+                "skipped_groups": self.skipped_groups, "skipped_records": self.skipped_records,
+                "skipped_bytes": self.skipped_bytes}
+
+    # -- the order -------------------------------------------------------------------------------
+    def groups(self, streams: Iterator[Tuple[int, str, Any, Placement]]) -> Iterator[Group]:
+        """The pass's groups from ``streams``: ``(stream_id, name, RecordReader, Placement)`` for each
+        stream of the epoch, in turn (the caller opens and closes them around the ``yield``)."""
+        gen = self._sharded(streams)
+        if self.cfg.shuffle_mode == "buffer":
+            gen = self._shuffled(gen)
+        for g in gen:
+            if self.skip:  # a resumed epoch: delivered before
+                self.skip -= 1
+                if not g.held:
+                    self.place.garbage()
+                continue
+            yield g
+        if self.skip:  # a resumed epoch shorter than its saved position
+            raise resume_overrun(self.resumed, self.resumed - self.skip, self.epoch)
+
+    def _sharded(self, streams: Iterator[Tuple[int, str, Any, Placement]]) -> Iterator[Group]:
+        even = self.even
+        try:
+            for stream_id, name, reader, place in streams:
+                self.place = place
+                yield from self._frame(stream_id, name, reader, place)
+        finally:
+            close = getattr(streams, "close", None)
+            if close is not None:  # now, not when a traceback that holds this frame goes
+                close()
+        if even is not None:  # the epoch's length is known now: the held-back or repeated groups
+            yield from even.end(self.group_index)
+
+    def _shuffled(self, groups: Iterator[Group]) -> Iterator[Group]:
+        """Through a shuffle buffer of ``shuffle_buffer`` groups: once it is full, each new group swaps
+        with a random one, which goes out (tf.data's shuffle, DALI's ``initial_fill``); at the end the
+        rest in random order."""
+        capacity, buf, rng = self.cfg.shuffle_buffer, [], self.rng
+        for g in groups:
+            if len(buf) < capacity:
+                buf.append(g)
+                continue
+            i = int(rng.integers(len(buf)))
+            buf[i], g = g, buf[i]
+            yield g
+        for i in rng.permutation(len(buf)):
+            yield buf[i]
+        buf.clear()
+
+    # -- one stream ------------------------------------------------------------------------------
+    def _frame(self, stream_id: int, name: str, reader: Any, place: Placement) -> Iterator[Group]:
+        """The records of one stream -> this shard's groups, in stream order, equal shards applied."""
+        cfg = self.cfg
+        nf, num_shards, shard, even = cfg.nfields, cfg.num_shards, cfg.shard_index, self.even
+        kinds = None
+        if self.first_kinds is not None:
+            kinds = self.first_kinds[name] = []
+        if (place.flat is not None and nf == 1 and num_shards == 1 and not self.holds and not self.skip
+                and kinds is None):
+            records, nbytes = place.flat(reader, self)
+            self._stream_done(reader)
+            self.records += records
+            self.bytes += nbytes
+            self.group_index += records
+            return
+        hold_all = place.holds
+        parts: list = []
+        held = hold_all
+        first_offset, skipped_seen, keep = 0, 0, True
+        records = nbytes = 0
+        realign = for_stream(cfg, name, getattr(place, "start", 0))
+        try:
+            for offset, view in reader.iter_views():
+                records += 1
+                nbytes += len(view)
+                if kinds is not None and records <= CONTEXT:  # what a decode error's hint compares with
+                    kinds.append(sniff(view))
+                if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
+                    skipped_seen = reader.skipped_records
+                    realign.damaged(reader.last_corrupt, bool(parts))
+                    if parts:
+                        parts, held = [], hold_all
+                        place.broken()
+                if realign.aligning and not realign.starts_group(offset, view):
+                    place.framed(offset, view)  # dropped: a record of a group the damage broke
+                    place.garbage()
+                    continue
+                if not parts:
+                    first_offset = offset
+                    if num_shards > 1:
+                        keep = self.group_index % num_shards == shard
+                        if even is not None and not keep:  # pad: the first row is repeated at the end
+                            keep = even.wants_copy(self.group_index)
+                    place.begin(offset, view, keep)
+                if not keep:
+                    parts.append(None)
+                elif held:
+                    parts.append(bytes(view))
+                else:
+                    part = place.add(offset, view, parts)
+                    if part is HOLD:  # it cannot stay where it was read: hold the group
+                        parts = place.hold(parts)
+                        part, held = bytes(view), True
+                    parts.append(part)
+                if len(parts) == nf:
+                    g = self.group_index
+                    self.group_index += 1
+                    place.framed(offset, view)
+                    if even is not None:
+                        self.sharded_out += g % num_shards != shard
+                        yield from even.group(g, Group(stream_id, first_offset, parts, held) if keep else None)
+                    elif not keep:
+                        self.sharded_out += 1
+                        place.garbage()
+                    else:
+                        yield Group(stream_id, first_offset, parts, held)
+                    parts, held = [], hold_all
+        finally:
+            self.records += records
+            self.bytes += nbytes
+            self.skipped_groups += realign.skipped_groups
+        self._stream_done(reader)
+        if parts:
+            msg = (f"stream ended inside a group: {len(parts)} of {nf} records "
+                   f"(the stream's record count is not a multiple of the group size)")
+            if cfg.on_error == "raise":
+                raise CorruptRecordError(msg, first_offset, source=name)
+            self.skipped_groups += 1
+
+    def _stream_done(self, reader: Any) -> None:
+        """A stream read to its end: what its reader skipped (not counted for a stream cut short)."""
+        self.skipped_records += reader.skipped_records
+        self.skipped_bytes += reader.skipped_bytes
+
+    # -- by index ---------------------------------------------------------------------------------
+    def indexed(self, readers: Sequence[Any], names: Sequence[str],
+                on_stream: Optional[Callable[[int, str], None]] = None) -> Iterator[Group]:
+        """This shard's groups read by their ``.idx`` offsets, in the epoch's order
+        (:func:`parrecio.pipeline.plan.epoch_order`: a global permutation, then the shard's slice).
+        ``readers``: one per file of ``cfg.index_paths`` (:func:`parrecio.sources.resolver.open_indexed`);
+        ``on_stream(stream_id, name)`` is told each file before any group.  A group that cannot be read
+        keeps its place in the order (``parts`` None) under ``on_error="skip"``."""
+        from ..sources.resolver import read_groups
+        cfg, nf = self.cfg, self.cfg.nfields
+        offsets = []
+        for stream_id, r in enumerate(readers):
+            if on_stream is not None:
+                on_stream(stream_id, names[stream_id])
+            offs, cut = whole_groups(r.offsets, nf, names[stream_id], cfg.on_error)
+            self.skipped_groups += cut
+            offsets.append(offs)
+        order, others = epoch_order(cfg, self.epoch, offsets)
+        self.sharded_out += others
+        # a resumed epoch starts at its position in the order
+        skip, self.skip = self.skip, 0
+        if skip > len(order):
+            raise resume_overrun(skip, len(order), self.epoch)
+        groups = read_groups(readers, offsets, nf, order[skip:])
+        try:
+            for stream_id, offs, payloads in groups:
+                if isinstance(payloads, CorruptRecordError):
+                    if cfg.on_error == "raise":
+                        raise payloads
+                    self.skipped_groups += 1
+                    self.skipped_records += 1
+                    yield Group(stream_id, offs[0], None, True)
+                    continue
+                self.records += nf
+                self.bytes += sum(map(len, payloads))
+                yield Group(stream_id, offs[0], payloads, True)
+        finally:
+            groups.close()
+
+
+def open_indexed_all(cfg: Any, source: Any, opened: List[Any]) -> List[Any]:
+    """A reader per file of ``cfg.index_paths`` (local files: pread; ``s3://`` objects: ranged GETs, read
+    ahead), each appended to ``opened`` as soon as it is open (what the caller closes)."""
+    from ..sources.resolver import open_indexed
+    readers = []
+    for rec, idx in cfg.index_paths:
+        r = open_indexed(source, rec, idx, join=cfg.join, max_record_bytes=cfg.max_record_bytes)
+        readers.append(r)
+        opened.append(r)
+    return readers
