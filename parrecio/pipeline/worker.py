@@ -30,9 +30,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ..decoders.base import is_random, sample_key, write_into
 from ..decoders.sniff import sniff
 from .config import PipelineConfig
+from .decode import DecodePlan, FieldFailed
 from .mapped import MappedFiles, is_mapped
 from .messages import RemoteError, Stop, Task, TaskDone
 from .mismatch import field_note
@@ -74,6 +74,8 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
         send_result(result_conn.fileno(), TaskDone(CANNOT_LOAD, None, 0.0, os.getpid()),
                     pickle.dumps(why), False)
         return
+    # a decoder's KeyboardInterrupt or SystemExit is a decode error of its sample (see above)
+    plan = DecodePlan.of(cfg, copy_passthrough=False, catch=(Exception, KeyboardInterrupt, SystemExit))
     ring = Segment.attach(job.ring_name)
     slots: Dict[str, tuple] = {}
     mapped = MappedFiles()
@@ -89,7 +91,7 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
             msg = task_conn.recv()
             if isinstance(msg, Stop):
                 return
-            done = _run_task(cfg, job, msg, ring, slots, mapped)
+            done = _run_task(cfg, job, msg, ring, slots, mapped, plan)
             body, split = _pickled(done, msg.split, cfg.decoders)
             send_result(result_fd, done, body, split)
     except (EOFError, OSError):
@@ -107,7 +109,7 @@ _NO_OUTS: List[Any] = []
 
 
 def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, slots: Dict[str, tuple],
-              mapped: MappedFiles) -> TaskDone:
+              mapped: MappedFiles, plan: DecodePlan) -> TaskDone:
     """Decode the task's groups.  The values that travel back form columns (one list per field whose
     values are not all in output slots), and the failures a ``{group: RemoteError}`` dict."""
     cpu0 = time.process_time()
@@ -128,41 +130,26 @@ def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, sl
                         os.getpid())
     mem = memoryview(buf).toreadonly()
     dests = _expand_dest(task, cfg.layout, slots)
-    decoded = [f for f in range(nf) if not cfg.passthrough[f]]
-    decoders, specs, offs, lens = cfg.decoders, cfg.layout.specs, task.ring_offs, task.lens
-    randoms = [is_random(d) for d in decoders]
-    keyed = any(randoms)
+    offs, lens = task.ring_offs, task.lens
+    travel = [f for f in range(nf) if columns[f] is not None]
     seq0 = task.chunk_seq + task.start  # the sequence number of the task's first group
     try:
         for j in range(n):
-            outs = dests[j] or _NO_OUTS
             base = j * nf
-            f = -1
-            # the sample's key: its fields draw the same crop whoever decodes it, and on every re-run
-            key = sample_key(cfg.seed, task.epoch, cfg.shard_index, seq0 + j) if keyed else None
+            payloads = [mem[offs[i]:offs[i] + lens[i]] for i in range(base, base + nf)]
             try:
-                for f in decoded:
-                    off = offs[base + f]
-                    payload = mem[off:off + lens[base + f]]
-                    try:
-                        spec = specs[f]
-                        k = key if randoms[f] else None
-                        if spec is None:
-                            v = decoders[f](payload) if k is None else decoders[f](payload, key=k)
-                        else:
-                            v = write_into(decoders[f], payload, spec, outs[f], k)
-                    finally:
-                        payload.release()
-                    col = columns[f]
-                    if col is not None:
-                        col[j] = v
-            except (Exception, KeyboardInterrupt, SystemExit) as exc:
+                # the sample's key: its fields draw the same crop whoever decodes it, and on every re-run
+                vals = plan.decode(payloads, dests[j] or _NO_OUTS, plan.key(task.epoch, seq0 + j))
+            except FieldFailed as exc:
                 # A decode error is data: it is raised at its sequence number.  KeyboardInterrupt and
                 # SystemExit raised *by a decoder* are its errors too, not requests to end this process.
-                errors[j] = RemoteError(exc, f, _note(cfg, exc, mem, offs, lens, n, j, f))
-                for col in columns:
-                    if col is not None:
-                        col[j] = None
+                errors[j] = RemoteError(exc.error, exc.field, _note(cfg, exc.error, mem, offs, lens, n, j, exc.field))
+                continue
+            finally:
+                for p in payloads:
+                    p.release()
+            for f in travel:
+                columns[f][j] = vals[f]
     finally:
         mem.release()
         if seg is not ring:

@@ -1,0 +1,109 @@
+"""The one decode path: a group's payloads -> its values, fixed-shape ones written into their place.
+
+A decoder process (:mod:`parrecio.pipeline.worker`), ``workers=0`` (:mod:`parrecio.pipeline.inline`) and
+the Ray datasource (:mod:`parrecio.integrations.ray`) decode with :meth:`DecodePlan.decode`; they differ
+only in where the payloads and the ``out`` arrays lie (the ring and an output slot, the reader's buffer
+and a local slot, a file and a block) and in how an error travels.  So a field gets the same payload (a
+read-only ``memoryview``, released after the call: a decoder that keeps it fails there), the same sample
+key, and fails the same way in every mode.
+
+``Json()`` fields call ``orjson.loads`` directly (a C function that gives the decoder's value for any
+payload the decoder accepts); on a payload that fails, the decoder itself runs again to raise its own
+error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple, Type
+
+from ..decoders.base import is_random, sample_key, write_into
+from ..decoders.basic import Json
+
+__all__ = ["DecodePlan", "FieldFailed"]
+
+PASS, RAGGED, FIXED = range(3)  # how a field is decoded: bytes, a value, written into ``out``
+
+
+def _fast_calls() -> dict:
+    """Decoder type -> a C function giving the same value for any payload the decoder accepts (and
+    failing on the others, which are then given to the decoder itself for its own error)."""
+    import orjson
+    return {Json: orjson.loads}
+
+
+_FAST = _fast_calls()
+
+
+class FieldFailed(Exception):
+    """Field ``field`` of a group failed with ``error`` (the decoder's own exception)."""
+
+    def __init__(self, field: int, error: BaseException) -> None:
+        super().__init__(field, error)
+        self.field = field
+        self.error = error
+
+
+class DecodePlan:
+    """How each field of a group is decoded.
+
+    ``decoders``/``specs``/``passthrough``: per field (``specs``: the output spec, None for a value of
+    its own); ``seed``/``shard``: what :meth:`key` draws sample keys from; ``copy_passthrough``: whether
+    passthrough fields are copied to ``bytes`` here (False in a decoder process: the consumer copies
+    them); ``catch``: the exceptions that are a field's failure (a decoder process counts
+    ``KeyboardInterrupt`` and ``SystemExit`` raised by a decoder among them; ``workers=0`` does not:
+    Ctrl-C must stop the consumer)."""
+
+    def __init__(self, decoders: Sequence[Any], specs: Sequence[Any], passthrough: Sequence[bool], *,
+                 seed: int = 0, shard: int = 0, copy_passthrough: bool = True,
+                 catch: Tuple[Type[BaseException], ...] = (Exception,)) -> None:
+        self.nfields = len(decoders)
+        self.seed, self.shard, self.catch = seed, shard, catch
+        self.fields: List[tuple] = []  # (field, how, call, decoder, spec, random)
+        for f, (dec, spec, p) in enumerate(zip(decoders, specs, passthrough)):
+            if p:
+                if copy_passthrough:
+                    self.fields.append((f, PASS, bytes, dec, None, False))
+                continue
+            how = RAGGED if spec is None else FIXED
+            call = _FAST.get(type(dec)) if how == RAGGED else None
+            self.fields.append((f, how, call, dec, spec, is_random(dec)))
+        self.keyed = any(t[5] for t in self.fields)
+
+    @classmethod
+    def of(cls, cfg: Any, **kw: Any) -> "DecodePlan":
+        """The plan of the pipeline settings ``cfg`` (a PipelineConfig)."""
+        return cls(cfg.decoders, cfg.layout.specs, cfg.passthrough, seed=cfg.seed, shard=cfg.shard_index, **kw)
+
+    def key(self, epoch: int, seq: int) -> Optional[int]:
+        """The key of sample ``seq`` of this shard's order in ``epoch`` (None when no field draws):
+        whoever decodes it, on every re-run, in every mode (ARCHITECTURE invariant 8)."""
+        return sample_key(self.seed, epoch, self.shard, seq) if self.keyed else None
+
+    def decode(self, payloads: Sequence[Any], outs: Sequence[Any], key: Optional[int]) -> List[Any]:
+        """The values of one group (``payloads``: one buffer per field).  A fixed-shape field is written
+        into ``outs[f]`` and its value is what does not live there (:func:`write_into`).  Raises
+        :class:`FieldFailed` naming the first field that failed."""
+        vals: List[Any] = [None] * self.nfields
+        for f, how, call, dec, spec, rnd in self.fields:
+            p = payloads[f]
+            try:
+                if call is not None:  # never writes into the payload: no read-only view needed
+                    try:
+                        vals[f] = call(p)
+                        continue
+                    except Exception:
+                        call = None  # the decoder's own error is the one to report
+                view = memoryview(p)
+                if not view.readonly:
+                    view = view.toreadonly()
+                try:
+                    k = key if rnd else None
+                    if how == FIXED:
+                        vals[f] = write_into(dec, view, spec, outs[f], k)
+                    else:
+                        vals[f] = dec(view) if k is None else dec(view, key=k)
+                finally:
+                    view.release()  # BufferError if the decoder kept it
+            except self.catch as exc:
+                raise FieldFailed(f, exc) from None
+        return vals
