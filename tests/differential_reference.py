@@ -457,6 +457,7 @@ class Expected:
     skipped_records: Optional[int] = None
     skipped: Optional[int] = None
     window: Optional[int] = None
+    padded: int = 0           # of ``items``, the copies that pad a rank's lost positions (at the end)
     why: str = ""
 
 
@@ -527,7 +528,17 @@ def corruption_outcome(ds: Dataset, cfg: Any, epoch: int) -> Expected:
                                     error=("CorruptRecordError", i) + bad[g])
             return Expected("exact", list(enumerate(order)))
         keep = [(i, g) for i, g in enumerate(order) if g not in damaged]
-        return Expected("exact", keep, skipped=len(order) - len(keep))
+        lost = len(order) - len(keep)
+        if lost and cfg.even_shards is not None and cfg.num_shards > 1:
+            # equal shards pad a rank's lost positions with copies of its first sample (README "Equal
+            # shards"; parrecio/pipeline/padding.py), at the end of the pass; with none delivered the
+            # pass fails, since nothing can be repeated
+            if not keep:
+                return Expected("exact", [], error=("PipelineError", None, None, None), skipped=lost,
+                                why="equal shards: every sample of the rank skipped, nothing to pad with")
+            return Expected("exact", keep + [keep[0]] * lost, skipped=lost, padded=lost,
+                            why="equal shards: lost positions padded with the first sample")
+        return Expected("exact", keep, skipped=lost)
     _, skipped_records, rr_first = records_of(ds, cfg.join, "skip" if cfg.on_error == "skip" else "raise")
     if cfg.on_error == "raise":
         stop_group = first.group
