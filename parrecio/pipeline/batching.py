@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError
-from .run import Cursor, Span
+from .passes import Cursor, Span
 from .slots import SlotLayout
 
 __all__ = ["collate", "shaper", "batches", "unbatched"]

@@ -42,7 +42,8 @@ from .inline import InlineRun
 from .plan import EVEN_SHARDS, shard_length
 from .tuning import TUNING_KEYWORDS, Tuning, count, slot_samples
 from .resources import Resources
-from .run import Run, _ended
+from .passes import ended
+from .run import Run
 from .slots import SlotLayout
 from .stats import Stats
 
@@ -284,7 +285,7 @@ class ParallelReader:
             while True:
                 with res.lock:  # inside the pipeline; released while the user's loop body runs
                     if run.aborted or res.closing:  # this pass was ended by close() or a new iteration
-                        raise _ended()
+                        raise ended()
                     item = next(items, _END)
                 if item is _END:
                     break
@@ -443,7 +444,7 @@ class ParallelReader:
         if res.pool is not None:
             procs.update({f"worker {w.index}": w.proc.pid for w in res.pool.workers})
         if res.run is not None:
-            procs["reader"] = res.run.reader.pid
+            procs["reader"] = res.run.reader_pid
         usage = {}
         for name, pid in procs.items():
             proc = self._procs.get(pid)
@@ -459,7 +460,7 @@ class ParallelReader:
             "ring_bytes": res.cfg.ring_bytes,
             "ring_used_bytes": run.ring_in_use() if run is not None else 0,
             "tasks_in_flight": res.pool.load() if res.pool is not None else 0,
-            "chunks_waiting": len(run.chunks) if run is not None else 0,
+            "chunks_waiting": run.chunks_waiting() if run is not None else 0,
             "slots": len(res.slots.segments) if res.slots is not None else 0,
             "slots_free": len(res.slots.free) if res.slots is not None else 0,
         }

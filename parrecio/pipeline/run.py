@@ -36,51 +36,25 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import CorruptRecordError, DecodeError, PipelineError
 from .mapped import MappedFiles, is_mapped
 from .messages import Chunk, ReaderEnd, RemoteError, StreamStart, Task
+from .passes import Pass, Span, ended
 from .poller import Poller
 from .reader_handle import ReaderHandle
 from .reader_proc import ReaderJob
 from .shm import Segment, unlink
-from .slots import Lease, SlotTracker
+from .slots import SlotTracker
 from .wire import Frame
 
 log = logging.getLogger("parrecio")
 
-__all__ = ["Run", "Span", "Cursor"]
-
-
-class Cursor:
-    """Where a pass stands in this shard's order: ``pos``, the position (sequence number) after the last
-    sample handed to the user -- what ``state_dict()`` saves.  The generators of
-    :mod:`parrecio.pipeline.batching` (and ``workers=0``'s) set it before each item they yield, so it
-    stays right after an error ends them: the samples delivered, in every mode."""
-
-    __slots__ = ("pos",)
-
-    def __init__(self, pos: int) -> None:
-        self.pos = pos
-
-
-class Span(NamedTuple):
-    """Consecutive delivered samples ``seq .. seq + n - 1`` of one chunk, as columns.
-
-    ``columns[f]`` is the list of the ``n`` values of field ``f`` that travelled back from the workers
-    (or were copied out of the ring), or ``None`` when the field's values are all in the output slot:
-    rows ``index .. index + n - 1`` of ``lease.arrays``.  For a field with a tuple spec, the column holds
-    tuples with ``None`` at the positions that live in the slot."""
-    seq: int
-    n: int
-    lease: Optional[Lease]
-    index: int
-    columns: list
+__all__ = ["Run"]
 
 
 _new = tuple.__new__  # a Span without NamedTuple's argument handling
@@ -101,20 +75,12 @@ class _ChunkState:
         return self.missing == 0
 
 
-def _ended() -> PipelineError:
-    return PipelineError("this pass was ended by close() or by a new iteration of the same ParallelReader")
-
-
-class Run:
+class Run(Pass):
     """One pass over the stream.  Created and driven by :class:`parrecio.ParallelReader`."""
 
     def __init__(self, res: Any, epoch: int, skip: int = 0) -> None:
-        self.res = res              # the ParallelReader's Resources: pool, ring, slots, source, stats
-        self.cfg = cfg = res.cfg    # its PipelineConfig
-        self.epoch = epoch
-        self.skip = skip            # groups of this shard's order already delivered (a resumed epoch)
-        self.cursor = Cursor(skip)  # where the user stands (set by batching's generators)
-        self.nf = cfg.nfields
+        super().__init__(res, epoch, skip)  # res: the ParallelReader's Resources: pool, ring, slots, ...
+        cfg = self.cfg
         self.chunks: Deque[_ChunkState] = deque()   # received, not yet delivered (oldest first)
         self.undispatched: Deque[_ChunkState] = deque()
         self.retry: Deque[Tuple[_ChunkState, int, int]] = deque()  # (chunk, start, n) to re-run alone
@@ -126,13 +92,6 @@ class Run:
         self.end: Optional[ReaderEnd] = None
         self.received_pos = 0       # ring position after the newest chunk received
         self.released_pos = 0       # ring position released to the reader
-        self.closed = False
-        self.aborted = False        # ended from outside (close(), a new pass) before the consumer was done
-        self.completed = False      # the whole stream was delivered without an error
-        self.delivered = 0          # samples yielded in this pass
-        self.stats = res.stats
-        self.owner_pid = os.getpid()
-        self.thread = threading.current_thread()  # the thread that iterates this pass
         self.poller = Poller()
         self._watch_data = True     # whether the wait includes the reader's data pipe (see _step)
         self.mapped = MappedFiles()  # files read in place, for passthrough fields
@@ -159,13 +118,13 @@ class Run:
                     if err is not None:
                         raise err
                     if self.aborted:
-                        raise _ended()
+                        raise ended()
                     self._step(0.0)
                 if self.end is not None and not self.chunks:
                     self._finish()
                     return
                 if self.aborted:
-                    raise _ended()
+                    raise ended()
                 t0 = time.perf_counter()
                 self._step(self.cfg.poll_interval)
                 st.wait_workers_time += time.perf_counter() - t0
@@ -184,7 +143,7 @@ class Run:
         t0 = time.monotonic()
         ready = self.poller.wait(timeout)
         if self.res.closing:  # close() from another thread: leave the pipeline to it
-            raise _ended()
+            raise ended()
         if self.end is None and (self.reader.data in ready or self.reader.proc.sentinel in ready):
             self._receive()
         if pool is None:
@@ -422,8 +381,14 @@ class Run:
         return None if self.end is None else self.end.n_groups
 
     def ring_in_use(self) -> int:
-        """Bytes of the input ring holding groups received and not yet delivered."""
         return max(0, self.received_pos - self.released_pos)
+
+    def chunks_waiting(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def reader_pid(self) -> int:
+        return self.reader.pid
 
     def _finish(self) -> None:
         end = self.end
@@ -440,11 +405,6 @@ class Run:
         self.completed = True
 
     # -- shutdown ----------------------------------------------------------------------------------
-    def abort(self) -> None:
-        """End the pass from outside (close(), a new pass): the consumer's iterator raises if resumed."""
-        self.aborted = not self.closed
-        self.shutdown()
-
     def shutdown(self) -> None:
         """End the run: stop the reader, let in-flight tasks finish (or kill their workers), free the
         run's slots and one-off segments.  Idempotent; returns within a few seconds whatever the peers do."""

@@ -1,0 +1,89 @@
+"""What every pass (one epoch) is to :class:`~parrecio.ParallelReader`, whichever mode runs it.
+
+A pass is a :class:`~parrecio.pipeline.run.Run` (decoder processes) or an
+:class:`~parrecio.pipeline.inline.InlineRun` (``workers=0``).  Both deliver :class:`Span` s -- runs of
+consecutive samples as columns, fixed-shape values as rows of a slot -- that
+:mod:`parrecio.pipeline.batching` turns into samples or batches, and both keep their position as data:
+the :class:`Cursor` that ``state_dict()`` saves.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, NamedTuple, Optional
+
+from ..errors import PipelineError
+
+__all__ = ["Pass", "Span", "Cursor", "ended"]
+
+
+class Cursor:
+    """Where a pass stands in this shard's order: ``pos``, the position (sequence number) after the last
+    sample handed to the user -- what ``state_dict()`` saves.  The generators of
+    :mod:`parrecio.pipeline.batching` set it before each item they yield, so it stays right after an
+    error ends them: the samples delivered, in every mode."""
+
+    __slots__ = ("pos",)
+
+    def __init__(self, pos: int) -> None:
+        self.pos = pos
+
+
+class Span(NamedTuple):
+    """Consecutive delivered samples ``seq .. seq + n - 1`` of one chunk, as columns.
+
+    ``columns[f]`` is the list of the ``n`` values of field ``f`` that travelled back from the workers
+    (or were copied out of the ring), or ``None`` when the field's values are all in the output slot:
+    rows ``index .. index + n - 1`` of ``lease.arrays``.  For a field with a tuple spec, the column holds
+    tuples with ``None`` at the positions that live in the slot."""
+    seq: int
+    n: int
+    lease: Optional[Any]
+    index: int
+    columns: list
+
+
+def ended() -> PipelineError:
+    return PipelineError("this pass was ended by close() or by a new iteration of the same ParallelReader")
+
+
+class Pass:
+    """The state a pass shares with its owner: settings, epoch, where the user stands, how it ended."""
+
+    def __init__(self, res: Any, epoch: int, skip: int) -> None:
+        self.res = res              # the ParallelReader's Resources
+        self.cfg = res.cfg          # its PipelineConfig
+        self.epoch = epoch
+        self.skip = skip            # groups of this shard's order already delivered (a resumed epoch)
+        self.cursor = Cursor(skip)  # where the user stands (set by batching's generators)
+        self.nf = self.cfg.nfields
+        self.stats = res.stats
+        self.owner_pid = os.getpid()
+        self.thread = threading.current_thread()  # the thread that iterates this pass
+        self.closed = False
+        self.aborted = False        # ended from outside (close(), a new pass) before the consumer was done
+        self.completed = False      # the whole stream was delivered without an error
+        self.delivered = 0          # samples yielded in this pass
+
+    def abort(self) -> None:
+        """End the pass from outside (close(), a new pass): the consumer's iterator raises if resumed."""
+        self.aborted = not self.closed
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    # -- for telemetry() -----------------------------------------------------------------------------
+    @property
+    def reader_pid(self) -> int:
+        """The process that reads the stream."""
+        return os.getpid()
+
+    def ring_in_use(self) -> int:
+        """Bytes of the input ring holding groups received and not yet delivered."""
+        return 0
+
+    def chunks_waiting(self) -> int:
+        """Chunks received from the reader and not yet delivered."""
+        return 0
