@@ -49,6 +49,7 @@ class Group(NamedTuple):
     held: bool
 
 
+_NONE: list = []  # the parts before a group's first record
 HOLD = object()  # Placement.add(): this record cannot stay where it was read; copy the group out
 
 
@@ -122,6 +123,31 @@ class GroupStream:
                 "skipped_groups": self.skipped_groups, "skipped_records": self.skipped_records,
                 "skipped_bytes": self.skipped_bytes}
 
+    @property
+    def flat(self) -> bool:
+        """Each record is a group and nothing is planned (one field; no shards, shuffle, index order
+        or resume skip): :meth:`flat_stream`/:meth:`flat_done` may stand for :meth:`groups`."""
+        cfg = self.cfg
+        return (cfg.nfields == 1 and cfg.num_shards == 1 and cfg.shuffle_mode is None and not cfg.by_index
+                and self.even is None and not self.skip)
+
+    def flat_stream(self, name: str) -> Optional[list]:
+        """The :attr:`flat` case, which a caller frames itself (each record is a group): a stream
+        ``name`` begins; the list to append the sniff() kinds of its first CONTEXT records to, if asked."""
+        if self.first_kinds is None:
+            return None
+        kinds = self.first_kinds[name] = []
+        return kinds
+
+    def flat_done(self, reader: Any, records: int, nbytes: int, whole: bool) -> None:
+        """The :attr:`flat` case: ``records`` records of ``nbytes`` bytes framed (``whole``: the stream
+        was read to its end)."""
+        self.records += records
+        self.bytes += nbytes
+        self.group_index += records
+        if whole:
+            self._stream_done(reader)
+
     # -- the order -------------------------------------------------------------------------------
     def groups(self, streams: Iterator[Tuple[int, str, Any, Placement]]) -> Iterator[Group]:
         """The pass's groups from ``streams``: ``(stream_id, name, RecordReader, Placement)`` for each
@@ -129,8 +155,12 @@ class GroupStream:
         gen = self._sharded(streams)
         if self.cfg.shuffle_mode == "buffer":
             gen = self._shuffled(gen)
-        for g in gen:
-            if self.skip:  # a resumed epoch: delivered before
+        return self._skipping(gen) if self.skip else gen
+
+    def _skipping(self, groups: Iterator[Group]) -> Iterator[Group]:
+        """A resumed epoch: the groups delivered before are left out."""
+        for g in groups:
+            if self.skip:
                 self.skip -= 1
                 if not g.held:
                     self.place.garbage()
@@ -172,18 +202,25 @@ class GroupStream:
     def _frame(self, stream_id: int, name: str, reader: Any, place: Placement) -> Iterator[Group]:
         """The records of one stream -> this shard's groups, in stream order, equal shards applied."""
         cfg = self.cfg
-        nf, num_shards, shard, even = cfg.nfields, cfg.num_shards, cfg.shard_index, self.even
         kinds = None
         if self.first_kinds is not None:
             kinds = self.first_kinds[name] = []
-        if (place.flat is not None and nf == 1 and num_shards == 1 and not self.holds and not self.skip
-                and kinds is None):
-            records, nbytes = place.flat(reader, self)
-            self._stream_done(reader)
-            self.records += records
-            self.bytes += nbytes
-            self.group_index += records
-            return
+        if cfg.nfields == 1 and cfg.num_shards == 1:  # each record is a group: no grouping, shards, resync
+            if place.flat is not None and not self.holds and not self.skip and kinds is None:
+                return self._flat(reader, place)
+            return self._ungrouped(stream_id, reader, place, kinds)
+        return self._grouped(stream_id, name, reader, place, kinds)
+
+    def _flat(self, reader: Any, place: Placement) -> Iterator[Group]:
+        """The placement frames the stream itself (the reader process's hot loop): no group comes out."""
+        records, nbytes = place.flat(reader, self)
+        self.flat_done(reader, records, nbytes, True)
+        return iter(())
+
+    def _grouped(self, stream_id: int, name: str, reader: Any, place: Placement,
+                 kinds: Optional[list]) -> Iterator[Group]:
+        cfg = self.cfg
+        nf, num_shards, shard, even = cfg.nfields, cfg.num_shards, cfg.shard_index, self.even
         hold_all = place.holds
         parts: list = []
         held = hold_all
@@ -247,6 +284,32 @@ class GroupStream:
             if cfg.on_error == "raise":
                 raise CorruptRecordError(msg, first_offset, source=name)
             self.skipped_groups += 1
+
+    def _ungrouped(self, stream_id: int, reader: Any, place: Placement, kinds: Optional[list]) -> Iterator[Group]:
+        """:meth:`_frame` for groups of one record and one shard (equal shards of one are all groups)."""
+        hold_all, begin, add, framed, new = place.holds, place.begin, place.add, place.framed, tuple.__new__
+        records = nbytes = 0
+        try:
+            for offset, view in reader.iter_views():
+                records += 1
+                nbytes += len(view)
+                if kinds is not None and records <= CONTEXT:
+                    kinds.append(sniff(view))
+                held = hold_all
+                if held:
+                    part = bytes(view)
+                else:
+                    begin(offset, view, True)
+                    part = add(offset, view, _NONE)
+                if part is HOLD:
+                    part, held = bytes(view), True
+                framed(offset, view)
+                yield new(Group, (stream_id, offset, [part], held))
+        finally:
+            self.records += records
+            self.bytes += nbytes
+            self.group_index += records
+        self._stream_done(reader)
 
     def _stream_done(self, reader: Any) -> None:
         """A stream read to its end: what its reader skipped (not counted for a stream cut short)."""

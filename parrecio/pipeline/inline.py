@@ -28,8 +28,9 @@ import numpy as np
 from ..errors import CorruptRecordError, field_error
 from ..recordio import RecordReader
 from .batching import batches, unbatched
-from .decode import DecodePlan, FieldFailed
-from .groups import Group, GroupStream, InProcess, open_indexed_all
+from .decode import FIXED, DecodePlan, FieldFailed
+from ..decoders.sniff import sniff
+from .groups import CONTEXT, Group, GroupStream, InProcess, open_indexed_all
 from .mismatch import field_note
 from .passes import Pass, Span, ended
 
@@ -52,6 +53,7 @@ class _Spans:
 
     def __init__(self, layout: Any, columns: Sequence[bool], seq: int) -> None:
         self.layout, self.columns, self.lease, self.row = layout, columns, None, 0
+        self.fixed, self.size = layout.has_fixed, layout.slot_size
         self.start(seq)
 
     def start(self, seq: int) -> None:
@@ -60,12 +62,11 @@ class _Spans:
 
     def outs(self) -> Sequence[Any]:
         """The ``out`` arguments of the next sample (a new slot when this one is full)."""
-        layout = self.layout
-        if not layout.has_fixed:
+        if not self.fixed:
             return ()
-        if self.lease is None or self.row == layout.slot_size:
-            self.lease, self.row, self.index = _Local(layout), 0, 0
-        return layout.outs(self.lease.arrays, self.row)
+        if self.lease is None or self.row == self.size:
+            self.lease, self.row, self.index = _Local(self.layout), 0, 0
+        return self.layout.outs(self.lease.arrays, self.row)
 
     def add(self, vals: List[Any]) -> bool:
         """Append one sample; whether the span is full (a slot's worth)."""
@@ -74,7 +75,7 @@ class _Spans:
                 c.append(v)
         self.n += 1
         self.row += 1
-        return self.row == self.layout.slot_size if self.layout.has_fixed else self.n == self.layout.slot_size
+        return (self.row if self.fixed else self.n) == self.size
 
     def take(self, seq: int) -> Optional[Span]:
         """The span so far (None when empty); the next one starts at sample ``seq``."""
@@ -121,7 +122,12 @@ class InlineRun(Pass):
               on_end: Optional[Callable[["InlineRun", float], None]] = None) -> Iterator[Any]:
         """What the user iterates (see :mod:`parrecio.pipeline.batching`); ``on_end(run, seconds)`` is
         called when the pass ends, however it ends, with the time from its first ``next()``."""
-        layout = self.cfg.layout
+        layout, plan = self.cfg.layout, self.plan
+        if (batch_size is None and kind == "single" and self.groups.flat and len(plan.fields) == 1
+                and plan.fields[0][1] != FIXED and not plan.keyed):
+            gen = self._single(on_end)
+            self._gen = weakref.ref(gen)
+            return gen
         if batch_size is None:
             items = unbatched(self.spans(), layout, kind, names, self.cursor)
         else:
@@ -143,10 +149,65 @@ class InlineRun(Pass):
             items.close()
             self._count(on_end)
 
+    def _single(self, on_end: Any) -> Iterator[Any]:
+        """One record per sample, one value each, nothing planned (the group stream's ``flat`` case):
+        the per-record path, kept short."""
+        self._started = time.perf_counter()
+        if self.aborted:
+            raise ended()
+        plan, gs, cursor, raise_ = self.plan, self.groups, self.cursor, self.cfg.on_error == "raise"
+        call = plan.fields[0][2]
+        seq = skipped = 0
+        failed = None
+        try:
+            try:
+                for stream_id, name, reader, _ in self._streams():
+                    kinds, records, nbytes, whole = gs.flat_stream(name), 0, 0, False
+                    try:
+                        for offset, view in reader.iter_views():
+                            records += 1
+                            nbytes += len(view)
+                            if kinds is not None and records <= CONTEXT:
+                                kinds.append(sniff(view))
+                            try:
+                                value = call(view) if call is not None else plan.decode((view,), (), None)[0]
+                            except Exception:
+                                try:  # the plan's own way: the decoder's own error, as FieldFailed
+                                    value = plan.decode((view,), (), None)[0]
+                                except FieldFailed as exc:
+                                    failed = self._failed(exc, Group(stream_id, offset, [view], False), seq)
+                                    seq += 1
+                                    if raise_:
+                                        break
+                                    skipped += 1
+                                    failed = None
+                                    continue
+                            seq += 1
+                            cursor.pos = seq
+                            yield value
+                            if self.aborted:
+                                raise ended()
+                        whole = failed is None
+                    finally:
+                        gs.flat_done(reader, records, nbytes, whole)
+                    if failed is not None:
+                        break
+            except CorruptRecordError as exc:
+                failed = exc.located(seq)
+            if failed is not None:
+                raise failed
+            self.positions = seq
+            self.completed = True
+        finally:
+            self.counts = [seq - skipped - (failed is not None and not isinstance(failed, CorruptRecordError)),
+                           skipped]
+            self._count(on_end)
+
     def spans(self) -> Iterator[Span]:
         """Every sample of the pass in order, as spans; the first error under ``on_error="raise"``
         after the samples before it."""
         cfg, plan, epoch = self.cfg, self.plan, self.epoch
+        decode, keyed = plan.decode, plan.keyed
         seq = self.skip
         out = _Spans(cfg.layout, [t or p for t, p in zip(cfg.travels, cfg.passthrough)], seq)
         failed = None
@@ -154,7 +215,7 @@ class InlineRun(Pass):
             for g in self._groups():
                 if g.parts is not None:
                     try:
-                        vals = plan.decode(g.parts, out.outs(), plan.key(epoch, seq))
+                        vals = decode(g.parts, out.outs(), plan.key(epoch, seq) if keyed else None)
                     except FieldFailed as exc:
                         failed = self._failed(exc, g, seq)
                     else:
