@@ -202,6 +202,30 @@ def test_random_decoders_one_key_per_sample(ray_cluster, data):
         read_recordio(paths, fields, epoch=-1)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_random_crops_equal_parallel_reader_for_one_file(ray_cluster, data, workers):
+    """One file, one seed, one epoch: the Ray datasource's random crops, flips and the boxes that follow
+    them are ParallelReader's, byte for byte (both draw sample_key(seed, epoch, 0, index), and decode
+    through parrecio.pipeline.decode), however Ray splits the file into tasks."""
+    root, _, _ = data
+    path = str(root / "a.rec")
+    image = Image(size=(16, 16), crop=RandomResizedCrop(), flip=0.5)
+    fields = {"image": image, "boxes": BoundingBoxes(max_boxes=4, image=image), "label": ClassLabel()}
+    with ParallelReader(path, fields, workers=workers, seed=11) as reader:
+        reader.set_epoch(2)
+        want = list(reader)
+    rows = read_recordio(path, fields, seed=11, epoch=2, include_offsets=True, override_num_blocks=4).take_all()
+    rows.sort(key=lambda r: r["offset"])
+    assert len(rows) == len(want) == 30
+    flipped = 0
+    for row, sample in zip(rows, want):
+        for name in fields:
+            _same(row[name], sample[name])
+        plain = Image(size=(16, 16))(_group(int(row["label"]))[0])
+        flipped += not np.array_equal(row["image"], plain)
+    assert flipped > 10  # the crops are random indeed: the comparison is not of unaugmented images
+
+
 def test_iter_torch_batches(ray_cluster, data):
     torch = pytest.importorskip("torch")
     pytest.importorskip("ray.train")          # what iter_torch_batches imports (ray[train]: pydantic)

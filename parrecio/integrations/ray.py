@@ -92,8 +92,8 @@ from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..decoders.base import (ArraySpec, is_passthrough, is_random, payload_kinds, sample_key, spec_of,
-                             write_into)
+from ..pipeline.decode import DecodePlan, FieldFailed
+from ..decoders.base import ArraySpec, is_passthrough, is_random, payload_kinds, sample_key, spec_of
 from ..decoders.imagerecord import ImageRecord
 from ..errors import CorruptRecordError, DecodeError, SourceError, field_error
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, JOINS, read_record
@@ -342,6 +342,7 @@ class _Columns:
 
     def __init__(self, st: _Settings, rows: int, cap: int) -> None:
         self.st = st
+        self.plan = DecodePlan(st.decoders, st.specs, st.passthrough)
         self.cap = cap
         self.n = 0
         self.payload_bytes = 0  # payloads of fields that are not written in place (a size estimate)
@@ -386,28 +387,18 @@ class _Columns:
         st, row = self.st, self.n
         if row == self.rows:
             self.grow()
-        vals: List[Any] = [None] * st.nfields
-        fields = zip(st.decoders, st.specs, st.passthrough, st.randoms, st.parts)
-        for f, (dec, spec, passthrough, keyed, parts) in enumerate(fields):
-            p = payloads[f]
-            if passthrough:
-                vals[f] = bytes(p)
-                continue
-            fkey = key if keyed else None
-            view = memoryview(p).toreadonly()  # as in a decoder process: read-only, released after the call
-            try:
-                if isinstance(spec, ArraySpec):
-                    write_into(dec, view, spec, self.arrays[f][row, ...], fkey)
-                elif isinstance(spec, tuple):
-                    out = tuple(None if a is None else a[row, ...] for a in self.arrays[f])
-                    vals[f] = write_into(dec, view, spec, out, fkey)
-                else:
-                    vals[f] = dec(view) if fkey is None else dec(view, key=fkey)
-                    if parts and not (isinstance(vals[f], tuple) and len(vals[f]) == len(parts)):
-                        raise TypeError(f"expected a tuple of {len(parts)} values ({', '.join(parts)}), "
-                                        f"got {type(vals[f]).__name__}")
-                view.release()  # BufferError if the decoder kept it
-            except Exception as exc:
+        outs = [a[row, ...] if isinstance(a, np.ndarray) else
+                tuple(None if x is None else x[row, ...] for x in a) if isinstance(a, tuple) else None
+                for a in self.arrays]
+        try:  # ParallelReader's decode path (parrecio.pipeline.decode): the same payload views, the same errors
+            vals = self.plan.decode(payloads, outs, key)
+        except FieldFailed as exc:
+            err = _decode_error(st, exc.field, exc.error, payloads, index, offset, path)
+            raise err from err.__cause__
+        for f, parts in enumerate(st.parts):
+            if parts and st.specs[f] is None and not (isinstance(vals[f], tuple) and len(vals[f]) == len(parts)):
+                exc = TypeError(f"expected a tuple of {len(parts)} values ({', '.join(parts)}), "
+                                f"got {type(vals[f]).__name__}")
                 err = _decode_error(st, f, exc, payloads, index, offset, path)
                 raise err from err.__cause__
         for f, (spec, parts) in enumerate(zip(st.specs, st.parts)):
