@@ -246,20 +246,18 @@ def test_index_with_an_incomplete_last_group(tmp_path, workers, no_leaks):
         assert all(a[1:] == b"%d" % (int(b[1:]) - 1) for a, b in got)
 
 
-def test_tuning_and_the_deprecated_keywords(tmp_path, no_leaks):
-    """The first release's tuning keywords still work for one release, with a DeprecationWarning that says
-    where they moved; poll_interval is ignored; a Tuning checks its values when it is made."""
+def test_tuning_and_the_removed_keywords(tmp_path, no_leaks):
+    """The first release's tuning keywords (deprecated for one release) are refused with where they
+    moved; poll_interval is refused; a Tuning checks its values when it is made."""
     import warnings
     from parrecio import Tuning
     path = tmp_path / "t.rec"
     groups = _write(path, 20)
-    with pytest.warns(DeprecationWarning, match=r"ring_bytes=131072, prefetch=3\): these moved to "
-                                                r"tuning=Tuning\(ring_bytes=131072, prefetch=3\)"):
-        old = ParallelReader(path, fields=Echo(), workers=1, ring_bytes=128 << 10, prefetch=3)
-    with old:
-        assert (old.config.ring_bytes, old.config.prefetch) == (128 << 10, 3) and list(old) == groups
-    with pytest.warns(DeprecationWarning, match=r"poll_interval=\) is ignored"):
-        ParallelReader(path, fields=Echo(), poll_interval=0.5).close()
+    with pytest.raises(TypeError, match=r"^ParallelReader\(ring_bytes=131072, prefetch=3\): these are settings "
+                                        r"of tuning=Tuning\(ring_bytes=131072, prefetch=3\)$"):
+        ParallelReader(path, fields=Echo(), workers=1, ring_bytes=128 << 10, prefetch=3)
+    with pytest.raises(TypeError, match=r"takes no poll_interval"):
+        ParallelReader(path, fields=Echo(), poll_interval=0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         new = ParallelReader(path, Echo(), workers=1, tuning=Tuning(ring_bytes=128 << 10, prefetch=3))

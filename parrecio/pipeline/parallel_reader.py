@@ -18,7 +18,6 @@ user never calls ``close()``; the reader object itself holds only the lifecycle 
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import multiprocessing
@@ -137,8 +136,8 @@ class ParallelReader:
             payloads).
         shuffle_buffer: groups in the shuffle buffer of a stream (see ``shuffle``).
         tuning: a :class:`~parrecio.pipeline.tuning.Tuning` (ring size, task size, prefetch, start method,
-            timeouts...): how the work is done, never what is delivered.  The same keywords given here
-            directly still work for one release, with a DeprecationWarning.
+            timeouts...): how the work is done, never what is delivered (given to ParallelReader
+            itself, as the first release took them, they are refused with a TypeError naming Tuning).
         **source_options: passed to :func:`parrecio.sources.resolve` (``sm_input_dir``, ``pipe_dir``,
             ``config_dir``, ``fifo_timeout``; ``storage_options`` for ``s3://`` channels, see
             :mod:`parrecio.sources.s3`).
@@ -509,22 +508,18 @@ def _travels(passthrough: List[bool], layout: SlotLayout) -> List[bool]:
 
 
 def _tuning(tuning: Optional[Tuning], options: dict) -> Tuning:
-    """The Tuning to use: ``tuning``, with the tuning keywords given to ParallelReader itself (the
-    signature of the first release) taken out of ``options`` and applied, with a DeprecationWarning."""
+    """The Tuning to use.  The first release's tuning keywords on ParallelReader itself (deprecated for
+    one release) are refused with the place they moved to, before a source would take them for its own."""
     if tuning is not None and not isinstance(tuning, Tuning):
         raise TypeError(f"tuning must be a parrecio.Tuning, not {type(tuning).__name__}")
-    tuning = tuning or Tuning()
     if "poll_interval" in options:
-        options.pop("poll_interval")
-        warnings.warn("ParallelReader(poll_interval=) is ignored and will go away: every wait is woken by "
-                      "its event (a message, a death, the lifeline)", DeprecationWarning, stacklevel=3)
-    moved = {k: options.pop(k) for k in list(options) if k in TUNING_KEYWORDS}
+        raise TypeError("ParallelReader() takes no poll_interval: every wait is woken by its event (a "
+                        "message, a death, the lifeline)")
+    moved = {k: options[k] for k in options if k in TUNING_KEYWORDS}
     if moved:
         given = ", ".join(f"{k}={v!r}" for k, v in moved.items())
-        warnings.warn(f"ParallelReader({given}): these moved to tuning=Tuning({given}); the old keywords "
-                      f"go away in the next release", DeprecationWarning, stacklevel=3)
-        tuning = dataclasses.replace(tuning, **moved)
-    return tuning
+        raise TypeError(f"ParallelReader({given}): these are settings of tuning=Tuning({given})")
+    return tuning or Tuning()
 
 
 def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:

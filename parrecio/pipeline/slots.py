@@ -81,19 +81,6 @@ class SlotLayout:
                 outs[e.field][e.part] = arr[index, ...]
         return [tuple(o) if isinstance(o, list) else o for o in outs]
 
-    def merge(self, ragged: Tuple, arrays: List[np.ndarray], index: int) -> Tuple:
-        """The full value tuple of one sample: ``ragged`` with the fixed outputs filled in from slots."""
-        values = list(ragged)
-        parts = {}
-        for e, arr in zip(self.entries, arrays):
-            if e.part is None:
-                values[e.field] = arr[index]
-            else:
-                parts.setdefault(e.field, list(values[e.field]))[e.part] = arr[index]
-        for f, p in parts.items():
-            values[f] = tuple(p)
-        return tuple(values)
-
 
 class Lease:
     """The consumer's claim on a slot's memory while views of it are in the user's hands."""

@@ -32,7 +32,7 @@ from ..errors import CorruptRecordError
 __all__ = [
     "MAGIC", "MAGIC_BYTES", "HEADER_SIZE", "LENGTH_MASK", "MAX_PAYLOAD_BYTES", "DEFAULT_MAX_RECORD_BYTES",
     "CFLAG_FULL", "CFLAG_FIRST", "CFLAG_MIDDLE", "CFLAG_LAST", "JOINS", "READ_JOINS",
-    "encode_lrec", "decode_lrec", "padded_size", "frame_header", "split_payload", "encode_record",
+    "encode_lrec", "padded_size", "frame_header", "split_payload", "encode_record",
     "check_join", "FrameSource", "read_record", "find_next_head",
 ]
 
@@ -63,11 +63,6 @@ def encode_lrec(cflag: int, length: int) -> int:
     if not 0 <= length <= LENGTH_MASK:
         raise ValueError(f"a RecordIO part holds at most {LENGTH_MASK} bytes, not {length}")
     return (cflag << 29) | length
-
-
-def decode_lrec(lrec: int) -> Tuple[int, int]:
-    """Split an lrec word into ``(cflag, length)``; ``length`` is in bytes."""
-    return lrec >> 29, lrec & LENGTH_MASK
 
 
 def padded_size(length: int) -> int:

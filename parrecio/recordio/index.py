@@ -157,10 +157,6 @@ class IndexedRecordReader:
         """The byte offsets in ``.idx`` file order (a copy), parallel to :attr:`keys`."""
         return list(self._offsets)
 
-    def offset_of(self, key: Key) -> int:
-        """Byte offset of ``key``'s record (``KeyError`` if unknown)."""
-        return self._by_key[key]
-
     def __len__(self) -> int:
         return len(self._keys)
 

@@ -9,15 +9,26 @@ integer-like value: ``numpy.int64`` too) is a ``TypeError`` naming the parameter
 from __future__ import annotations
 
 import os
-from typing import Any, Union
+from typing import Any, List, Sequence, Union
 
-__all__ = ["check_path_arg", "index_path"]
+__all__ = ["check_path_arg", "index_path", "recordio_names", "NOT_RECORDS"]
 
 
 def index_path(rec_path: Union[str, "os.PathLike[str]"]) -> str:
     """The ``.idx`` that goes with a record file: its suffix replaced (``train.rec`` -> ``train.idx``), as
     ``im2rec`` names it.  The one rule: writers put the index there and readers look for it there."""
     return os.path.splitext(os.fsdecode(rec_path))[0] + ".idx"
+
+
+NOT_RECORDS = (".idx", ".lst")  # what a folder holds beside its RecordIO files
+
+
+def recordio_names(names: Sequence[str]) -> List[str]:
+    """The folder rule, for a directory and an ``s3://`` prefix alike: of ``names`` (the non-hidden
+    entries, in order), the ``*.rec`` ones, or when there are none every one that is not ``*.idx`` or
+    ``*.lst``."""
+    recs = [n for n in names if n.endswith(".rec")]
+    return recs or [n for n in names if not n.endswith(NOT_RECORDS)]
 
 
 def check_path_arg(value: Any, name: str, *, file_ok: bool = True, fd_ok: bool = False) -> Any:

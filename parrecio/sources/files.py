@@ -24,13 +24,13 @@ import stat
 from typing import Iterable, Iterator, List, Optional, Sequence
 
 from ..errors import SourceError
+from ..recordio.paths import recordio_names
 from .base import Source, Stream
 from .fifo import FifoWait, is_fifo, open_fifo, open_plain
 
 __all__ = ["FileSource", "list_recordio_files", "expand_patterns", "GLOB_CHARS"]
 
 GLOB_CHARS = frozenset("*?[")
-_SKIP_SUFFIXES = (".idx", ".lst")
 
 
 def _is_glob(path: str) -> bool:
@@ -45,10 +45,8 @@ def list_recordio_files(directory: str, *, recursive: bool = False) -> List[str]
     Returns an empty list when nothing qualifies.
     """
     found = sorted(_walk_regular_files(directory, recursive))  # (relative path, full path), hidden skipped
-    recs = [full for rel, full in found if rel.endswith(".rec")]
-    if recs:
-        return recs
-    return [full for rel, full in found if not rel.endswith(_SKIP_SUFFIXES)]
+    full = dict(found)
+    return [full[rel] for rel in recordio_names([rel for rel, _ in found])]
 
 
 def _walk_regular_files(directory: str, recursive: bool) -> Iterator[tuple]:

@@ -75,7 +75,6 @@ from __future__ import annotations
 import bisect
 import io
 import os
-import posixpath
 import random
 import threading
 import time
@@ -87,6 +86,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from ..errors import CorruptRecordError, SourceError
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
 from ..recordio.index import WindowSource, spans_of
+from ..recordio.paths import index_path, recordio_names
 from ..recordio.joins import IndexedJoin
 from .base import Source, Stream
 
@@ -430,7 +430,7 @@ def _list_url(conn: _Conn, url: str) -> Tuple[List[_Obj], Dict[str, str]]:
             raise _error(conn, url, exc, "HEAD") from exc
         if head is not None:
             obj = _Obj(url, bucket, key, int(head.get("ContentLength", 0)), head.get("ETag"))
-            idx_key = posixpath.splitext(key)[0] + ".idx"
+            idx_key = index_path(key)
             indexes = {}
             if idx_key != key:
                 try:
@@ -460,8 +460,8 @@ def _list_url(conn: _Conn, url: str) -> Tuple[List[_Obj], Dict[str, str]]:
     listed.sort()  # S3 lists in key (UTF-8 byte) order already; other servers may not
     kept = [(k, s, e) for k, s, e in listed
             if not k.endswith("/") and not any(p.startswith(".") for p in k[len(prefix):].split("/"))]
-    recs = [item for item in kept if item[0].endswith(".rec")]
-    chosen = recs or [item for item in kept if not item[0].endswith((".idx", ".lst"))]
+    sizes = {k: (s, e) for k, s, e in kept}
+    chosen = [(k,) + sizes[k] for k in recordio_names([k for k, _, _ in kept])]
     if not chosen:
         where = f"{SCHEME}{bucket}/{prefix}"
         if key and not key.endswith("/"):
@@ -474,7 +474,7 @@ def _list_url(conn: _Conn, url: str) -> Tuple[List[_Obj], Dict[str, str]]:
     for k, size, etag in chosen:
         obj_url = f"{SCHEME}{bucket}/{k}"
         objects.append(_Obj(obj_url, bucket, k, size, etag))
-        idx_key = posixpath.splitext(k)[0] + ".idx"
+        idx_key = index_path(k)
         if idx_key in keys and idx_key != k:
             indexes[obj_url] = f"{SCHEME}{bucket}/{idx_key}"
     return objects, indexes
