@@ -62,7 +62,8 @@ class ImageRecord(Value):
 
     def __post_init__(self) -> None:
         label_width = None if self.label_width is None else \
-            check_int("label_width", self.label_width, 0, MAX_LABEL_WIDTH, want=f"None or an int in 0..{MAX_LABEL_WIDTH}")
+            check_int("label_width", self.label_width, 0, MAX_LABEL_WIDTH,
+                      want=f"None or an int in 0..{MAX_LABEL_WIDTH}")
         try:  # None stays None (the default's repr, and dataclasses.replace); it means float32
             label_dtype = None if self.label_dtype is None else np.dtype(self.label_dtype)
         except TypeError:

@@ -15,7 +15,8 @@
 The generator runs pass after pass of the reader (a Keras generator must not run dry between epochs);
 give it ``fit``'s ``epochs`` too: Keras reads a generator ahead (``prefetch``), so an endless one has a
 pass more started when training ends (one batch read of it: 376 samples read for 3 epochs of 120; on a
-Pipe-mode channel that pass waits for a FIFO SageMaker never creates).  It yields plain numpy arrays (views of shared memory, no copy; Keras converts them). With the TensorFlow
+Pipe-mode channel that pass waits for a FIFO SageMaker never creates).  It yields plain numpy arrays (views
+of shared memory, no copy; Keras converts them). With the TensorFlow
 backend, Keras feeds a generator through ``tf.data.Dataset.from_generator`` and ``prefetch``, which may
 wrap those arrays without copying them: the batches it holds (the first ones it peeks at to infer the
 signature, those it prefetches) keep their output slots until Keras is done with them, a bounded number.

@@ -84,7 +84,8 @@ class FieldSpec:
     ``kind``: ``"tensor"`` (a dense array), ``"string"`` (bytes/str values), ``"ragged"`` (a list of
     arrays whose first dimension varies, ``ragged_rank=1``) or ``"sparse"`` (a RecordIO-protobuf sparse
     batch: :class:`~parrecio.decoders.SparseCOO` or a ``scipy.sparse.csr_matrix``; ``tf.SparseTensor``).
-    ``shape``: with ``None`` for unknown dimensions. ``dtype``: a numpy dtype name (``"uint8"``, ``"float32"``...) or ``"string"``.
+    ``shape``: with ``None`` for unknown dimensions. ``dtype``: a numpy dtype name (``"uint8"``,
+    ``"float32"``...) or ``"string"``.
     """
 
     kind: str

@@ -186,7 +186,9 @@ class GroupStream:
         """Through a shuffle buffer of ``shuffle_buffer`` groups: once it is full, each new group swaps
         with a random one, which goes out (tf.data's shuffle, DALI's ``initial_fill``); at the end the
         rest in random order."""
-        capacity, buf, rng = self.cfg.shuffle_buffer, [], self.rng
+        capacity, rng = self.cfg.shuffle_buffer, self.rng
+        assert rng is not None
+        buf: List[Group] = []
         for g in groups:
             if len(buf) < capacity:
                 buf.append(g)
@@ -213,6 +215,7 @@ class GroupStream:
 
     def _flat(self, reader: Any, place: Placement) -> Iterator[Group]:
         """The placement frames the stream itself (the reader process's hot loop): no group comes out."""
+        assert place.flat is not None
         records, nbytes = place.flat(reader, self)
         self.flat_done(reader, records, nbytes, True)
         return iter(())
@@ -353,7 +356,9 @@ class GroupStream:
                 self.bytes += sum(map(len, payloads))
                 yield Group(stream_id, offs[0], payloads, True)
         finally:
-            groups.close()
+            close = getattr(groups, "close", None)
+            if close is not None:
+                close()
 
 
 def open_indexed_all(cfg: Any, source: Any, opened: List[Any]) -> List[Any]:

@@ -52,7 +52,8 @@ class _Spans:
     """Decoded samples collected into spans of one slot, as a Run delivers them."""
 
     def __init__(self, layout: Any, columns: Sequence[bool], seq: int) -> None:
-        self.layout, self.columns, self.lease, self.row = layout, columns, None, 0
+        self.layout, self.columns, self.row = layout, columns, 0
+        self.lease: Optional[_Local] = None
         self.fixed, self.size = layout.has_fixed, layout.slot_size
         self.start(seq)
 
@@ -64,9 +65,11 @@ class _Spans:
         """The ``out`` arguments of the next sample (a new slot when this one is full)."""
         if not self.fixed:
             return ()
-        if self.lease is None or self.row == self.size:
-            self.lease, self.row, self.index = _Local(self.layout), 0, 0
-        return self.layout.outs(self.lease.arrays, self.row)
+        lease = self.lease
+        if lease is None or self.row == self.size:
+            lease = self.lease = _Local(self.layout)
+            self.row = self.index = 0
+        return self.layout.outs(lease.arrays, self.row)
 
     def add(self, vals: List[Any]) -> bool:
         """Append one sample; whether the span is full (a slot's worth)."""
@@ -146,7 +149,7 @@ class InlineRun(Pass):
                 if self.aborted:
                     raise ended()
         finally:
-            items.close()
+            getattr(items, "close")()  # a generator's
             self._count(on_end)
 
     def _single(self, on_end: Any) -> Iterator[Any]:
@@ -221,7 +224,7 @@ class InlineRun(Pass):
                     else:
                         seq += 1
                         if out.add(vals):
-                            yield self._out(out.take(seq))
+                            yield self._out(out.take(seq))  # type: ignore[arg-type]
                         continue
                 seq += 1  # a group that failed, or that cannot be read: it keeps its position
                 span = out.take(seq)
@@ -283,7 +286,7 @@ class InlineRun(Pass):
         kinds = (self.groups.first_kinds or {}).get(source)
         note = ""
         try:
-            note = field_note(str(exc), cfg.decoders, g.parts, f, kinds,
+            note = field_note(str(exc), cfg.decoders, g.parts or (), f, kinds,
                               f"the first {len(kinds or ())} records of {source}")
         except Exception:  # a hint must never hide the error itself
             pass

@@ -63,7 +63,8 @@ def group_hint(decoders: Sequence[Any], group: Sequence[str], context: Optional[
     (decoders without ``payload_kinds`` read anything).  First the group size:
     :func:`~parrecio.decoders.sniff.guess_from_kinds` over ``context`` (successive records' kinds),
     believed when they hold more than one sample of the size it finds (a sample's kinds seen again) and
-    that size is not ``len(decoders)``.  Else the order: the group's records matched one to one to decoders that read them.
+    that size is not ``len(decoders)``.  Else the order: the group's records matched one to one to decoders
+    that read them.
     """
     nf = len(decoders)
     wanted = [payload_kinds(d) for d in decoders]

@@ -182,7 +182,8 @@ class ParallelReader:
         index_paths = _index_paths(source)
         res.cfg = PipelineConfig(
             decoders=tuple(decoders), shipped=shipped, names=tuple(names), kind=kind,
-            passthrough=passthrough, kinds=tuple(payload_kinds(d) for d in decoders), layout=layout, travels=tuple(_travels(passthrough, layout)),
+            passthrough=passthrough, kinds=tuple(payload_kinds(d) for d in decoders), layout=layout,
+            travels=tuple(_travels(passthrough, layout)),
             batch_size=batch_size, drop_last=bool(drop_last), join=join or source.default_join,
             on_error=on_error, max_record_bytes=tuning.max_record_bytes,
             num_shards=num_shards, shard_index=shard_index, even_shards=even_shards,

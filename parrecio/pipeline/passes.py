@@ -40,7 +40,7 @@ class Span(NamedTuple):
     seq: int
     n: int
     lease: Optional[Any]
-    index: int
+    index: int  # type: ignore[assignment]
     columns: list
 
 

@@ -14,7 +14,7 @@ the ring) makes the group held: its records so far are copied out, and the reade
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from .groups import HOLD, Placement
 from .ring import RingWriter
@@ -53,7 +53,7 @@ class Windows(Placement):
         self.win, self.mem, self.advance = win, mem, advance
         self.obj = win.obj          # what a view of the ring has as .obj
         self.max_span = ring.max_span
-        self.floor = None           # ring position where the open group starts (None: not in a window)
+        self.floor: Optional[int] = None  # ring position where the open group starts (None: not in a window)
 
     def begin(self, offset: int, view: memoryview, keep: bool) -> None:
         win = self.win

@@ -301,10 +301,11 @@ class _Reader:
                     r.close()
         else:
             for g in gs.groups(self._streams()):
+                parts = g.parts or []  # (a streamed group always has its parts)
                 if g.held:
-                    self._emit_group(g.stream_id, g.parts, g.offset)
+                    self._emit_group(g.stream_id, parts, g.offset)
                 else:
-                    self._emit_placed(g.stream_id, g.parts, g.offset, self.segment)
+                    self._emit_placed(g.stream_id, parts, g.offset, self.segment)
         self.flush()
 
     def _streams(self) -> Iterator[Tuple[int, str, RecordReader, Placement]]:

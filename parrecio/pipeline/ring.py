@@ -3,7 +3,8 @@
 The reader process is the only writer; it places records at the next free offset (wrapping around,
 a record never straddles the end) and blocks when the ring is full.  Capacity is checked per group (the
 records of one sample), and the consumer is only ever told about complete groups: a group's first
-records are never released, and so never overwritten, before the group is complete and decoded.  The consumer releases space in
+records are never released, and so never overwritten, before the group is complete and decoded.  The consumer
+releases space in
 stream order, after delivering the groups that used it, by sending the ring position up to which
 everything is delivered.  Because space is released only after delivery, a crashed worker's groups are
 still in the ring and can be decoded again.

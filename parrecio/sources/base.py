@@ -8,7 +8,8 @@
  Source.release()   (stops the pump, closes fds)
 ```
 
-A :class:`Source` is created in the consumer process by :func:`~parrecio.sources.resolver.resolve` and opened **only** in the reader
+A :class:`Source` is created in the consumer process by :func:`~parrecio.sources.resolver.resolve` and opened
+**only** in the reader
 process: a FIFO can be read once, by one process, so nothing in the consumer may open it.  Everything a
 source needs in the reader process travels inside it when it is pickled (file descriptors included, see
 :mod:`parrecio.sources.fds`), under every start method.

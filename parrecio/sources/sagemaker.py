@@ -19,7 +19,8 @@ The multipart convention (``default_join``) follows who framed the records:
 - Pipe mode with ``RecordWrapperType: None`` (or unset): SageMaker streams the S3 objects back to back, which
   is a valid RecordIO stream only when the objects are ``.rec`` files themselves (SageMaker's documentation:
   "If the input data is already in RecordIO format, you don't need to set this attribute").  Their own
-  writer framed them, MXNet's or a fixed-size splitter -> ``"auto"`` (:mod:`parrecio.recordio.joins`).  Raw objects cannot be delimited: a ``ContentType`` that says images,
+  writer framed them, MXNet's or a fixed-size splitter -> ``"auto"`` (:mod:`parrecio.recordio.joins`).  Raw
+  objects cannot be delimited: a ``ContentType`` that says images,
   text or JSON is refused at once, and any stream that does not begin with the RecordIO magic is refused
   when it is opened, both with a :class:`SourceError` that says how to fix the channel.
 - File and FastFile mode: the files are the ``.rec`` objects as written -> ``"auto"``.
