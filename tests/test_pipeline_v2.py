@@ -15,7 +15,7 @@ import pytest
 from parrecio import IRHeader, pack, ParallelReader, PipelineError, RecordReader, Tuning
 from parrecio.decoders import Image, ImageRecord, Json
 from parrecio.pipeline.config import PipelineConfig
-from parrecio.pipeline.mapped import MappedFiles, is_mapped, map_stream
+from parrecio.pipeline.mapped import PREFIX, MappedFiles, map_stream
 from parrecio.pipeline.poller import Poller
 from parrecio.pipeline.wire import pack_column, unpack_column
 from parrecio.recordio.framing import MAGIC_BYTES
@@ -108,7 +108,7 @@ def test_map_stream_and_a_file_that_changed(tmp_path):
     write_rec(path, [b"a" * 100, b"b" * 100])
     with open(path, "rb") as f:
         mm, name, start = map_stream(f)
-        assert is_mapped(name) and name.endswith(str(path)) and start == 0
+        assert name.startswith(PREFIX) and name.endswith(str(path)) and start == 0
         assert bytes(mm[8:12]) == b"aaaa"
         maps = MappedFiles()
         assert bytes(maps.get(name)[8:12]) == b"aaaa"

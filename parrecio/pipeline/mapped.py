@@ -3,7 +3,7 @@
 ::
 
     reader process:  mmap(file) -> RecordReader.over(mapping) -> (file offset, length) per record
-                                                        --Chunk(segment="file:...")--> consumer --Task--> worker
+                                                  --Chunk(Place(FILE, "file:..."))--> consumer --Task--> worker
     worker/consumer: MappedFiles.get("file:...") -> the same file mapped read-only -> payload views
 
 The page cache is shared memory already: the reader process only reads each record's 8-byte header
@@ -27,14 +27,9 @@ from typing import Optional, Tuple
 
 from ..errors import PipelineError
 
-__all__ = ["PREFIX", "is_mapped", "map_stream", "MappedFiles"]
+__all__ = ["PREFIX", "map_stream", "MappedFiles"]
 
 PREFIX = "file:"
-
-
-def is_mapped(name: Optional[str]) -> bool:
-    """Whether a chunk's segment name is a mapped file (as opposed to a shared-memory segment)."""
-    return name is not None and name.startswith(PREFIX)
 
 
 def _identity(st: os.stat_result) -> str:

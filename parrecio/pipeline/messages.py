@@ -18,7 +18,7 @@ import pickle
 import traceback
 from array import array
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from ..errors import DecodeError, ParrecioError, field_error
 
@@ -32,14 +32,32 @@ class StreamStart:
     name: str
 
 
+class Place(NamedTuple):
+    """Where a chunk's payloads lie: ``kind`` RING (the input ring), FILE (a regular file read in place;
+    ``name`` its key, :mod:`parrecio.pipeline.mapped`) or ONEOFF (a shared-memory segment of its own,
+    ``name``, for a group too big for the ring: removed by the consumer after delivery)."""
+    kind: int
+    name: str = ""
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == FILE
+
+    @property
+    def is_oneoff(self) -> bool:
+        return self.kind == ONEOFF
+
+
+RING, FILE, ONEOFF = range(3)
+IN_RING = Place(RING)
+
+
 @dataclass
 class Chunk:
     """Groups ``first_seq .. first_seq + n - 1``, all from stream ``stream_id``.
 
-    ``ring_offs``/``lens`` are ``n * nfields`` int64 (group-major) byte offsets into ``segment`` (the
-    input ring when ``segment`` is None, a regular file read in place when it starts with ``file:``
-    (:mod:`parrecio.pipeline.mapped`), else a one-off segment for a group too big for the ring) and
-    payload lengths; ``stream_offs`` the stream byte offset of each group's first record.  After the
+    ``ring_offs``/``lens`` are ``n * nfields`` int64 (group-major) byte offsets into the payloads'
+    :class:`Place` and payload lengths; ``stream_offs`` the stream byte offset of each group's first record.  After the
     chunk is delivered the ring may be released up to ``ring_end`` (a monotonic byte position).
     """
     first_seq: int
@@ -49,7 +67,7 @@ class Chunk:
     lens: array
     stream_offs: array
     ring_end: int
-    segment: Optional[str] = None
+    place: Place = IN_RING
 
 
 @dataclass
@@ -86,7 +104,7 @@ class Task:
     chunk_seq: int
     start: int
     n: int
-    segment: str
+    place: Place
     ring_offs: array
     lens: array
     dest: List[Tuple[str, int, int, int]] = field(default_factory=list)

@@ -48,7 +48,7 @@ from ..recordio import RecordReader
 from .config import PipelineConfig
 from .groups import GroupStream, Placement, open_indexed_all
 from .mapped import map_stream
-from .messages import Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
+from .messages import FILE, IN_RING, ONEOFF, Place, Chunk, ReaderEnd, RemoteError, Release, Stop, StreamStart
 from .poller import Poller
 from .placement import Mapped, Windows
 from .ring import GroupTooLarge, RingWriter
@@ -102,7 +102,7 @@ class _Pending:
     ring_offs: array = field(default_factory=lambda: array("q"))
     lens: array = field(default_factory=lambda: array("q"))
     stream_offs: array = field(default_factory=lambda: array("q"))
-    segment: Optional[str] = None   # None: the ring; else a mapped file (see parrecio.pipeline.mapped)
+    place: Place = IN_RING          # the ring, or a mapped file (see parrecio.pipeline.mapped)
 
 
 class _Reader:
@@ -121,7 +121,7 @@ class _Reader:
         self.seq = job.skip   # next sequence number (groups of this shard's order; a resumed epoch
         #                       starts past the groups it leaves out, which are never sent)
         self.groups = GroupStream(cfg, job.epoch, job.skip)
-        self.segment: Optional[str] = None  # the mapped file being read (None: the ring)
+        self.place = IN_RING      # where the stream being read lies: the ring, or a mapped file
         self.pending = _Pending()
         self.group_end = 0        # ring position after the last complete group: what a chunk may release
         self.sent_end = 0         # the group_end of the last chunk sent
@@ -186,9 +186,9 @@ class _Reader:
         p = self.pending
         if p.n or (release and self.group_end > self.sent_end):
             self.data.send(Chunk(p.first_seq if p.n else self.seq, p.n, p.stream_id, p.ring_offs, p.lens,
-                                 p.stream_offs, self.group_end, segment=p.segment))
+                                 p.stream_offs, self.group_end, p.place))
             self.sent_end = self.group_end
-            if p.segment is not None:
+            if p.place.is_file:
                 self.mapped_inflight += p.nbytes  # the consumer releases sum(lens) of the chunk
             self.pending = _Pending(stream_id=p.stream_id, first_seq=self.seq)
             if self.ramp and p.n:
@@ -217,18 +217,18 @@ class _Reader:
         self._emit_placed(stream_id, list(zip(offs, sizes)), first_offset)
 
     def _emit_placed(self, stream_id: int, parts: list, first_offset: int,
-                     segment: Optional[str] = None) -> None:
-        """A complete group whose records are all in the ring (``segment`` None) or all in the mapped
-        file ``segment``: add it to the pending chunk."""
+                     place: Place = IN_RING) -> None:
+        """A complete group whose records are all in the ring or all in the mapped file ``place``: add
+        it to the pending chunk."""
         p = self.pending
-        if p.n and (p.stream_id != stream_id or p.segment != segment):  # a chunk names one stream and
-            self.flush()                                                 # one segment
+        if p.n and (p.stream_id != stream_id or p.place != place):  # a chunk names one stream and
+            self.flush()                                             # one place
             p = self.pending
-        if segment is not None and self.mapped_inflight:
+        if place.is_file and self.mapped_inflight:
             self._wait_for_mapped(sum(n for _, n in parts) + p.nbytes)
             p = self.pending
         if p.n == 0:
-            p.stream_id, p.first_seq, p.segment = stream_id, self.seq, segment
+            p.stream_id, p.first_seq, p.place = stream_id, self.seq, place
         for off, n in parts:
             p.ring_offs.append(off)
             p.lens.append(n)
@@ -274,7 +274,7 @@ class _Reader:
         seg.close()  # the consumer owns it from now on and unlinks it after delivery
         self.oneoff_inflight += total  # the consumer releases sum(lens) of the chunk: the same number
         self.data.send(Chunk(self.seq, 1, stream_id, offs, lens, array("q", [first_offset]),
-                             self.group_end, segment=seg.name))
+                             self.group_end, Place(ONEOFF, seg.name)))
         self.sent_end = self.group_end
         self.seq += 1
 
@@ -305,7 +305,7 @@ class _Reader:
                 if g.held:
                     self._emit_group(g.stream_id, parts, g.offset)
                 else:
-                    self._emit_placed(g.stream_id, parts, g.offset, self.segment)
+                    self._emit_placed(g.stream_id, parts, g.offset, self.place)
         self.flush()
 
     def _streams(self) -> Iterator[Tuple[int, str, RecordReader, Placement]]:
@@ -329,8 +329,9 @@ class _Reader:
                 reader = RecordReader.over(mm, start, join=cfg.join, on_corrupt=cfg.on_error,
                                            max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
                 place = Placement() if held else Mapped(mm, start)
-                place.flat = lambda rd, _gs: self._frame_flat(stream_id, rd, mm, segment, start)
-                self.segment = segment
+                in_file = Place(FILE, segment)
+                place.flat = lambda rd, _gs: self._frame_flat(stream_id, rd, mm, in_file, start)
+                self.place = in_file
                 t0 = time.perf_counter()
                 try:
                     yield stream_id, stream.name, reader, place
@@ -351,7 +352,7 @@ class _Reader:
         """A stream that is not a mapped file: read straight into the ring, unless every group is held."""
         cfg = self.cfg
         self.windows = None if held else RingWindows(self.ring, self.seg.buf, self.mem, self._advance)
-        self.segment = None
+        self.place = IN_RING
         try:
             reader = RecordReader(_Watched(stream.file, self), join=cfg.join, on_corrupt=cfg.on_error,
                                   max_record_bytes=cfg.max_record_bytes, source_name=stream.name,
@@ -367,7 +368,7 @@ class _Reader:
         finally:
             self.windows = None
 
-    def _frame_flat(self, stream_id: int, reader: RecordReader, mm: Any, segment: str, start: int) -> Tuple[int, int]:
+    def _frame_flat(self, stream_id: int, reader: RecordReader, mm: Any, in_file: Place, start: int) -> Tuple[int, int]:
         """The hot loop of the commonest small-record case (the group stream's ``Placement.flat``): a
         mapped file, one record per group, no shards, no shuffle, no resume skip.  Each record is three
         array appends to the pending chunk; the chunk's counters live in locals and are written back
@@ -390,14 +391,14 @@ class _Reader:
                     continue
                 if p is None:  # open (or continue) the pending chunk
                     p = self.pending
-                    if p.n and (p.stream_id != stream_id or p.segment != segment):
+                    if p.n and (p.stream_id != stream_id or p.place != in_file):
                         self.flush()
                         p = self.pending
                     if self.mapped_inflight:
                         self._wait_for_mapped(p.nbytes + min(chunk_bytes, cfg.mapped_budget // 2))
                         p = self.pending
                     if p.n == 0:
-                        p.stream_id, p.first_seq, p.segment = stream_id, self.seq, segment
+                        p.stream_id, p.first_seq, p.place = stream_id, self.seq, in_file
                     k, nb = p.n, p.nbytes
                     add_off, add_len, add_stream_off = p.ring_offs.append, p.lens.append, p.stream_offs.append
                 add_off(start + offset + 8)  # its payload starts 8 bytes after its frame

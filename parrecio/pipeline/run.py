@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import CorruptRecordError, DecodeError, PipelineError
-from .mapped import MappedFiles, is_mapped
+from .mapped import MappedFiles
 from .messages import Chunk, ReaderEnd, RemoteError, StreamStart, Task
 from .passes import Pass, Span, ended
 from .poller import Poller
@@ -225,7 +225,7 @@ class Run(Pass):
                 split: bool = False) -> None:
         c, nf = cs.chunk, self.nf
         dest = self.slots.dest(cs.pos0 + start, n) if cs.pos0 is not None else []
-        task = Task(self.res.pool.next_id(), c.first_seq, start, n, c.segment or self.res.ring.name,
+        task = Task(self.res.pool.next_id(), c.first_seq, start, n, c.place,
                     c.ring_offs[start * nf:(start + n) * nf], c.lens[start * nf:(start + n) * nf], dest,
                     isolated, split, self.epoch)
         self.tasks[task.task_id] = cs
@@ -299,10 +299,10 @@ class Run(Pass):
             if cs.dispatched:
                 self.in_pipeline -= 1
             oneoff = mapped = 0
-            if is_mapped(c.segment):
+            if c.place.is_file:
                 mapped = sum(c.lens)
-            elif c.segment is not None:
-                unlink(c.segment)
+            elif c.place.is_oneoff:
+                unlink(c.place.name)
                 oneoff = sum(c.lens)
             self.released_pos = max(self.released_pos, c.ring_end)
             self.reader.release(c.ring_end, oneoff, mapped)
@@ -361,9 +361,10 @@ class Run(Pass):
         """The passthrough fields' columns: their payloads copied out of the ring (or one-off segment,
         or mapped file)."""
         c, nf, ring_mem = cs.chunk, self.nf, self.res.ring_mem
-        seg = Segment.attach(c.segment) if c.segment is not None and not is_mapped(c.segment) else None
+        place = c.place
+        seg = Segment.attach(place.name) if place.is_oneoff else None
         mem = (memoryview(seg.buf) if seg is not None else
-               memoryview(self.mapped.get(c.segment)) if is_mapped(c.segment) else ring_mem)
+               memoryview(self.mapped.get(place.name)) if place.is_file else ring_mem)
         try:
             offs, lens = c.ring_offs, c.lens
             for f in self.copied:
@@ -418,8 +419,8 @@ class Run(Pass):
                 self.end = msg
                 self.stats.add_reader(msg.stats)
         for cs in self.chunks:
-            if cs.chunk.segment is not None and not is_mapped(cs.chunk.segment):
-                unlink(cs.chunk.segment)
+            if cs.chunk.place.is_oneoff:
+                unlink(cs.chunk.place.name)
         self.chunks.clear()
         self.undispatched.clear()
         self.retry.clear()

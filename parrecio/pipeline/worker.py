@@ -33,7 +33,7 @@ import numpy as np
 from ..decoders.sniff import sniff
 from .config import PipelineConfig
 from .decode import DecodePlan, FieldFailed
-from .mapped import MappedFiles, is_mapped
+from .mapped import MappedFiles
 from .messages import RemoteError, Stop, Task, TaskDone
 from .mismatch import field_note
 from .shipping import unship
@@ -117,13 +117,14 @@ def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, sl
     columns: List[Optional[list]] = [[None] * n if cfg.travels[f] else None for f in range(nf)]
     errors: Dict[int, RemoteError] = {}
     try:
-        if task.segment == job.ring_name:
-            seg, buf = ring, ring.buf
-        elif is_mapped(task.segment):
-            seg, buf = ring, mapped.get(task.segment)  # cached: the mapping stays (seg is not closed)
-        else:
-            seg = Segment.attach(task.segment)
+        place = task.place
+        if place.is_file:
+            seg, buf = ring, mapped.get(place.name)  # cached: the mapping stays (seg is not closed)
+        elif place.is_oneoff:
+            seg = Segment.attach(place.name)
             buf = seg.buf
+        else:
+            seg, buf = ring, ring.buf
     except Exception as exc:  # the file changed under us, or cannot be opened again: each group fails
         err = RemoteError(exc)
         return TaskDone(task.task_id, (columns, {j: err for j in range(n)}), time.process_time() - cpu0,
