@@ -92,10 +92,10 @@ from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..pipeline.decode import DecodePlan, FieldFailed
+from ..pipeline.decode import DecodePlan, FieldFailed, failure_error
 from ..decoders.base import ArraySpec, is_passthrough, is_random, payload_kinds, sample_key, spec_of
 from ..decoders.imagerecord import ImageRecord
-from ..errors import CorruptRecordError, DecodeError, SourceError, field_error
+from ..errors import CorruptRecordError, DecodeError, SourceError
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, JOINS, read_record
 from ..recordio.index import read_index
 from ..recordio.paths import index_path
@@ -461,14 +461,7 @@ def _decode_error(st: _Settings, f: int, exc: BaseException, payloads: Sequence[
     """The DecodeError of field ``f`` of sample ``index`` (whose payloads are ``payloads``), worded as
     ParallelReader words it (``field 'name' (decoder): reason; the payload is ... (sample i, byte offset o
     of path)``)."""
-    from ..pipeline.mismatch import field_note  # what the payload is, as ParallelReader says it
-
-    dec = st.decoders[f]
-    try:
-        note = field_note(str(exc), st.decoders, payloads, f)
-    except Exception:  # a hint must never hide the error itself
-        note = ""
-    err = field_error(f"field {st.names[f]!r} ({dec!r})", exc, index, offset, path, note)
+    err = failure_error(st, FieldFailed(f, exc), payloads, index, offset, path)
     if isinstance(exc, DecodeError):
         err.__cause__ = exc.__cause__ or exc
     return err

@@ -18,8 +18,10 @@ from typing import Any, List, Optional, Sequence, Tuple, Type
 
 from ..decoders.base import is_random, sample_key, write_into
 from ..decoders.basic import Json
+from ..errors import DecodeError, field_error
+from .mismatch import field_note
 
-__all__ = ["DecodePlan", "FieldFailed"]
+__all__ = ["DecodePlan", "FieldFailed", "failure_error"]
 
 PASS, RAGGED, FIXED = range(3)  # how a field is decoded: bytes, a value, written into ``out``
 
@@ -107,3 +109,18 @@ class DecodePlan:
             except self.catch as exc:
                 raise FieldFailed(f, exc) from None
         return vals
+
+
+def failure_error(cfg: Any, failure: FieldFailed, payloads: Sequence[Any], index: Optional[int],
+                  offset: Optional[int], source: Optional[str], context: Optional[Sequence[str]] = None,
+                  where: str = "the records around it") -> DecodeError:
+    """The DecodeError of a group's ``failure`` in this process, worded as the pipeline words it
+    (``field 'name' (decoder): reason; the payload is ...``), located at sample ``index``, byte
+    ``offset`` of ``source``.  ``cfg``: has the fields' ``decoders`` and ``names``; ``context``: the
+    sniff() kinds of records of the stream, which ``where`` names (see :func:`field_note`)."""
+    f, exc = failure.field, failure.error
+    try:
+        note = field_note(str(exc), cfg.decoders, payloads, f, context, where)
+    except Exception:  # a hint must never hide the error itself
+        note = ""
+    return field_error(f"field {cfg.names[f]!r} ({cfg.decoders[f]!r})", exc, index, offset, source, note)

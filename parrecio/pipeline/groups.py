@@ -24,6 +24,8 @@ counts the groups seen in the stream (all shards), ``skip`` the groups still to 
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -93,10 +95,20 @@ class InProcess(Placement):
         return bytes(view) if self.holds or len(parts) < self.last else view
 
 
+@dataclass
+class Counts:
+    """What a group stream has read and left out, in records, bytes and groups."""
+    records: int = 0
+    bytes: int = 0
+    sharded_out: int = 0      # groups of other shards
+    skipped_groups: int = 0   # broken by damage, cut by a stream's end, unreadable by their index
+    skipped_records: int = 0  # in corrupt regions (RecordReader's count)
+    skipped_bytes: int = 0
+
+
 class GroupStream:
     """This shard's groups of one pass (one epoch), for the pipeline settings ``cfg``
-    (:class:`~parrecio.pipeline.config.PipelineConfig`).  Counters are added up as the stream is read:
-    ``records``, ``bytes``, ``sharded_out``, ``skipped_groups``, ``skipped_records``, ``skipped_bytes``."""
+    (:class:`~parrecio.pipeline.config.PipelineConfig`); :attr:`count` adds up as the stream is read."""
 
     def __init__(self, cfg: Any, epoch: int, skip: int = 0, context: bool = False) -> None:
         self.cfg = cfg
@@ -106,8 +118,7 @@ class GroupStream:
         self.group_index = 0      # groups seen in the stream (all shards)
         self.place: Placement = Placement()  # the placement of the stream being read
         self.first_kinds: Optional[dict] = {} if context else None  # source -> sniff() of its first records
-        self.records = self.bytes = self.sharded_out = 0
-        self.skipped_groups = self.skipped_records = self.skipped_bytes = 0
+        self.count = Counts()
         self.even = (EvenShards(cfg.num_shards, cfg.shard_index, cfg.even_shards)
                      if cfg.even_shards is not None else None)
         self.rng = np.random.default_rng([cfg.seed, epoch]) if cfg.shuffle_mode is not None else None
@@ -119,9 +130,7 @@ class GroupStream:
         return self.cfg.shuffle_mode == "buffer" or self.even is not None
 
     def counters(self) -> dict:
-        return {"records": self.records, "bytes": self.bytes, "sharded_out": self.sharded_out,
-                "skipped_groups": self.skipped_groups, "skipped_records": self.skipped_records,
-                "skipped_bytes": self.skipped_bytes}
+        return dataclasses.asdict(self.count)
 
     @property
     def flat(self) -> bool:
@@ -142,8 +151,8 @@ class GroupStream:
     def flat_done(self, reader: Any, records: int, nbytes: int, whole: bool) -> None:
         """The :attr:`flat` case: ``records`` records of ``nbytes`` bytes framed (``whole``: the stream
         was read to its end)."""
-        self.records += records
-        self.bytes += nbytes
+        self.count.records += records
+        self.count.bytes += nbytes
         self.group_index += records
         if whole:
             self._stream_done(reader)
@@ -268,25 +277,25 @@ class GroupStream:
                     self.group_index += 1
                     place.framed(offset, view)
                     if even is not None:
-                        self.sharded_out += g % num_shards != shard
+                        self.count.sharded_out += g % num_shards != shard
                         yield from even.group(g, Group(stream_id, first_offset, parts, held) if keep else None)
                     elif not keep:
-                        self.sharded_out += 1
+                        self.count.sharded_out += 1
                         place.garbage()
                     else:
                         yield Group(stream_id, first_offset, parts, held)
                     parts, held = [], hold_all
         finally:
-            self.records += records
-            self.bytes += nbytes
-            self.skipped_groups += realign.skipped_groups
+            self.count.records += records
+            self.count.bytes += nbytes
+            self.count.skipped_groups += realign.skipped_groups
         self._stream_done(reader)
         if parts:
             msg = (f"stream ended inside a group: {len(parts)} of {nf} records "
                    f"(the stream's record count is not a multiple of the group size)")
             if cfg.on_error == "raise":
                 raise CorruptRecordError(msg, first_offset, source=name)
-            self.skipped_groups += 1
+            self.count.skipped_groups += 1
 
     def _ungrouped(self, stream_id: int, reader: Any, place: Placement, kinds: Optional[list]) -> Iterator[Group]:
         """:meth:`_frame` for groups of one record and one shard (equal shards of one are all groups)."""
@@ -309,15 +318,15 @@ class GroupStream:
                 framed(offset, view)
                 yield new(Group, (stream_id, offset, [part], held))
         finally:
-            self.records += records
-            self.bytes += nbytes
+            self.count.records += records
+            self.count.bytes += nbytes
             self.group_index += records
         self._stream_done(reader)
 
     def _stream_done(self, reader: Any) -> None:
         """A stream read to its end: what its reader skipped (not counted for a stream cut short)."""
-        self.skipped_records += reader.skipped_records
-        self.skipped_bytes += reader.skipped_bytes
+        self.count.skipped_records += reader.skipped_records
+        self.count.skipped_bytes += reader.skipped_bytes
 
     # -- by index ---------------------------------------------------------------------------------
     def indexed(self, readers: Sequence[Any], names: Sequence[str],
@@ -334,10 +343,10 @@ class GroupStream:
             if on_stream is not None:
                 on_stream(stream_id, names[stream_id])
             offs, cut = whole_groups(r.offsets, nf, names[stream_id], cfg.on_error)
-            self.skipped_groups += cut
+            self.count.skipped_groups += cut
             offsets.append(offs)
         order, others = epoch_order(cfg, self.epoch, offsets)
-        self.sharded_out += others
+        self.count.sharded_out += others
         # a resumed epoch starts at its position in the order
         skip, self.skip = self.skip, 0
         if skip > len(order):
@@ -348,12 +357,12 @@ class GroupStream:
                 if isinstance(payloads, CorruptRecordError):
                     if cfg.on_error == "raise":
                         raise payloads
-                    self.skipped_groups += 1
-                    self.skipped_records += 1
+                    self.count.skipped_groups += 1
+                    self.count.skipped_records += 1
                     yield Group(stream_id, offs[0], None, True)
                     continue
-                self.records += nf
-                self.bytes += sum(map(len, payloads))
+                self.count.records += nf
+                self.count.bytes += sum(map(len, payloads))
                 yield Group(stream_id, offs[0], payloads, True)
         finally:
             close = getattr(groups, "close", None)

@@ -23,68 +23,17 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-import numpy as np
-
-from ..errors import CorruptRecordError, field_error
-from ..recordio import RecordReader
+from ..errors import CorruptRecordError
 from .batching import batches, unbatched
-from .decode import FIXED, DecodePlan, FieldFailed
+from .decode import FIXED, DecodePlan, FieldFailed, failure_error
 from ..decoders.sniff import sniff
 from .groups import CONTEXT, Group, GroupStream, InProcess, open_indexed_all
-from .mismatch import field_note
+from .local import SpanBuilder, local_streams
 from .passes import Pass, Span, ended
 
 log = logging.getLogger("parrecio")
 
 __all__ = ["InlineRun"]
-
-
-class _Local:
-    """An output slot of this process: a span's lease (freed with the last view of it)."""
-
-    __slots__ = ("arrays",)
-
-    def __init__(self, layout: Any) -> None:
-        self.arrays = layout.arrays(np.empty(layout.nbytes, np.uint8))
-
-
-class _Spans:
-    """Decoded samples collected into spans of one slot, as a Run delivers them."""
-
-    def __init__(self, layout: Any, columns: Sequence[bool], seq: int) -> None:
-        self.layout, self.columns, self.row = layout, columns, 0
-        self.lease: Optional[_Local] = None
-        self.fixed, self.size = layout.has_fixed, layout.slot_size
-        self.start(seq)
-
-    def start(self, seq: int) -> None:
-        self.seq, self.n, self.index = seq, 0, self.row
-        self.cols: List[Optional[list]] = [[] if c else None for c in self.columns]
-
-    def outs(self) -> Sequence[Any]:
-        """The ``out`` arguments of the next sample (a new slot when this one is full)."""
-        if not self.fixed:
-            return ()
-        lease = self.lease
-        if lease is None or self.row == self.size:
-            lease = self.lease = _Local(self.layout)
-            self.row = self.index = 0
-        return self.layout.outs(lease.arrays, self.row)
-
-    def add(self, vals: List[Any]) -> bool:
-        """Append one sample; whether the span is full (a slot's worth)."""
-        for c, v in zip(self.cols, vals):
-            if c is not None:
-                c.append(v)
-        self.n += 1
-        self.row += 1
-        return (self.row if self.fixed else self.n) == self.size
-
-    def take(self, seq: int) -> Optional[Span]:
-        """The span so far (None when empty); the next one starts at sample ``seq``."""
-        span = Span(self.seq, self.n, self.lease, self.index, self.cols) if self.n else None
-        self.start(seq)
-        return span
 
 
 class InlineRun(Pass):
@@ -212,7 +161,7 @@ class InlineRun(Pass):
         cfg, plan, epoch = self.cfg, self.plan, self.epoch
         decode, keyed = plan.decode, plan.keyed
         seq = self.skip
-        out = _Spans(cfg.layout, [t or p for t, p in zip(cfg.travels, cfg.passthrough)], seq)
+        out = SpanBuilder(cfg.layout, [t or p for t, p in zip(cfg.travels, cfg.passthrough)], seq)
         failed = None
         try:
             for g in self._groups():
@@ -257,42 +206,19 @@ class InlineRun(Pass):
         return gs.indexed(readers, list(self.names.values()))
 
     def _streams(self) -> Iterator[Any]:
-        """Each stream of the epoch with its RecordReader, closed after it is read."""
-        cfg, place = self.cfg, InProcess(self.nf, self.groups.holds)
-        streams = self.res.source.streams(self.epoch)
-        try:
-            for stream_id, stream in enumerate(streams):
-                self.names[stream_id] = stream.name
-                opened = self._open = [stream.file]  # what shutdown() closes: this stream only
-                try:
-                    reader = RecordReader(_Timed(stream.file, self.stats), join=cfg.join, on_corrupt=cfg.on_error,
-                                          max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
-                    opened.append(reader)
-                    yield stream_id, stream.name, reader, place
-                finally:
-                    self._open = []
-                    for obj in reversed(opened):
-                        try:
-                            obj.close()
-                        except OSError:
-                            pass
-        finally:
-            streams.close()
+        def opened(objs: List[Any]) -> None:
+            self._open = objs  # what shutdown() closes: this stream only
+        return local_streams(self.cfg, self.res.source, self.epoch, self.stats, self.names,
+                             InProcess(self.nf, self.groups.holds), opened)
 
     def _failed(self, failure: FieldFailed, g: Group, index: int) -> Any:
-        """The DecodeError of sample ``index``, worded as the pipeline words it; logged when skipped."""
-        cfg, f, exc = self.cfg, failure.field, failure.error
+        """The DecodeError of sample ``index``, as the pipeline words it; logged when skipped."""
         source = self.names.get(g.stream_id, self.res.source.name)
         kinds = (self.groups.first_kinds or {}).get(source)
-        note = ""
-        try:
-            note = field_note(str(exc), cfg.decoders, g.parts or (), f, kinds,
-                              f"the first {len(kinds or ())} records of {source}")
-        except Exception:  # a hint must never hide the error itself
-            pass
-        err = field_error(f"field {cfg.names[f]!r} ({cfg.decoders[f]!r})", exc, index, g.offset, source, note)
-        err.__traceback__ = exc.__traceback__  # post-mortem lands in the decoder's frame
-        if cfg.on_error != "raise":
+        err = failure_error(self.cfg, failure, g.parts or (), index, g.offset, source, kinds,
+                            f"the first {len(kinds or ())} records of {source}")
+        err.__traceback__ = failure.error.__traceback__  # post-mortem lands in the decoder's frame
+        if self.cfg.on_error != "raise":
             log.warning("parrecio: skipped %s", err)
         return err
 
@@ -308,29 +234,3 @@ class InlineRun(Pass):
             setattr(st, k, getattr(st, k) + v)
         if on_end is not None:
             on_end(self, time.perf_counter() - self._started)
-
-
-class _Timed:
-    """The stream as RecordReader sees it: one underlying read per call (``readinto1``, so that a FIFO
-    never blocks for more than it has), the time spent reading counted in ``stats.read_time``."""
-
-    def __init__(self, file: Any, stats: Any) -> None:
-        self._file, self._stats = file, stats
-        self._readinto = getattr(file, "readinto1", None) or getattr(file, "readinto", None)
-        self.name = getattr(file, "name", None)
-
-    def readinto(self, buf: Any) -> Optional[int]:
-        t0 = time.perf_counter()
-        try:
-            if self._readinto is not None:
-                return self._readinto(buf)
-            data = (getattr(self._file, "read1", None) or self._file.read)(len(buf))
-            if data is None:
-                return None
-            buf[:len(data)] = data
-            return len(data)
-        finally:
-            self._stats.read_time += time.perf_counter() - t0
-
-    def readable(self) -> bool:
-        return True
