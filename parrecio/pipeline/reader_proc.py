@@ -105,6 +105,43 @@ class _Pending:
     place: Place = IN_RING          # the ring, or a mapped file (see parrecio.pipeline.mapped)
 
 
+@dataclass
+class _InFlight:
+    """What the reader sent that the consumer has not released yet (bounded by the settings' budgets)."""
+    oneoff: int = 0   # bytes of one-off segments
+    mapped: int = 0   # bytes of groups read in place from mapped files
+    made: int = 0     # one-off segments made (their names' counter)
+
+
+class _ChunkSize:
+    """How many groups a chunk takes.  A chunk is one message to a worker and one result back: ~50-100 us
+    of the consumer's time, so it should carry enough work.  Adaptive sizing: at least AUTO_GROUPS
+    groups, and small records keep filling it up to AUTO_MIN_BYTES (at most AUTO_MAX_GROUPS groups).
+    An explicit chunk_groups is exact.
+
+    Ramp-up: the first chunk of each worker fills only its share of one output slot, so that the pass's
+    first batch comes after slot_size / workers decodes per worker, not 2 * slot_size."""
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        groups = cfg.reader_chunk_groups()
+        if groups is None:
+            self.min_groups, self.max_groups, self.min_bytes = AUTO_GROUPS, AUTO_MAX_GROUPS, AUTO_MIN_BYTES
+        else:
+            self.min_groups = self.max_groups = groups
+            self.min_bytes = 0
+        self.full_groups = (self.min_groups, self.max_groups)
+        self.ramp = cfg.workers if cfg.chunk_groups is None and cfg.layout.has_fixed and cfg.workers else 0
+        if self.ramp:
+            self.min_groups = self.max_groups = max(1, cfg.slot_size // cfg.workers)
+
+    def sent(self) -> None:
+        """A chunk of groups was sent: one step of the ramp-up."""
+        if self.ramp:
+            self.ramp -= 1
+            if not self.ramp:
+                self.min_groups, self.max_groups = self.full_groups
+
+
 class _Reader:
     def __init__(self, cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifeline) -> None:
         self.cfg = cfg
@@ -126,25 +163,8 @@ class _Reader:
         self.group_end = 0        # ring position after the last complete group: what a chunk may release
         self.sent_end = 0         # the group_end of the last chunk sent
         self.windows: Optional[RingWindows] = None  # the stream being read into the ring, if it is
-        self.n_oneoff = 0
-        self.oneoff_inflight = 0  # bytes of one-off segments sent and not yet released
-        self.mapped_inflight = 0  # bytes of mapped groups sent and not yet released
-        # A chunk is one message to a worker and one result back: ~50-100 us of the consumer's time, so
-        # it should carry enough work.  Adaptive sizing: at least AUTO_GROUPS groups, and small records
-        # keep filling it up to AUTO_MIN_BYTES (at most AUTO_MAX_GROUPS groups).  An explicit
-        # chunk_groups is exact.
-        groups = cfg.reader_chunk_groups()
-        if groups is None:
-            self.min_groups, self.max_groups, self.min_bytes = AUTO_GROUPS, AUTO_MAX_GROUPS, AUTO_MIN_BYTES
-        else:
-            self.min_groups = self.max_groups = groups
-            self.min_bytes = 0
-        # Ramp-up: the first chunk of each worker fills only its share of one output slot, so that the
-        # pass's first batch comes after slot_size / workers decodes per worker, not 2 * slot_size.
-        self.full_groups = (self.min_groups, self.max_groups)
-        self.ramp = cfg.workers if cfg.chunk_groups is None and cfg.layout.has_fixed and cfg.workers else 0
-        if self.ramp:
-            self.min_groups = self.max_groups = max(1, cfg.slot_size // cfg.workers)
+        self.flight = _InFlight()
+        self.size = _ChunkSize(cfg)
 
     # -- control ---------------------------------------------------------------------------------
     def _handle_ctrl(self) -> None:
@@ -152,8 +172,8 @@ class _Reader:
             msg = self.ctrl.recv()
             if isinstance(msg, Release):
                 self.ring.release(msg.pos)
-                self.oneoff_inflight -= msg.oneoff_bytes
-                self.mapped_inflight -= msg.mapped_bytes
+                self.flight.oneoff -= msg.oneoff_bytes
+                self.flight.mapped -= msg.mapped_bytes
             elif isinstance(msg, Stop):
                 raise _Stopped()
 
@@ -189,12 +209,10 @@ class _Reader:
                                  p.stream_offs, self.group_end, p.place))
             self.sent_end = self.group_end
             if p.place.is_file:
-                self.mapped_inflight += p.nbytes  # the consumer releases sum(lens) of the chunk
+                self.flight.mapped += p.nbytes  # the consumer releases sum(lens) of the chunk
             self.pending = _Pending(stream_id=p.stream_id, first_seq=self.seq)
-            if self.ramp and p.n:
-                self.ramp -= 1
-                if not self.ramp:
-                    self.min_groups, self.max_groups = self.full_groups
+            if p.n:
+                self.size.sent()
         self._handle_ctrl()
 
     def _advance(self, pos: int) -> None:
@@ -224,7 +242,7 @@ class _Reader:
         if p.n and (p.stream_id != stream_id or p.place != place):  # a chunk names one stream and
             self.flush()                                             # one place
             p = self.pending
-        if place.is_file and self.mapped_inflight:
+        if place.is_file and self.flight.mapped:
             self._wait_for_mapped(sum(n for _, n in parts) + p.nbytes)
             p = self.pending
         if p.n == 0:
@@ -237,18 +255,19 @@ class _Reader:
         p.n += 1
         self.seq += 1
         self.group_end = self.ring.head if self.windows is None else self.windows.watermark()
-        if p.n >= self.max_groups or p.nbytes >= self.cfg.chunk_bytes or (
-                p.n >= self.min_groups and p.nbytes >= self.min_bytes):
+        size = self.size
+        if p.n >= size.max_groups or p.nbytes >= self.cfg.chunk_bytes or (
+                p.n >= size.min_groups and p.nbytes >= size.min_bytes):
             self.flush()
 
     def _wait_for_mapped(self, nbytes: int) -> None:
         """Pause while mapped groups in flight would exceed their budget with ``nbytes`` more (the
         page cache costs no shared memory, but descriptors in flight must stay bounded)."""
-        if self.mapped_inflight + nbytes <= self.cfg.mapped_budget:
+        if self.flight.mapped + nbytes <= self.cfg.mapped_budget:
             return
         self.flush()
         t0 = time.perf_counter()
-        while self.mapped_inflight and self.mapped_inflight + nbytes > self.cfg.mapped_budget:
+        while self.flight.mapped and self.flight.mapped + nbytes > self.cfg.mapped_budget:
             self._watch([], self.cfg.poll_interval)
         self.stats.wait_consumer_time += time.perf_counter() - t0
 
@@ -257,13 +276,13 @@ class _Reader:
         one-off segments in flight leave room for it in the budget."""
         self.flush()
         total = sum(map(len, payloads))
-        if self.oneoff_inflight and self.oneoff_inflight + total > self.cfg.oneoff_budget:
+        if self.flight.oneoff and self.flight.oneoff + total > self.cfg.oneoff_budget:
             t0 = time.perf_counter()
-            while self.oneoff_inflight and self.oneoff_inflight + total > self.cfg.oneoff_budget:
+            while self.flight.oneoff and self.flight.oneoff + total > self.cfg.oneoff_budget:
                 self._watch([], self.cfg.poll_interval)
             self.stats.wait_consumer_time += time.perf_counter() - t0
-        seg = Segment.create(f"{self.job.prefix}r{os.getpid()}x{self.n_oneoff}", total)
-        self.n_oneoff += 1
+        seg = Segment.create(f"{self.job.prefix}r{os.getpid()}x{self.flight.made}", total)
+        self.flight.made += 1
         offs, lens, pos = array("q"), array("q"), 0
         for b in payloads:
             seg.buf[pos:pos + len(b)] = b
@@ -272,7 +291,7 @@ class _Reader:
             pos += len(b)
         self.stats.copied_bytes += total
         seg.close()  # the consumer owns it from now on and unlinks it after delivery
-        self.oneoff_inflight += total  # the consumer releases sum(lens) of the chunk: the same number
+        self.flight.oneoff += total  # the consumer releases sum(lens) of the chunk: the same number
         self.data.send(Chunk(self.seq, 1, stream_id, offs, lens, array("q", [first_offset]),
                              self.group_end, Place(ONEOFF, seg.name)))
         self.sent_end = self.group_end
@@ -374,8 +393,8 @@ class _Reader:
         array appends to the pending chunk; the chunk's counters live in locals and are written back
         before anything else looks at them.  Returns the records and payload bytes it framed."""
         cfg = self.cfg
-        max_groups, min_groups, min_bytes, chunk_bytes = (self.max_groups, self.min_groups, self.min_bytes,
-                                                          cfg.chunk_bytes)
+        size, chunk_bytes = self.size, cfg.chunk_bytes
+        max_groups, min_groups, min_bytes = size.max_groups, size.min_groups, size.min_bytes
         records = nbytes = k = nb = 0
         p: Optional[_Pending] = None
         try:
@@ -394,7 +413,7 @@ class _Reader:
                     if p.n and (p.stream_id != stream_id or p.place != in_file):
                         self.flush()
                         p = self.pending
-                    if self.mapped_inflight:
+                    if self.flight.mapped:
                         self._wait_for_mapped(p.nbytes + min(chunk_bytes, cfg.mapped_budget // 2))
                         p = self.pending
                     if p.n == 0:
@@ -410,7 +429,7 @@ class _Reader:
                     p.n, p.nbytes, p = k, nb, None
                     self.seq = self.pending.first_seq + k
                     self.flush()
-                    max_groups, min_groups = self.max_groups, self.min_groups  # the ramp-up may be over
+                    max_groups, min_groups = size.max_groups, size.min_groups  # the ramp-up may be over
         finally:
             if p is not None:
                 p.n, p.nbytes = k, nb

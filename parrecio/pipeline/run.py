@@ -19,13 +19,8 @@ the GIL.  Each step of :meth:`Run.spans` is one of
 
 Ordering is by construction: chunks are delivered oldest first, groups within a chunk in order.
 
-Worker death: its tasks are re-run.  A task of several groups is re-run as one task per group, so that a
-group that kills its worker again (a "poison" record) is found; a single group that killed two workers
-becomes a decode error of that sample instead of an endless respawn loop.
-
-A result that cannot be unpickled here (a value whose ``__reduce__`` fails in the consumer) is
-re-run with every value pickled on its own (``Task.split``), so that only the sample at fault becomes a
-decode error.
+Work done again -- the groups of a worker that died (a poison record is found and becomes a decode
+error), a result that did not unpickle here -- follows :mod:`parrecio.pipeline.recovery`.
 
 Liveness: the pool's clock advances only while the consumer waits here (never while the user's loop
 body runs), and stuck workers are judged after the results at hand were collected.
@@ -35,19 +30,19 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
-from ..errors import CorruptRecordError, DecodeError, PipelineError
+from ..errors import CorruptRecordError, PipelineError
 from .mapped import MappedFiles
 from .messages import Chunk, ReaderEnd, RemoteError, StreamStart, Task
 from .passes import Pass, Span, ended
 from .poller import Poller
 from .reader_handle import ReaderHandle
 from .reader_proc import ReaderJob
+from .recovery import Recovery, unsplit
 from .shm import Segment, unlink
 from .slots import SlotTracker
 from .wire import Frame
@@ -83,8 +78,7 @@ class Run(Pass):
         cfg = self.cfg
         self.chunks: Deque[_ChunkState] = deque()   # received, not yet delivered (oldest first)
         self.undispatched: Deque[_ChunkState] = deque()
-        self.retry: Deque[Tuple[_ChunkState, int, int]] = deque()  # (chunk, start, n) to re-run alone
-        self.resplit: Deque[Tuple[_ChunkState, int, int]] = deque()  # ... with values pickled one by one
+        self.recovery = Recovery(self.stats)  # re-runs: after a worker died, after a result that did not unpickle
         self.tasks: Dict[int, _ChunkState] = {}
         self.slots = SlotTracker(res.slots)  # output positions of this pass
         self.in_pipeline = 0        # chunks dispatched and not yet delivered
@@ -155,7 +149,9 @@ class Run(Pass):
         for task, frame in done:
             self._store(task, frame)
         for task in orphans:
-            self._orphaned(task)
+            cs = self.tasks.pop(task.task_id, None)
+            if cs is not None:
+                self.recovery.orphaned(cs, task)
         if self.cfg.task_timeout is not None:
             pool.kill_stuck(self.cfg.task_timeout)
         self.stats.workers_replaced = pool.replaced
@@ -193,17 +189,18 @@ class Run(Pass):
         if pool is None:
             return
         cap = self.cfg.prefetch
-        while self.retry:
+        retry, resplit = self.recovery.retry, self.recovery.resplit
+        while retry:
             w = pool.pick(1)  # re-runs go first, each alone on an idle worker
             if w is None:
                 return
-            cs, start, n = self.retry.popleft()
+            cs, start, n = retry.popleft()
             self._submit(w, cs, start, n, isolated=True)
-        while self.resplit:
+        while resplit:
             w = pool.pick(cap)
             if w is None:
                 return
-            cs, start, n = self.resplit.popleft()
+            cs, start, n = resplit.popleft()
             self._submit(w, cs, start, n, split=True)
         while self.undispatched:
             w = pool.pick(cap)
@@ -212,7 +209,7 @@ class Run(Pass):
             cs = self.undispatched[0]
             if self.cfg.layout.has_fixed and cs.pos0 is None:
                 # a new physical slot only when nothing in flight could free one (the user holds them)
-                stuck = self.in_pipeline == 0 and not self.retry and not self.resplit
+                stuck = self.in_pipeline == 0 and not retry and not resplit
                 cs.pos0 = self.slots.reserve(cs.chunk.n, may_grow=stuck)
                 if cs.pos0 is None:
                     return
@@ -238,12 +235,12 @@ class Run(Pass):
             return
         self.stats.add_worker(frame.pid, frame.cpu, task.n)
         if frame.split:
-            columns, errors = self._unsplit(frame)
+            columns, errors = unsplit(frame, self.cfg.decoders)
         else:
             try:
                 columns, errors = frame.values()
             except Exception:  # some value does not unpickle here: re-run, each value pickled alone
-                self.resplit.append((cs, task.start, task.n))
+                self.recovery.resplit.append((cs, task.start, task.n))
                 return
         lo, hi = task.start, task.start + task.n
         for dst, col in zip(cs.columns, columns):
@@ -252,41 +249,6 @@ class Run(Pass):
         for j, err in errors.items():
             cs.errors[lo + j] = err
         cs.missing -= task.n
-
-    def _unsplit(self, frame: Frame) -> tuple:
-        """The columns and errors of a split frame: each value pickled on its own, one that cannot be
-        unpickled here replaced by the error that says so."""
-        columns, errors = pickle.loads(frame.body)
-        for f, col in enumerate(columns):
-            for j, b in enumerate(col or ()):
-                if j in errors or b is None:
-                    continue
-                try:
-                    col[j] = pickle.loads(b)
-                except Exception as exc:
-                    err = DecodeError(f"the value decoded by {self.cfg.decoders[f]!r} cannot be unpickled "
-                                      f"in the consumer: {type(exc).__name__}: {exc}")
-                    err.__cause__ = exc
-                    errors[j] = RemoteError(err, f)
-        return columns, errors
-
-    def _orphaned(self, task: Task) -> None:
-        """The worker running ``task`` died: re-run its groups, each alone on an idle worker.  A group
-        whose isolated re-run kills its worker too has killed two: it is a poison record."""
-        cs = self.tasks.pop(task.task_id, None)
-        if cs is None:
-            return
-        self.stats.reruns += 1
-        for j in range(task.start, task.start + task.n):
-            tries = cs.attempts.get(j, 0) + 1
-            cs.attempts[j] = tries
-            if task.isolated and tries >= 2:
-                exc = PipelineError("a decoder process died twice while decoding this sample "
-                                    "(poison record: it crashes or exhausts its decoder)")
-                cs.errors[j] = RemoteError(exc)
-                cs.missing -= 1
-            else:
-                self.retry.append((cs, j, 1))
 
     # -- delivery ----------------------------------------------------------------------------------
     def _deliver(self, cs: _ChunkState) -> Tuple[List[Span], Optional[BaseException]]:
@@ -423,8 +385,7 @@ class Run(Pass):
                 unlink(cs.chunk.place.name)
         self.chunks.clear()
         self.undispatched.clear()
-        self.retry.clear()
-        self.resplit.clear()
+        self.recovery.clear()
         pool = self.res.pool
         if pool is not None and pool.load():
             pool.drain_all(self.cfg.drain_timeout)
