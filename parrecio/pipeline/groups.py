@@ -291,11 +291,15 @@ class GroupStream:
             self.count.skipped_groups += realign.skipped_groups
         self._stream_done(reader)
         if parts:
-            msg = (f"stream ended inside a group: {len(parts)} of {nf} records "
-                   f"(the stream's record count is not a multiple of the group size)")
-            if cfg.on_error == "raise":
-                raise CorruptRecordError(msg, first_offset, source=name)
-            self.count.skipped_groups += 1
+            self._cut_short(len(parts), first_offset, name)
+
+    def _cut_short(self, have: int, offset: int, name: str) -> None:
+        """The stream ended inside a group (``have`` of its records read)."""
+        msg = (f"stream ended inside a group: {have} of {self.cfg.nfields} records "
+               f"(the stream's record count is not a multiple of the group size)")
+        if self.cfg.on_error == "raise":
+            raise CorruptRecordError(msg, offset, source=name)
+        self.count.skipped_groups += 1
 
     def _ungrouped(self, stream_id: int, reader: Any, place: Placement, kinds: Optional[list]) -> Iterator[Group]:
         """:meth:`_frame` for groups of one record and one shard (equal shards of one are all groups)."""

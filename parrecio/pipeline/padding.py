@@ -120,18 +120,7 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
             raise
         if not run.completed:
             return
-        share = run.positions - run.skip  # the samples this pass owes
-        if batch_size is None:
-            missing = share - delivered
-        else:
-            have = delivered + (rows_of(held) if held is not None else 0)
-            if drop_last:  # whole batches only: as many as the share holds
-                batches_left = share // batch_size - delivered // batch_size
-                missing = max(0, batches_left * batch_size - (have - delivered))
-                if batches_left == 0:
-                    held = None  # a short last batch, dropped
-            else:
-                missing = share - have
+        missing, held = _missing(run.positions - run.skip, delivered, held, batch_size, drop_last)
         if missing > 0 and first is None:
             raise PipelineError(f"every sample of shard {run.cfg.shard_index} in epoch {run.epoch} was "
                                 f"skipped: nothing to pad its {missing} positions with (even_shards="
@@ -154,6 +143,19 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
         items.close()  # its own end first (counters, the reader's files), then the owner's
         if on_end is not None:
             on_end()
+
+
+def _missing(share: int, delivered: int, held: Any, batch_size: Optional[int], drop_last: bool) -> tuple:
+    """``(copies to add, the held last batch or None)`` for a pass that owes ``share`` samples and handed
+    out ``delivered`` (``held`` not counted)."""
+    if batch_size is None:
+        return share - delivered, held
+    have = delivered + (rows_of(held) if held is not None else 0)
+    if not drop_last:
+        return share - have, held
+    batches_left = share // batch_size - delivered // batch_size  # whole batches only: as the share holds
+    missing = max(0, batches_left * batch_size - (have - delivered))
+    return missing, (None if batches_left == 0 else held)  # a short last batch is dropped
 
 
 def _count(run: Any, stats: Any, n: int) -> None:
