@@ -70,6 +70,8 @@ class DecodePlan:
             call = _FAST.get(type(dec)) if how == RAGGED else None
             self.fields.append((f, how, call, dec, spec, is_random(dec)))
         self.keyed = any(t[5] for t in self.fields)
+        if len(self.fields) == 1 and self.fields[0][2] is not None:  # tiny records' case: one C call
+            self.decode = self._decode_fast  # type: ignore[method-assign]
 
     @classmethod
     def of(cls, cfg: Any, **kw: Any) -> "DecodePlan":
@@ -81,20 +83,31 @@ class DecodePlan:
         whoever decodes it, on every re-run, in every mode (ARCHITECTURE invariant 8)."""
         return sample_key(self.seed, epoch, self.shard, seq) if self.keyed else None
 
+    def _decode_fast(self, payloads: Sequence[Any], outs: Sequence[Any], key: Optional[int]) -> List[Any]:
+        """:meth:`decode` of a plan whose one field has a fast call (Json, passthrough bytes)."""
+        f, call = self.fields[0][0], self.fields[0][2]
+        vals: List[Any] = [None] * self.nfields
+        try:
+            vals[f] = call(payloads[f])
+            return vals
+        except Exception:
+            return DecodePlan.decode(self, payloads, outs, key)  # the decoder's own error
+
     def decode(self, payloads: Sequence[Any], outs: Sequence[Any], key: Optional[int]) -> List[Any]:
         """The values of one group (``payloads``: one buffer per field).  A fixed-shape field is written
         into ``outs[f]`` and its value is what does not live there (:func:`write_into`).  Raises
         :class:`FieldFailed` naming the first field that failed."""
         vals: List[Any] = [None] * self.nfields
-        for f, how, call, dec, spec, rnd in self.fields:
-            p = payloads[f]
-            try:
+        f = -1
+        try:
+            for f, how, call, dec, spec, rnd in self.fields:
+                p = payloads[f]
                 if call is not None:  # never writes into the payload: no read-only view needed
                     try:
                         vals[f] = call(p)
                         continue
                     except Exception:
-                        call = None  # the decoder's own error is the one to report
+                        pass  # the decoder's own error is the one to report: it runs below
                 view = memoryview(p)
                 if not view.readonly:
                     view = view.toreadonly()
@@ -106,8 +119,8 @@ class DecodePlan:
                         vals[f] = dec(view) if k is None else dec(view, key=k)
                 finally:
                     view.release()  # BufferError if the decoder kept it
-            except self.catch as exc:
-                raise FieldFailed(f, exc) from None
+        except self.catch as exc:
+            raise FieldFailed(f, exc) from None
         return vals
 
 
