@@ -303,7 +303,10 @@ class GroupStream:
 
     def _ungrouped(self, stream_id: int, reader: Any, place: Placement, kinds: Optional[list]) -> Iterator[Group]:
         """:meth:`_frame` for groups of one record and one shard (equal shards of one are all groups)."""
-        hold_all, begin, add, framed, new = place.holds, place.begin, place.add, place.framed, tuple.__new__
+        hold_all, add, new = place.holds, place.add, tuple.__new__
+        # (the base class's begin/framed do nothing: not called per record)
+        begin = None if type(place).begin is Placement.begin else place.begin
+        framed = None if type(place).framed is Placement.framed else place.framed
         records = nbytes = 0
         try:
             for offset, view in reader.iter_views():
@@ -315,11 +318,13 @@ class GroupStream:
                 if held:
                     part = bytes(view)
                 else:
-                    begin(offset, view, True)
+                    if begin is not None:
+                        begin(offset, view, True)
                     part = add(offset, view, _NONE)
                 if part is HOLD:
                     part, held = bytes(view), True
-                framed(offset, view)
+                if framed is not None:
+                    framed(offset, view)
                 yield new(Group, (stream_id, offset, [part], held))
         finally:
             self.count.records += records

@@ -33,6 +33,7 @@ class SpanBuilder:
         self.layout, self.columns, self.row = layout, columns, 0
         self.lease: Optional[LocalSlot] = None
         self.fixed, self.size = layout.has_fixed, layout.slot_size
+        self.listed = [f for f, c in enumerate(columns) if c]  # fields whose values are listed
         self.start(seq)
 
     def start(self, seq: int) -> None:
@@ -51,9 +52,9 @@ class SpanBuilder:
 
     def add(self, vals: List[Any]) -> bool:
         """Append one sample; whether the span is full (a slot's worth)."""
-        for c, v in zip(self.cols, vals):
-            if c is not None:
-                c.append(v)
+        cols = self.cols
+        for f in self.listed:
+            cols[f].append(vals[f])  # type: ignore[union-attr]
         self.n += 1
         self.row += 1
         return (self.row if self.fixed else self.n) == self.size
