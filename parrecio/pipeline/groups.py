@@ -59,6 +59,7 @@ class Placement:
     """Where the records of an open group stay.  The base class holds every record as ``bytes``."""
 
     holds = True    # parts are bytes from the start (no record stays where it was read)
+    start = 0       # where the stream's offset 0 lies in its file (the .idx is read only from the start)
     flat: Optional[Callable[[Any, "GroupStream"], Tuple[int, int]]] = None  # a fast loop for nf == 1
 
     def begin(self, offset: int, view: memoryview, keep: bool) -> None:
@@ -135,14 +136,14 @@ class GroupStream:
     @property
     def flat(self) -> bool:
         """Each record is a group and nothing is planned (one field; no shards, shuffle, index order
-        or resume skip): :meth:`flat_stream`/:meth:`flat_done` may stand for :meth:`groups`."""
+        or resume skip): :meth:`context`/:meth:`flat_done` around the caller's own loop may stand for :meth:`groups`."""
         cfg = self.cfg
         return (cfg.nfields == 1 and cfg.num_shards == 1 and cfg.shuffle_mode is None and not cfg.by_index
                 and self.even is None and not self.skip)
 
-    def flat_stream(self, name: str) -> Optional[list]:
-        """The :attr:`flat` case, which a caller frames itself (each record is a group): a stream
-        ``name`` begins; the list to append the sniff() kinds of its first CONTEXT records to, if asked."""
+    def context(self, name: str) -> Optional[list]:
+        """Stream ``name`` begins: the list to append the sniff() kinds of its first CONTEXT records to
+        (what a decode error's hint compares with), if asked for."""
         if self.first_kinds is None:
             return None
         kinds = self.first_kinds[name] = []
@@ -213,9 +214,7 @@ class GroupStream:
     def _frame(self, stream_id: int, name: str, reader: Any, place: Placement) -> Iterator[Group]:
         """The records of one stream -> this shard's groups, in stream order, equal shards applied."""
         cfg = self.cfg
-        kinds = None
-        if self.first_kinds is not None:
-            kinds = self.first_kinds[name] = []
+        kinds = self.context(name)
         if cfg.nfields == 1 and cfg.num_shards == 1:  # each record is a group: no grouping, shards, resync
             if place.flat is not None and not self.holds and not self.skip and kinds is None:
                 return self._flat(reader, place)
@@ -238,12 +237,12 @@ class GroupStream:
         held = hold_all
         first_offset, skipped_seen, keep = 0, 0, True
         records = nbytes = 0
-        realign = for_stream(cfg, name, getattr(place, "start", 0))
+        realign = for_stream(cfg, name, place.start)
         try:
             for offset, view in reader.iter_views():
                 records += 1
                 nbytes += len(view)
-                if kinds is not None and records <= CONTEXT:  # what a decode error's hint compares with
+                if kinds is not None and records <= CONTEXT:
                     kinds.append(sniff(view))
                 if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
                     skipped_seen = reader.skipped_records
@@ -308,6 +307,7 @@ class GroupStream:
         begin = None if type(place).begin is Placement.begin else place.begin
         framed = None if type(place).framed is Placement.framed else place.framed
         records = nbytes = 0
+        whole = False
         try:
             for offset, view in reader.iter_views():
                 records += 1
@@ -326,11 +326,9 @@ class GroupStream:
                 if framed is not None:
                     framed(offset, view)
                 yield new(Group, (stream_id, offset, [part], held))
+            whole = True
         finally:
-            self.count.records += records
-            self.count.bytes += nbytes
-            self.group_index += records
-        self._stream_done(reader)
+            self.flat_done(reader, records, nbytes, whole)
 
     def _stream_done(self, reader: Any) -> None:
         """A stream read to its end: what its reader skipped (not counted for a stream cut short)."""

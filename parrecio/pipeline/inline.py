@@ -78,13 +78,11 @@ class InlineRun(Pass):
         if (batch_size is None and kind == "single" and self.groups.flat and len(plan.fields) == 1
                 and plan.fields[0][1] != FIXED and not plan.keyed):
             gen = self._single(on_end)
-            self._gen = weakref.ref(gen)
-            return gen
-        if batch_size is None:
-            items = unbatched(self.spans(), layout, kind, names, self.cursor)
+        elif batch_size is None:
+            gen = self._pass(unbatched(self.spans(), layout, kind, names, self.cursor), on_end)
         else:
-            items = batches(self.spans(), batch_size, drop_last, layout, self.nf, kind, names, self.cursor)
-        gen = self._pass(items, on_end)
+            gen = self._pass(batches(self.spans(), batch_size, drop_last, layout, self.nf, kind, names,
+                                     self.cursor), on_end)
         self._gen = weakref.ref(gen)
         return gen
 
@@ -114,7 +112,7 @@ class InlineRun(Pass):
         try:
             try:
                 for stream_id, name, reader, _ in self._streams():
-                    kinds, records, nbytes, whole = gs.flat_stream(name), 0, 0, False
+                    kinds, records, nbytes, whole = gs.context(name), 0, 0, False
                     try:
                         for offset, view in reader.iter_views():
                             records += 1
@@ -122,18 +120,21 @@ class InlineRun(Pass):
                             if kinds is not None and records <= CONTEXT:
                                 kinds.append(sniff(view))
                             try:
-                                value = call(view) if call is not None else plan.decode((view,), (), None)[0]
-                            except Exception:
-                                try:  # the plan's own way: the decoder's own error, as FieldFailed
+                                if call is None:
                                     value = plan.decode((view,), (), None)[0]
-                                except FieldFailed as exc:
-                                    failed = self._failed(exc, Group(stream_id, offset, [view], False), seq)
-                                    seq += 1
-                                    if raise_:
-                                        break
-                                    skipped += 1
-                                    failed = None
-                                    continue
+                                else:  # the plan's fast call, here without a list per record
+                                    try:
+                                        value = call(view)
+                                    except Exception:  # the decoder's own error, as FieldFailed
+                                        value = plan.decode((view,), (), None)[0]
+                            except FieldFailed as exc:
+                                failed = self._failed(exc, Group(stream_id, offset, [view], False), seq)
+                                if raise_:
+                                    break
+                                seq += 1
+                                skipped += 1
+                                failed = None
+                                continue
                             seq += 1
                             cursor.pos = seq
                             yield value
@@ -151,8 +152,7 @@ class InlineRun(Pass):
             self.positions = seq
             self.completed = True
         finally:
-            self.counts = [seq - skipped - (failed is not None and not isinstance(failed, CorruptRecordError)),
-                           skipped]
+            self.counts = [seq - skipped, skipped]  # (seq: the samples yielded and skipped)
             self._count(on_end)
 
     def spans(self) -> Iterator[Span]:

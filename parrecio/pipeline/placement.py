@@ -24,13 +24,15 @@ __all__ = ["Mapped", "Windows"]
 
 
 class Mapped(Placement):
-    """The records of a file mapped as ``mm``, whose stream offset 0 is at ``start`` in it."""
+    """The records of a file mapped as ``mm``, whose stream offset 0 is at ``start`` in it; ``flat``:
+    the reader's own loop for groups of one record (``Placement.flat``)."""
 
     holds = False
 
-    def __init__(self, mm: Any, start: int) -> None:
+    def __init__(self, mm: Any, start: int, flat: Callable[[Any, Any], Any]) -> None:
         self.mm = mm
         self.start = start
+        self.flat = flat
 
     def add(self, offset: int, view: memoryview, parts: list) -> Any:
         if view.obj is self.mm:  # in place: its payload starts 8 bytes after its frame

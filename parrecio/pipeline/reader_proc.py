@@ -347,10 +347,12 @@ class _Reader:
                 mm, segment, start = mapped
                 reader = RecordReader.over(mm, start, join=cfg.join, on_corrupt=cfg.on_error,
                                            max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
-                place = Placement() if held else Mapped(mm, start)
-                in_file = Place(FILE, segment)
-                place.flat = lambda rd, _gs: self._frame_flat(stream_id, rd, mm, in_file, start)
-                self.place = in_file
+                in_file = self.place = Place(FILE, segment)
+                if held:
+                    place = Placement()
+                    place.start = start  # (the records are copied out; the Realigner needs where they lie)
+                else:
+                    place = Mapped(mm, start, lambda rd, _gs: self._frame_flat(stream_id, rd, mm, in_file, start))
                 t0 = time.perf_counter()
                 try:
                     yield stream_id, stream.name, reader, place
