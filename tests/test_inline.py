@@ -547,3 +547,31 @@ def test_payloads_are_read_only_views_released_after_the_call(stream, shuffle, n
     assert len(out) == len(recs) // 3 and set(out) == {((True, "memoryview"),) * 3}
     # A decoder that keeps its payload (np.frombuffer) breaks the decoder protocol; numpy 2 takes a new
     # view of the buffer, so release() cannot catch it: no check here, the protocol says "must not".
+
+
+class _Counting:
+    """Counts its calls (in this process: workers=0); refuses payloads starting with b"bad"."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, payload):
+        self.calls += 1
+        if bytes(payload[:3]) == b"bad":
+            raise ValueError("bad payload")
+        return len(payload)
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_each_payload_is_decoded_once_even_when_it_fails(tmp_path, batch_size):
+    """A decoder runs once per record in workers=0, a failing one too (its error is not fetched by
+    running it again): a decoder with side effects sees each sample once."""
+    records = [b"bad%d" % i if i % 3 == 0 else b"ok%d" % i for i in range(10)]
+    write_rec(tmp_path / "c.rec", records)
+    dec = _Counting()
+    with ParallelReader(tmp_path / "c.rec", dec, workers=0, on_error="skip", batch_size=batch_size) as r:
+        got = list(r)
+        assert r.stats.skipped == 4
+    assert dec.calls == len(records)
+    values = got if batch_size is None else [v for b in got for v in b]
+    assert values == [len(x) for x in records if not x.startswith(b"bad")]
