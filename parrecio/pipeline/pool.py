@@ -62,6 +62,7 @@ class WorkerPool:
         self.clock = 0.0                  # seconds the consumer has spent waiting on the pool
         self.version = 0                  # changes whenever waitables() does
         self._ids = itertools.count()
+        self._turn = 0                    # where pick() starts looking: ties go round the workers
         self._generations = itertools.count()  # every worker ever started gets its own seed
 
     def start(self) -> None:
@@ -98,12 +99,18 @@ class WorkerPool:
 
     def pick(self, max_inflight: int) -> Optional[_Worker]:
         """The least loaded worker with fewer than ``max_inflight`` tasks, or None.  A worker running
-        an isolated task gets nothing else (were it to die, the task must be the only suspect)."""
-        best, load = None, max_inflight
-        for w in self.workers:  # a plain loop: called several times per task by the consumer
+        an isolated task gets nothing else (were it to die, the task must be the only suspect).  Ties go
+        round the workers, from the one after the last pick: when the reader is slower than the
+        decoders (every worker idle at each chunk), the work is still spread, not all on worker 0."""
+        workers = self.workers
+        best, load, start = None, max_inflight, self._turn
+        for k in range(len(workers)):  # a plain loop: called several times per task by the consumer
+            w = workers[(start + k) % len(workers)]
             n = len(w.inflight)
             if n < load and not w.killing and not (n and any(t.isolated for t in w.inflight.values())):
                 best, load = w, n
+        if best is not None:
+            self._turn = best.index + 1
         return best
 
     def submit(self, worker: _Worker, task: Task) -> None:
