@@ -360,3 +360,24 @@ def test_groups_after_a_corrupt_region_are_realigned_as_parallel_reader_does(ray
         read_recordio(path, [Raw(), Raw(), Raw()], on_error="skip").take_all()
     assert info.value.offset == starts[5]
     assert "cannot tell which record starts the next sample" in str(info.value)
+
+
+def test_streamed_file_ending_inside_a_group_as_parallel_reader(ray_cluster, tmp_path):
+    """A streamed file whose last group lacks its last record: ``on_error="skip"`` drops that group alone
+    (the groups before it byte-equal to ParallelReader's), ``"raise"`` names its offset and sample index,
+    as the one group stream words it for every mode."""
+    path = str(tmp_path / "cut.rec")
+    with RecordWriter(path) as w:
+        for i in range(7):
+            w.write(f"a{i}".encode())
+            w.write(f"b{i}".encode())
+        w.write(b"a7")
+    rows = read_recordio(path, [Raw(), Raw()], on_error="skip", include_offsets=True).take_all()
+    with ParallelReader(path, [Raw(), Raw()], workers=0, on_error="skip") as reader:
+        want = [(bytes(a), bytes(b)) for a, b in reader]
+    assert sorted((bytes(r["0"]), bytes(r["1"])) for r in rows) == want == [
+        (f"a{i}".encode(), f"b{i}".encode()) for i in range(7)]
+    with pytest.raises(CorruptRecordError) as info:
+        read_recordio(path, [Raw(), Raw()]).take_all()
+    assert "inside a group: 1 of 2 records" in str(info.value)
+    assert info.value.index == 7 and info.value.offset == 7 * 2 * 12

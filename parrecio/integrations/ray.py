@@ -521,44 +521,29 @@ def _indexed_groups(task: _Task) -> Iterator[Tuple[int, int, Optional[List[Any]]
 
 
 def _streamed_groups(task: _Task) -> Iterator[Tuple[int, int, Optional[List[Any]]]]:
-    """``(index, offset, payloads)`` per group of a whole file, streamed (no index); with
-    ``on_error="skip"`` a group broken by a corrupt region is dropped, and the groups after it are
-    realigned as ParallelReader does (:mod:`parrecio.pipeline.resync`) or the task fails."""
-    st, nf, path = task.settings, task.settings.nfields, task.path
+    """``(index, offset, payloads)`` per group of a whole file, streamed (no index), through
+    ParallelReader's group stream (:mod:`parrecio.pipeline.groups`): with ``on_error="skip"`` a group
+    broken by a corrupt region is dropped and the groups after it are realigned by the same rule
+    (:mod:`parrecio.pipeline.resync`), or the task fails."""
+    from ..pipeline.groups import GroupStream, InOrder, Placement
+    st, path = task.settings, task.path
     reader = RecordReader(path, join=st.join, on_corrupt=st.on_error, max_record_bytes=st.max_record_bytes,
                           source_name=path)
-    from ..pipeline.resync import Realigner  # the rule ParallelReader follows
-    realign = Realigner(tuple(payload_kinds(d) for d in st.decoders), st.names, path)
-    index, first, parts, seen = 0, 0, [], 0
+    rules = InOrder(st.nfields, tuple(payload_kinds(d) for d in st.decoders), st.names, st.on_error)
+    gs = GroupStream(rules, st.epoch)
+    index = 0
     try:
-        try:
-            for offset, view in reader.iter_views():
-                if reader.skipped_records != seen:  # a corrupt region was skipped: the group is broken
-                    seen = reader.skipped_records
-                    if parts:
-                        log.warning("parrecio: skipped the group at byte offset %d of %s: a corrupt region "
-                                    "inside it was skipped", first, path)
-                    realign.damaged(reader.last_corrupt, bool(parts))
-                    parts = []
-                if realign.aligning and not realign.starts_group(offset, view):
-                    continue  # a record of a group the damage broke
-                if not parts:
-                    first = offset
-                parts.append(bytes(view))  # the view is valid until the reader's next step only
-                if len(parts) == nf:
-                    yield index, first, parts
-                    index, parts = index + 1, []
+        try:  # records held as bytes (Placement): a view is valid until the reader's next step only
+            for g in gs.groups(iter([(0, path, reader, Placement())])):
+                yield index, g.offset, g.parts
+                index += 1
         except CorruptRecordError as exc:
             raise exc.located(index) from None
-        if parts:
-            err = CorruptRecordError(f"the file ends inside a group: {len(parts)} of {nf} records (its "
-                                     f"record count is not a multiple of the group size)", first,
-                                     source=path, index=index)
-            if st.on_error == "raise":
-                raise err
-            log.warning("parrecio: skipped %s", err)
     finally:
         reader.close()
+    if gs.count.skipped_groups:
+        log.warning("parrecio: skipped %d group(s) of %s: damage inside them, or the file ends inside "
+                    "a group", gs.count.skipped_groups, path)
 
 
 def _read_task(task: _Task) -> Iterator[Any]:

@@ -35,7 +35,7 @@ from ..decoders.sniff import sniff
 from .plan import EvenShards, epoch_order, resume_overrun, whole_groups
 from .resync import for_stream
 
-__all__ = ["Group", "GroupStream", "Placement", "InProcess", "HOLD", "CONTEXT"]
+__all__ = ["Group", "GroupStream", "Placement", "InProcess", "HOLD", "CONTEXT", "InOrder"]
 
 CONTEXT = 16    # records sniffed at the start of each stream when asked to: a decode error's hint
 
@@ -94,6 +94,25 @@ class InProcess(Placement):
 
     def add(self, offset: int, view: memoryview, parts: list) -> Any:
         return bytes(view) if self.holds or len(parts) < self.last else view
+
+
+@dataclass(frozen=True)
+class InOrder:
+    """The settings a group stream reads (a :class:`~parrecio.pipeline.config.PipelineConfig` has them
+    all), for whole streams read in order: no shards, no shuffle, no ``.idx`` (the Ray datasource's
+    streamed read tasks)."""
+    nfields: int
+    kinds: Tuple[Any, ...]          # payload kinds per field (the resync rule)
+    names: Tuple[str, ...]          # field names (its messages)
+    on_error: str
+    num_shards: int = 1
+    shard_index: int = 0
+    even_shards: Optional[str] = None
+    shuffle_mode: Optional[str] = None
+    shuffle_buffer: int = 0
+    seed: int = 0
+    index_paths: Tuple[Any, ...] = ()
+    by_index: bool = False
 
 
 @dataclass

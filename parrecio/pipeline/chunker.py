@@ -1,0 +1,199 @@
+"""The reader process's chunks: complete groups -> one ``Chunk`` message per chunk of groups.
+
+A chunk names one stream and one place (the ring, a mapped file, a one-off segment), its groups have
+consecutive positions in this shard's order, and it carries ``group_end``: the ring position below
+which everything is framed and sent, or garbage (what the consumer may release once the chunk is
+delivered).  A chunk is one message to a worker and one result back (~50-100 us of the consumer's
+time), so it should carry enough work: :class:`ChunkSize`.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Tuple
+
+from .config import PipelineConfig
+from .messages import IN_RING, ONEOFF, Chunk, Place
+from .reader_link import Link
+from .ring import RingWriter
+
+__all__ = ["Chunker", "ChunkSize", "AUTO_GROUPS", "AUTO_MIN_BYTES", "AUTO_MAX_GROUPS"]
+
+AUTO_GROUPS = 64              # adaptive chunks: at least this many groups (a typical batch) ...
+AUTO_MIN_BYTES = 64 << 10     # ... and, for small records, more until their payloads reach this ...
+AUTO_MAX_GROUPS = 2048        # ... but never more groups than this
+
+
+@dataclass
+class _Pending:
+    """The chunk being filled."""
+    stream_id: int = 0
+    first_seq: int = 0
+    n: int = 0
+    nbytes: int = 0
+    ring_offs: array = field(default_factory=lambda: array("q"))
+    lens: array = field(default_factory=lambda: array("q"))
+    stream_offs: array = field(default_factory=lambda: array("q"))
+    place: Place = IN_RING          # the ring, or a mapped file (see parrecio.pipeline.mapped)
+
+
+class ChunkSize:
+    """How many groups a chunk takes.  Adaptive sizing: at least AUTO_GROUPS groups, and small records
+    keep filling it up to AUTO_MIN_BYTES (at most AUTO_MAX_GROUPS groups).  An explicit chunk_groups is
+    exact.
+
+    Ramp-up: the first chunk of each worker fills only its share of one output slot, so that the pass's
+    first batch comes after slot_size / workers decodes per worker, not 2 * slot_size."""
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        groups = cfg.reader_chunk_groups()
+        if groups is None:
+            self.min_groups, self.max_groups, self.min_bytes = AUTO_GROUPS, AUTO_MAX_GROUPS, AUTO_MIN_BYTES
+        else:
+            self.min_groups = self.max_groups = groups
+            self.min_bytes = 0
+        self.full_groups = (self.min_groups, self.max_groups)
+        self.ramp = cfg.workers if cfg.chunk_groups is None and cfg.layout.has_fixed and cfg.workers else 0
+        if self.ramp:
+            self.min_groups = self.max_groups = max(1, cfg.slot_size // cfg.workers)
+
+    def sent(self) -> None:
+        """A chunk of groups was sent: one step of the ramp-up."""
+        if self.ramp:
+            self.ramp -= 1
+            if not self.ramp:
+                self.min_groups, self.max_groups = self.full_groups
+
+
+class Chunker:
+    """The pending chunk and the positions: ``seq`` is the next group's position in this shard's order
+    (a resumed epoch starts past the groups it leaves out, which are never sent)."""
+
+    def __init__(self, cfg: PipelineConfig, link: Link, ring: RingWriter, seq: int) -> None:
+        self.cfg, self.link, self.ring = cfg, link, ring
+        self.seq = seq
+        self.pending = _Pending(first_seq=seq)
+        self.group_end = 0        # ring position after the last complete group: what a chunk may release
+        self.sent_end = 0         # the group_end of the last chunk sent
+        self.watermark: Optional[Callable[[], int]] = None  # the ring windows' (a stream read into them)
+        self.size = ChunkSize(cfg)
+
+    def flush(self, release: bool = False) -> None:
+        """Send the pending chunk.  With ``release``, send an empty one when nothing is pending but the
+        watermark rose since the last chunk (ring space that only garbage holds, see
+        :mod:`parrecio.pipeline.ring_windows`): the consumer releases it in order."""
+        p = self.pending
+        if p.n or (release and self.group_end > self.sent_end):
+            self.link.send(Chunk(p.first_seq if p.n else self.seq, p.n, p.stream_id, p.ring_offs, p.lens,
+                                 p.stream_offs, self.group_end, p.place))
+            self.sent_end = self.group_end
+            if p.place.is_file:
+                self.link.flight.mapped += p.nbytes  # the consumer releases sum(lens) of the chunk
+            self.pending = _Pending(stream_id=p.stream_id, first_seq=self.seq)
+            if p.n:
+                self.size.sent()
+        self.link.handle_ctrl()
+
+    def advance(self, pos: int) -> None:
+        """Everything below ring position ``pos`` (and the head) is framed and sent, or garbage."""
+        self.group_end = max(self.group_end, min(pos, self.ring.head))
+
+    def unreadable(self) -> None:
+        """A group that cannot be read keeps its position in the order (a chunk's groups have
+        consecutive positions)."""
+        self.flush()
+        self.seq += 1
+
+    def add(self, stream_id: int, parts: List[Tuple[int, int]], first_offset: int, place: Place = IN_RING) -> None:
+        """A complete group whose records, ``(offset, length)`` each, are all in the ring or all in the
+        mapped file ``place``."""
+        p = self.pending
+        if p.n and (p.stream_id != stream_id or p.place != place):  # a chunk names one stream and
+            self.flush()                                             # one place
+            p = self.pending
+        if place.is_file and self.link.flight.mapped:
+            self.wait_for_mapped(sum(n for _, n in parts) + p.nbytes)
+            p = self.pending
+        if p.n == 0:
+            p.stream_id, p.first_seq, p.place = stream_id, self.seq, place
+        for off, n in parts:
+            p.ring_offs.append(off)
+            p.lens.append(n)
+            p.nbytes += n
+        p.stream_offs.append(first_offset)
+        p.n += 1
+        self.seq += 1
+        self.group_end = self.ring.head if self.watermark is None else self.watermark()
+        size = self.size
+        if p.n >= size.max_groups or p.nbytes >= self.cfg.chunk_bytes or (
+                p.n >= size.min_groups and p.nbytes >= size.min_bytes):
+            self.flush()
+
+    def add_oneoff(self, stream_id: int, name: str, offs: array, lens: array, first_offset: int) -> None:
+        """A group in a one-off segment of its own: a chunk of one group, sent now."""
+        self.flush()
+        self.link.send(Chunk(self.seq, 1, stream_id, offs, lens, array("q", [first_offset]),
+                             self.group_end, Place(ONEOFF, name)))
+        self.sent_end = self.group_end
+        self.seq += 1
+
+    def wait_for_mapped(self, nbytes: int) -> None:
+        """Pause while mapped groups in flight would exceed their budget with ``nbytes`` more (the
+        page cache costs no shared memory, but descriptors in flight must stay bounded)."""
+        flight, budget = self.link.flight, self.cfg.mapped_budget
+        if flight.mapped + nbytes <= budget:
+            return
+        self.flush()
+        self.link.wait_while(lambda: bool(flight.mapped) and flight.mapped + nbytes > budget)
+
+    def add_flat(self, stream_id: int, reader: Any, mm: Any, in_file: Place, start: int,
+                 copied: Callable[[int, list, int], None]) -> Tuple[int, int]:
+        """The hot loop of the commonest small-record case (the group stream's ``Placement.flat``): a
+        mapped file, one record per group, no shards, no shuffle, no resume skip.  Each record is three
+        array appends to the pending chunk; the chunk's counters live in locals and are written back
+        before anything else looks at them.  A multipart record (joined in a new buffer) goes to
+        ``copied(stream_id, [payload], offset)``.  Returns the records and payload bytes it framed."""
+        cfg = self.cfg
+        size, chunk_bytes = self.size, cfg.chunk_bytes
+        max_groups, min_groups, min_bytes = size.max_groups, size.min_groups, size.min_bytes
+        records = nbytes = k = nb = 0
+        p: Optional[_Pending] = None
+        try:
+            for offset, view in reader.iter_views():
+                n = len(view)
+                records += 1
+                nbytes += n
+                if view.obj is not mm:  # a multipart record, joined in a new buffer: through the ring
+                    if p is not None:
+                        p.n, p.nbytes, p = k, nb, None
+                        self.seq = self.pending.first_seq + k
+                    copied(stream_id, [bytes(view)], offset)
+                    continue
+                if p is None:  # open (or continue) the pending chunk
+                    p = self.pending
+                    if p.n and (p.stream_id != stream_id or p.place != in_file):
+                        self.flush()
+                        p = self.pending
+                    if self.link.flight.mapped:
+                        self.wait_for_mapped(p.nbytes + min(chunk_bytes, cfg.mapped_budget // 2))
+                        p = self.pending
+                    if p.n == 0:
+                        p.stream_id, p.first_seq, p.place = stream_id, self.seq, in_file
+                    k, nb = p.n, p.nbytes
+                    add_off, add_len, add_stream_off = p.ring_offs.append, p.lens.append, p.stream_offs.append
+                add_off(start + offset + 8)  # its payload starts 8 bytes after its frame
+                add_len(n)
+                add_stream_off(offset)
+                k += 1
+                nb += n
+                if k >= max_groups or nb >= chunk_bytes or (k >= min_groups and nb >= min_bytes):
+                    p.n, p.nbytes, p = k, nb, None
+                    self.seq = self.pending.first_seq + k
+                    self.flush()
+                    max_groups, min_groups = size.max_groups, size.min_groups  # the ramp-up may be over
+        finally:
+            if p is not None:
+                p.n, p.nbytes = k, nb
+                self.seq = p.first_seq + k
+        return records, nbytes

@@ -1,0 +1,80 @@
+"""The reader process's side of its pipes: chunks out, control in, the consumer's lifeline.
+
+Every wait of the reader process (for ring space, for the one-off or mapped budget, for data from a
+stalled FIFO) goes through :meth:`Link.watch`: while it waits it handles ``Release`` and ``Stop`` and
+notices the consumer's death (EOF on the lifeline; then it removes the run's shared memory).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, List
+
+from .messages import Release, Stop
+from .poller import Poller
+from .shm import sweep
+
+__all__ = ["Link", "InFlight", "Stopped"]
+
+
+class Stopped(Exception):
+    """The consumer asked us to stop, or died."""
+
+
+@dataclass
+class InFlight:
+    """What the reader sent that the consumer has not released yet (bounded by the settings' budgets)."""
+    oneoff: int = 0   # bytes of one-off segments
+    mapped: int = 0   # bytes of groups read in place from mapped files
+    made: int = 0     # one-off segments made (their names' counter)
+
+
+class Link:
+    """``data``: chunks to the consumer; ``ctrl``: its ``Release``/``Stop``; ``lifeline``: EOF when it died.
+    ``release(pos)`` frees the input ring below ``pos``; ``stats.wait_consumer_time`` adds up the waits
+    for the consumer (seconds)."""
+
+    def __init__(self, data: Any, ctrl: Any, lifeline: Any, prefix: str, poll_interval: float,
+                 release: Callable[[int], None], stats: Any) -> None:
+        self.data, self.ctrl, self.lifeline = data, ctrl, lifeline
+        self.prefix = prefix              # the run's shared-memory names: swept when the consumer died
+        self.poll_interval = poll_interval
+        self.release = release
+        self.stats = stats
+        self.poller = Poller()
+        self.flight = InFlight()
+
+    def send(self, msg: Any) -> None:
+        self.data.send(msg)
+
+    def handle_ctrl(self) -> None:
+        """The control messages that arrived (without waiting)."""
+        while self.ctrl.poll():
+            msg = self.ctrl.recv()
+            if isinstance(msg, Release):
+                self.release(msg.pos)
+                self.flight.oneoff -= msg.oneoff_bytes
+                self.flight.mapped -= msg.mapped_bytes
+            elif isinstance(msg, Stop):
+                raise Stopped()
+
+    def watch(self, extra: List[Any], timeout: float) -> list:
+        """Wait until one of ``extra`` is ready, handling control messages and consumer death."""
+        # one poll set, registered again only when ``extra`` changes (a wait per FIFO read when the
+        # stream is slower than we are: multiprocessing's wait() would build a selector each time)
+        self.poller.watch(tuple(extra), lambda: extra + [self.ctrl, self.lifeline])
+        ready = self.poller.wait(timeout)
+        if self.lifeline in ready:
+            sweep(self.prefix)
+            raise Stopped()
+        if self.ctrl in ready:
+            self.handle_ctrl()
+        return ready
+
+    def wait_while(self, busy: Callable[[], bool]) -> None:
+        """Wait for the consumer's releases while ``busy()``."""
+        t0 = time.perf_counter()
+        while busy():
+            self.watch([], self.poll_interval)
+        self.stats.wait_consumer_time += time.perf_counter() - t0
