@@ -6,15 +6,18 @@ shared memory: streams opened here (:func:`local_streams`), output slots of plai
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..decoders.sniff import sniff
+from ..errors import CorruptRecordError
 from ..recordio import RecordReader
-from .groups import Placement
-from .passes import Span
+from .decode import FieldFailed
+from .groups import CONTEXT, Group, GroupStream, Placement
+from .passes import Cursor, Span
 
-__all__ = ["LocalSlot", "SpanBuilder", "local_streams"]
+__all__ = ["LocalSlot", "SpanBuilder", "OpenFiles", "local_streams", "flat_values"]
 
 
 class LocalSlot:
@@ -66,24 +69,100 @@ class SpanBuilder:
         return span
 
 
+def flat_values(plan: Any, gs: GroupStream, streams: Iterator[Tuple[int, str, Any, Placement]], cursor: Cursor,
+                failed: Callable[[FieldFailed, Group, int], BaseException], raise_: bool,
+                counts: List[int]) -> Generator[Any, None, int]:
+    """The values of a pass in this process when each record is a sample of one value (the group
+    stream's :attr:`~parrecio.pipeline.groups.GroupStream.flat` case, ``plan``'s one field not
+    fixed-shape, not keyed): the per-record path, kept short.  ``failed(failure, group, index)`` words a
+    decode error (raised under ``raise_``, else the sample is skipped); ``counts`` becomes [delivered,
+    skipped] however it ends.  Returns the positions gone through."""
+    call = plan.fields[0][2]
+    seq = skipped = 0
+    error = None
+    try:
+        try:
+            for stream_id, name, reader, _ in streams:
+                kinds, records, nbytes, whole = gs.context(name), 0, 0, False
+                try:
+                    for offset, view in reader.iter_views():
+                        records += 1
+                        nbytes += len(view)
+                        if kinds is not None and records <= CONTEXT:
+                            kinds.append(sniff(view))
+                        try:
+                            if call is None:
+                                value = plan.decode((view,), (), None)[0]
+                            else:  # the plan's fast call, here without a list per record
+                                try:
+                                    value = call(view)
+                                except Exception:  # the decoder's own error, as FieldFailed
+                                    value = plan.decode((view,), (), None)[0]
+                        except FieldFailed as exc:
+                            error = failed(exc, Group(stream_id, offset, [view], False), seq)
+                            if raise_:
+                                break
+                            seq += 1
+                            skipped += 1
+                            error = None
+                            continue
+                        seq += 1
+                        cursor.pos = seq
+                        yield value
+                    whole = error is None
+                finally:
+                    gs.flat_done(reader, records, nbytes, whole)
+                if error is not None:
+                    break
+        except CorruptRecordError as exc:
+            error = exc.located(seq)
+        if error is not None:
+            raise error
+        return seq
+    finally:
+        counts[:] = [seq - skipped, skipped]  # (seq: the samples yielded and skipped)
+
+
+class OpenFiles:
+    """The files and readers a pass in this process has open now, for :meth:`close` from outside the
+    pass (``close()`` of the ParallelReader from another thread).  ``objs``: what is open; ``gen``: a
+    weak reference to the pass's generator."""
+
+    def __init__(self) -> None:
+        self.objs: List[Any] = []
+        self.gen: Any = None
+
+    def close(self) -> None:
+        """Close them now, unless the iterating thread is inside the pass at this moment: then the pass
+        closes them itself when it comes out."""
+        gen = self.gen() if self.gen is not None else None
+        if gen is not None and gen.gi_running:
+            return
+        objs, self.objs = self.objs, []
+        for obj in objs:
+            try:
+                obj.close()
+            except Exception:
+                pass
+
+
 def local_streams(cfg: Any, source: Any, epoch: int, stats: Any, names: Dict[int, str], place: Placement,
-                  opened: Callable[[List[Any]], None]) -> Iterator[Tuple[int, str, RecordReader, Placement]]:
+                  files: OpenFiles) -> Iterator[Tuple[int, str, RecordReader, Placement]]:
     """Each stream of ``source``'s epoch, opened and framed in this process for the group stream (its
-    name recorded in ``names``), closed after it is read; ``opened(objs)`` is told what is open (to
-    close from outside), ``opened([])`` when nothing is."""
+    name recorded in ``names``), closed after it is read; ``files.objs`` is what is open meanwhile."""
     streams = source.streams(epoch)
     try:
         for stream_id, stream in enumerate(streams):
             names[stream_id] = stream.name
             objs: List[Any] = [stream.file]
-            opened(objs)
+            files.objs = objs
             try:
                 reader = RecordReader(_Timed(stream.file, stats), join=cfg.join, on_corrupt=cfg.on_error,
                                       max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
                 objs.append(reader)
                 yield stream_id, stream.name, reader, place
             finally:
-                opened([])
+                files.objs = []
                 for obj in reversed(objs):
                     try:
                         obj.close()

@@ -52,19 +52,26 @@ class Pass:
     """The state a pass shares with its owner: settings, epoch, where the user stands, how it ended."""
 
     def __init__(self, res: Any, epoch: int, skip: int) -> None:
-        self.res = res              # the ParallelReader's Resources
-        self.cfg = res.cfg          # its PipelineConfig
+        self.res = res              # the ParallelReader's Resources (its cfg, stats)
         self.epoch = epoch
         self.skip = skip            # groups of this shard's order already delivered (a resumed epoch)
         self.cursor = Cursor(skip)  # where the user stands (set by batching's generators)
-        self.nf = self.cfg.nfields
-        self.stats = res.stats
         self.owner_pid = os.getpid()
         self.thread = threading.current_thread()  # the thread that iterates this pass
         self.closed = False
         self.aborted = False        # ended from outside (close(), a new pass) before the consumer was done
         self.completed = False      # the whole stream was delivered without an error
         self.delivered = 0          # samples yielded in this pass
+
+    @property
+    def cfg(self) -> Any:
+        """The pipeline's settings (:class:`~parrecio.pipeline.config.PipelineConfig`)."""
+        return self.res.cfg
+
+    @property
+    def stats(self) -> Any:
+        """The ParallelReader's counters (:class:`~parrecio.pipeline.stats.Stats`)."""
+        return self.res.stats
 
     def abort(self) -> None:
         """End the pass from outside (close(), a new pass): the consumer's iterator raises if resumed."""

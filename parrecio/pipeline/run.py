@@ -36,14 +36,14 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import CorruptRecordError, PipelineError
-from .mapped import MappedFiles
-from .messages import Chunk, ReaderEnd, RemoteError, StreamStart, Task
+from .feed import CopyOut, Feed
+from .messages import Chunk, RemoteError, Task
 from .passes import Pass, Span, ended
 from .poller import Poller
 from .reader_handle import ReaderHandle
 from .reader_proc import ReaderJob
 from .recovery import Recovery, unsplit
-from .shm import Segment, unlink
+from .shm import unlink
 from .slots import SlotTracker
 from .wire import Frame
 
@@ -82,17 +82,13 @@ class Run(Pass):
         self.tasks: Dict[int, _ChunkState] = {}
         self.slots = SlotTracker(res.slots)  # output positions of this pass
         self.in_pipeline = 0        # chunks dispatched and not yet delivered
-        self.streams: Dict[int, str] = {}
-        self.end: Optional[ReaderEnd] = None
-        self.received_pos = 0       # ring position after the newest chunk received
-        self.released_pos = 0       # ring position released to the reader
         self.poller = Poller()
         self._watch_data = True     # whether the wait includes the reader's data pipe (see _step)
-        self.mapped = MappedFiles()  # files read in place, for passthrough fields
-        self.copied = [f for f, p in enumerate(cfg.passthrough) if p]  # payloads the consumer copies
+        self.copy = CopyOut(cfg.passthrough, res.ring_mem)  # the payloads the consumer copies
         try:
-            self.reader = ReaderHandle(res.ctx, cfg, ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip),
-                                       res.lifeline_r)
+            reader = ReaderHandle(res.ctx, cfg, ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip),
+                                  res.lifeline_r)
+            self.feed = Feed(reader, self.stats, epoch)  # its chunks, its end, the ring's accounting
         except BaseException:
             self.closed = True
             self.slots.close()
@@ -114,7 +110,7 @@ class Run(Pass):
                     if self.aborted:
                         raise ended()
                     self._step(0.0)
-                if self.end is not None and not self.chunks:
+                if self.feed.end is not None and not self.chunks:
                     self._finish()
                     return
                 if self.aborted:
@@ -132,14 +128,16 @@ class Run(Pass):
         # While chunks wait for a worker, more of them are of no use: leave the reader's messages in
         # their pipe (its sentinel stays watched) instead of waking up for each one.
         self._watch_data = pool is None or not self.undispatched
-        self.poller.watch((pool.version if pool is not None else -1, self.end is None, self._watch_data),
+        end, reader = self.feed.end, self.feed.reader
+        self.poller.watch((pool.version if pool is not None else -1, end is None, self._watch_data),
                           self._waitables)
         t0 = time.monotonic()
         ready = self.poller.wait(timeout)
         if self.res.closing:  # close() from another thread: leave the pipeline to it
             raise ended()
-        if self.end is None and (self.reader.data in ready or self.reader.proc.sentinel in ready):
-            self._receive()
+        if end is None and (reader.data in ready or reader.proc.sentinel in ready):
+            for c in self.feed.receive():
+                self._received(c)
         if pool is None:
             return
         # The pool's clock runs only while we wait here, and at most as long as we meant to wait (a
@@ -160,28 +158,16 @@ class Run(Pass):
 
     def _waitables(self) -> List[Any]:
         objs: List[Any] = self.res.pool.waitables() if self.res.pool is not None else []
-        return objs + self.reader.waitables(self._watch_data)
+        return objs + self.feed.reader.waitables(self._watch_data)
 
-    def _receive(self) -> None:
-        for msg in self.reader.receive():
-            self._on_message(msg)
-
-    def _on_message(self, msg: Any) -> None:
-        if isinstance(msg, Chunk):
-            self.received_pos = msg.ring_end
-            cs = _ChunkState(msg, [[None] * msg.n if t else None for t in self.cfg.travels], msg.n)
-            self.stats.chunks += 1
-            if all(self.cfg.passthrough) or msg.n == 0:  # an empty chunk only releases ring space
-                cs.missing = 0  # nothing to decode: the consumer copies the payloads out itself
-            else:
-                self.undispatched.append(cs)
-            self.chunks.append(cs)
-        elif isinstance(msg, StreamStart):
-            self.streams[msg.stream_id] = msg.name
-            log.info("parrecio: epoch %d: reading %s", self.epoch, msg.name)
-        elif isinstance(msg, ReaderEnd):
-            self.end = msg
-            self.stats.add_reader(msg.stats)
+    def _received(self, msg: Chunk) -> None:
+        cs = _ChunkState(msg, [[None] * msg.n if t else None for t in self.cfg.travels], msg.n)
+        self.stats.chunks += 1
+        if all(self.cfg.passthrough) or msg.n == 0:  # an empty chunk only releases ring space
+            cs.missing = 0  # nothing to decode: the consumer copies the payloads out itself
+        else:
+            self.undispatched.append(cs)
+        self.chunks.append(cs)
 
     # -- dispatch ----------------------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -220,7 +206,7 @@ class Run(Pass):
 
     def _submit(self, worker: Any, cs: _ChunkState, start: int, n: int, isolated: bool = False,
                 split: bool = False) -> None:
-        c, nf = cs.chunk, self.nf
+        c, nf = cs.chunk, self.cfg.nfields
         dest = self.slots.dest(cs.pos0 + start, n) if cs.pos0 is not None else []
         task = Task(self.res.pool.next_id(), c.first_seq, start, n, c.place,
                     c.ring_offs[start * nf:(start + n) * nf], c.lens[start * nf:(start + n) * nf], dest,
@@ -260,14 +246,7 @@ class Run(Pass):
         finally:
             if cs.dispatched:
                 self.in_pipeline -= 1
-            oneoff = mapped = 0
-            if c.place.is_file:
-                mapped = sum(c.lens)
-            elif c.place.is_oneoff:
-                unlink(c.place.name)
-                oneoff = sum(c.lens)
-            self.released_pos = max(self.released_pos, c.ring_end)
-            self.reader.release(c.ring_end, oneoff, mapped)
+            self.feed.release(c)
         delivered = sum(sp.n for sp in spans)
         self.stats.samples += delivered
         self.delivered += delivered
@@ -279,8 +258,8 @@ class Run(Pass):
         if c.n == 0:
             return [], None
         columns = list(cs.columns)
-        if self.copied:
-            self._copy_out(cs, columns)
+        if self.copy:
+            self.copy.into(c, columns)
         n, seq0, pos0 = c.n, c.first_seq, cs.pos0
         if pos0 is None and not cs.errors:  # the common case without fixed-shape outputs
             return [_new(Span, (seq0, n, None, 0, columns))], None
@@ -314,47 +293,35 @@ class Run(Pass):
     def _error_at(self, cs: _ChunkState, j: int) -> BaseException:
         """The DecodeError of group ``j`` of the chunk, naming the sample, its offset and its stream."""
         cfg, c, r = self.cfg, cs.chunk, cs.errors[j]
-        source = self.streams.get(c.stream_id, self.res.source.name)
-        what = (f"field {cfg.names[r.field]!r} ({cfg.decoders[r.field]!r})" if 0 <= r.field < self.nf
+        source = self.feed.streams.get(c.stream_id, self.res.source.name)
+        what = (f"field {cfg.names[r.field]!r} ({cfg.decoders[r.field]!r})" if 0 <= r.field < self.cfg.nfields
                 else "decoder process")
         return r.as_decode_error(what, c.first_seq + j, c.stream_offs[j], source)
-
-    def _copy_out(self, cs: _ChunkState, columns: list) -> None:
-        """The passthrough fields' columns: their payloads copied out of the ring (or one-off segment,
-        or mapped file)."""
-        c, nf, ring_mem = cs.chunk, self.nf, self.res.ring_mem
-        place = c.place
-        seg = Segment.attach(place.name) if place.is_oneoff else None
-        mem = (memoryview(seg.buf) if seg is not None else
-               memoryview(self.mapped.get(place.name)) if place.is_file else ring_mem)
-        try:
-            offs, lens = c.ring_offs, c.lens
-            for f in self.copied:
-                columns[f] = [bytes(mem[o:o + k]) for o, k in zip(offs[f::nf], lens[f::nf])]
-        finally:
-            if mem is not ring_mem:
-                mem.release()
-            if seg is not None:
-                seg.close()
 
     @property
     def positions(self) -> Optional[int]:
         """Positions of this shard's order the pass went through (delivered, skipped or resumed past),
         once the reader has ended."""
-        return None if self.end is None else self.end.n_groups
+        end = self.feed.end
+        return None if end is None else end.n_groups
 
     def ring_in_use(self) -> int:
-        return max(0, self.received_pos - self.released_pos)
+        return self.feed.ring_in_use()
 
     def chunks_waiting(self) -> int:
         return len(self.chunks)
 
     @property
+    def reader(self) -> ReaderHandle:
+        """The pass's reader process."""
+        return self.feed.reader
+
+    @property
     def reader_pid(self) -> int:
-        return self.reader.pid
+        return self.feed.reader.pid
 
     def _finish(self) -> None:
-        end = self.end
+        end = self.feed.end
         self.slots.finish()
         if end.error is not None:
             err = end.error
@@ -374,12 +341,8 @@ class Run(Pass):
         if self.closed or os.getpid() != self.owner_pid:
             return
         self.closed = True
-        for msg in self.reader.stop():
-            if isinstance(msg, Chunk):
-                self.chunks.append(_ChunkState(msg, [], 0))  # only its one-off segment matters now
-            elif isinstance(msg, ReaderEnd) and self.end is None:
-                self.end = msg
-                self.stats.add_reader(msg.stats)
+        for c in self.feed.stop():
+            self.chunks.append(_ChunkState(c, [], 0))  # only its one-off segment matters now
         for cs in self.chunks:
             if cs.chunk.place.is_oneoff:
                 unlink(cs.chunk.place.name)
@@ -391,9 +354,9 @@ class Run(Pass):
             pool.drain_all(self.cfg.drain_timeout)
         self.tasks.clear()
         self.slots.close()
-        self.mapped.close()
+        self.copy.close()
 
     def forget_after_fork(self) -> None:
         """In the child of an ``os.fork()`` of the consumer: let go of the reader process silently."""
         self.closed = True
-        self.reader.forget_after_fork()
+        self.feed.reader.forget_after_fork()

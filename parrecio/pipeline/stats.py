@@ -60,7 +60,8 @@ class Stats:
     decoded: Dict[int, int] = field(default_factory=dict)
 
     def add_reader(self, rs: dict) -> None:
-        """Add the counters the reader process sent at the end of a pass."""
+        """Add a pass's reading counters: what the reader process sent at its end, or the group stream's
+        (:meth:`~parrecio.pipeline.groups.GroupStream.counters`) of a pass in this process."""
         self.records += rs.get("records", 0)
         self.bytes += rs.get("bytes", 0)
         self.skipped += rs.get("skipped_groups", 0)
