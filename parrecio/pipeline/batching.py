@@ -25,7 +25,7 @@ from ..errors import CorruptRecordError, DecodeError
 from .passes import Cursor, Span
 from .slots import SlotLayout
 
-__all__ = ["collate", "shaper", "batches", "unbatched"]
+__all__ = ["collate", "shaper", "batches", "unbatched", "deliver"]
 
 
 def collate(values: List[Any]) -> Any:
@@ -196,3 +196,12 @@ def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: Slo
         cursor.pos = buf[-1].seq + buf[-1].n
         buf = []
         yield shape(tuple(cols))
+
+
+def deliver(spans: Iterator[Span], cfg: Any, batch_size: Optional[int], drop_last: bool,
+            cursor: Cursor) -> Iterator[Any]:
+    """A pass's spans as the user iterates them, samples or batches of ``batch_size``, shaped by the
+    pipeline settings ``cfg`` (a PipelineConfig: its layout, kind and field names)."""
+    if batch_size is None:
+        return unbatched(spans, cfg.layout, cfg.kind, cfg.names, cursor)
+    return batches(spans, batch_size, drop_last, cfg.layout, cfg.nfields, cfg.kind, cfg.names, cursor)

@@ -10,20 +10,17 @@ decoded before the reader's next step; the others, and every record of a group t
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from ..errors import CorruptRecordError
-from .batching import batches, unbatched
-from .decode import FIXED, DecodePlan, FieldFailed, failure_error
+from .batching import deliver
+from .decode import FIXED, DecodePlan, FieldFailed
 from .groups import Group, GroupStream, InProcess, open_indexed_all
-from .local import OpenFiles, SpanBuilder, flat_values, local_streams
+from .local import OpenFiles, SpanBuilder, flat_values, local_failure, local_streams
 from .passes import Pass, Span, ended
-
-log = logging.getLogger("parrecio")
 
 __all__ = ["InlineRun"]
 
@@ -50,19 +47,16 @@ class InlineRun(Pass):
         self.closed = True
         self.files.objs = []
 
-    def items(self, batch_size: Optional[int], drop_last: bool, kind: str, names: Sequence[str],
+    def items(self, batch_size: Optional[int], drop_last: bool,
               on_end: Optional[Callable[["InlineRun", float], None]] = None) -> Iterator[Any]:
-        """What the user iterates (see :mod:`parrecio.pipeline.batching`); ``on_end(run, seconds)`` is
-        called when the pass ends, however it ends, with the time from its first ``next()``."""
-        layout, plan = self.cfg.layout, self.plan
-        if (batch_size is None and kind == "single" and self.groups.flat and len(plan.fields) == 1
+        """What the user iterates (:func:`~parrecio.pipeline.batching.deliver`); ``on_end(run, seconds)``
+        is called when the pass ends, however it ends, with the time from its first ``next()``."""
+        plan = self.plan
+        if (batch_size is None and self.cfg.kind == "single" and self.groups.flat and len(plan.fields) == 1
                 and plan.fields[0][1] != FIXED and not plan.keyed):
             gen = self._pass(self._single(), on_end)
-        elif batch_size is None:
-            gen = self._pass(unbatched(self.spans(), layout, kind, names, self.cursor), on_end)
         else:
-            gen = self._pass(batches(self.spans(), batch_size, drop_last, layout, self.cfg.nfields, kind, names,
-                                     self.cursor), on_end)
+            gen = self._pass(deliver(self.spans(), self.cfg, batch_size, drop_last, self.cursor), on_end)
         self.files.gen = weakref.ref(gen)
         return gen
 
@@ -94,61 +88,52 @@ class InlineRun(Pass):
         out = SpanBuilder(cfg.layout, [t or p for t, p in zip(cfg.travels, cfg.passthrough)], seq)
         failed = None
         try:
-            for g in self._groups():
-                if g.parts is not None:
-                    try:
-                        vals = decode(g.parts, out.outs(), plan.key(epoch, seq) if keyed else None)
-                    except FieldFailed as exc:
-                        failed = self._failed(exc, g, seq)
-                    else:
-                        seq += 1
-                        if out.add(vals):
-                            yield self._out(out.take(seq))  # type: ignore[arg-type]
-                        continue
-                seq += 1  # a group that failed, or that cannot be read: it keeps its position
-                span = out.take(seq)
-                if span is not None:
-                    yield self._out(span)
-                if failed is not None and cfg.on_error == "raise":
-                    break
-                self.counts[1] += failed is not None
-                failed = None
-        except CorruptRecordError as exc:
-            failed = exc.located(seq)
-        span = out.take(seq)
-        if span is not None:
-            yield self._out(span)
+            try:
+                for g in self._groups():
+                    if g.parts is not None:
+                        try:
+                            vals = decode(g.parts, out.outs(), plan.key(epoch, seq) if keyed else None)
+                        except FieldFailed as exc:
+                            failed = self._failed(exc, g, seq)
+                        else:
+                            seq += 1
+                            if out.add(vals):
+                                yield out.take(seq)  # type: ignore[misc]
+                            continue
+                    seq += 1  # a group that failed, or that cannot be read: it keeps its position
+                    span = out.take(seq)
+                    if span is not None:
+                        yield span
+                    if failed is not None and cfg.on_error == "raise":
+                        break
+                    self.counts[1] += failed is not None
+                    failed = None
+            except CorruptRecordError as exc:
+                failed = exc.located(seq)
+            span = out.take(seq)
+            if span is not None:
+                yield span
+        finally:
+            self.counts[0] = out.taken
         if failed is not None:
             raise failed
         self.positions = seq
         self.completed = True
 
-    def _out(self, span: Span) -> Span:
-        self.counts[0] += span.n
-        return span
-
     def _groups(self) -> Iterator[Group]:
-        cfg, gs = self.cfg, self.groups
+        cfg = self.cfg
         if not cfg.by_index:
-            return gs.groups(self._streams())
-        readers = open_indexed_all(cfg, self.res.source, self.files.objs)
+            return self.groups.groups(self._streams())
         self.names = {i: str(rec) for i, (rec, _) in enumerate(cfg.index_paths)}
-        return gs.indexed(readers, list(self.names.values()))
+        return self.groups.indexed(open_indexed_all(cfg, self.res.source, self.files.objs), list(self.names.values()))
 
     def _streams(self) -> Iterator[Any]:
-        return local_streams(self.cfg, self.res.source, self.epoch, self.stats, self.names,
-                             InProcess(self.cfg.nfields, self.groups.holds), self.files)
+        place = InProcess(self.cfg.nfields, self.groups.holds)
+        return local_streams(self.cfg, self.res.source, self.epoch, self.stats, self.names, place, self.files)
 
     def _failed(self, failure: FieldFailed, g: Group, index: int) -> Any:
-        """The DecodeError of sample ``index``, as the pipeline words it; logged when skipped."""
         source = self.names.get(g.stream_id, self.res.source.name)
-        kinds = (self.groups.first_kinds or {}).get(source)
-        err = failure_error(self.cfg, failure, g.parts or (), index, g.offset, source, kinds,
-                            f"the first {len(kinds or ())} records of {source}")
-        err.__traceback__ = failure.error.__traceback__  # post-mortem lands in the decoder's frame
-        if self.cfg.on_error != "raise":
-            log.warning("parrecio: skipped %s", err)
-        return err
+        return local_failure(self.cfg, failure, g, index, source, self.groups.first_kinds)
 
     def _count(self, on_end: Any) -> None:
         """The end of the pass: its counters into ``stats``, then the owner's ``on_end``."""

@@ -5,6 +5,7 @@ shared memory: streams opened here (:func:`local_streams`), output slots of plai
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple
 
@@ -13,11 +14,13 @@ import numpy as np
 from ..decoders.sniff import sniff
 from ..errors import CorruptRecordError
 from ..recordio import RecordReader
-from .decode import FieldFailed
+from .decode import FieldFailed, failure_error
 from .groups import CONTEXT, Group, GroupStream, Placement
 from .passes import Cursor, Span
 
-__all__ = ["LocalSlot", "SpanBuilder", "OpenFiles", "local_streams", "flat_values"]
+__all__ = ["LocalSlot", "SpanBuilder", "OpenFiles", "local_streams", "flat_values", "local_failure"]
+
+log = logging.getLogger("parrecio")
 
 
 class LocalSlot:
@@ -37,6 +40,7 @@ class SpanBuilder:
         self.lease: Optional[LocalSlot] = None
         self.fixed, self.size = layout.has_fixed, layout.slot_size
         self.listed = [f for f, c in enumerate(columns) if c]  # fields whose values are listed
+        self.taken = 0  # samples in the spans taken
         self.start(seq)
 
     def start(self, seq: int) -> None:
@@ -65,6 +69,7 @@ class SpanBuilder:
     def take(self, seq: int) -> Optional[Span]:
         """The span so far (None when empty); the next one starts at sample ``seq``."""
         span = Span(self.seq, self.n, self.lease, self.index, self.cols) if self.n else None
+        self.taken += self.n
         self.start(seq)
         return span
 
@@ -144,6 +149,20 @@ class OpenFiles:
                 obj.close()
             except Exception:
                 pass
+
+
+def local_failure(cfg: Any, failure: FieldFailed, g: Group, index: int, source: str,
+                  first_kinds: Optional[dict]) -> BaseException:
+    """The DecodeError of sample ``index`` (group ``g`` of stream ``source``), as the pipeline words it,
+    its traceback continued into the decoder's frames (a post-mortem lands there); logged when skipped.
+    ``first_kinds``: the group stream's sniff() of each stream's first records."""
+    kinds = (first_kinds or {}).get(source)
+    err = failure_error(cfg, failure, g.parts or (), index, g.offset, source, kinds,
+                        f"the first {len(kinds or ())} records of {source}")
+    err.__traceback__ = failure.error.__traceback__
+    if cfg.on_error != "raise":
+        log.warning("parrecio: skipped %s", err)
+    return err
 
 
 def local_streams(cfg: Any, source: Any, epoch: int, stats: Any, names: Dict[int, str], place: Placement,

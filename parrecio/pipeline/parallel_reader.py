@@ -32,7 +32,7 @@ from ..decoders.base import ArraySpec, is_passthrough, payload_kinds, spec_of
 from ..errors import PipelineError
 from ..recordio.paths import index_path
 from ..sources import resolve
-from .batching import batches, unbatched
+from .batching import deliver
 from .fields import Fields, normalize_fields
 from .padding import padded, pads
 from .shipping import ship
@@ -249,10 +249,10 @@ class ParallelReader:
             self._state = State.RUNNING
         if self.workers == 0:  # decoded in this process; no lock or clock per item: run checks run.aborted
             if pads(res.cfg):  # the pass ends after its copies: padded() calls _inline_ended
-                items = run.items(self.batch_size, False, res.cfg.kind, res.cfg.names, None)
+                items = run.items(self.batch_size, False, None)
                 return padded(items, run, self.batch_size, self.drop_last, res.stats,
                               lambda: self._inline_ended(run, time.perf_counter() - run._started))
-            return run.items(self.batch_size, self.drop_last, res.cfg.kind, res.cfg.names, self._inline_ended)
+            return run.items(self.batch_size, self.drop_last, self._inline_ended)
         return self._iterate(run)
 
     def _inline_ended(self, run: InlineRun, seconds: float) -> None:
@@ -272,11 +272,7 @@ class ParallelReader:
         res, st = self._res, self._res.stats
         cursor = run.cursor
         pad = pads(res.cfg)  # then padded() drops a short last batch: it may need filling instead
-        if self.batch_size is None:
-            items = unbatched(run.spans(), res.cfg.layout, res.cfg.kind, res.cfg.names, cursor)
-        else:
-            items = batches(run.spans(), self.batch_size, self.drop_last and not pad, res.cfg.layout,
-                            res.cfg.nfields, res.cfg.kind, res.cfg.names, cursor)
+        items = deliver(run.spans(), res.cfg, self.batch_size, self.drop_last and not pad, cursor)
         if pad:
             items = padded(items, run, self.batch_size, self.drop_last, st)
         last = start = time.perf_counter()
