@@ -274,11 +274,7 @@ class GroupStream:
                     place.garbage()
                     continue
                 if not parts:
-                    first_offset = offset
-                    if num_shards > 1:
-                        keep = self.group_index % num_shards == shard
-                        if even is not None and not keep:  # pad: the first row is repeated at the end
-                            keep = even.wants_copy(self.group_index)
+                    first_offset, keep = offset, num_shards == 1 or self._keeps()
                     place.begin(offset, view, keep)
                 if not keep:
                     parts.append(None)
@@ -310,6 +306,15 @@ class GroupStream:
         self._stream_done(reader)
         if parts:
             self._cut_short(len(parts), first_offset, name)
+
+    def _keeps(self) -> bool:
+        """Whether the group that opens now is this shard's, or a copy that equal shards pad with (the
+        first rows are repeated at the end)."""
+        cfg, g = self.cfg, self.group_index
+        keep = g % cfg.num_shards == cfg.shard_index
+        if self.even is not None and not keep:
+            keep = self.even.wants_copy(g)
+        return keep
 
     def _cut_short(self, have: int, offset: int, name: str) -> None:
         """The stream ended inside a group (``have`` of its records read)."""

@@ -54,7 +54,6 @@ class WorkerPool:
         self.ctx = ctx
         self.cfg = cfg
         self.job = job
-        self.n = cfg.workers
         self.lifeline_r = lifeline_r
         self.workers: List[_Worker] = []
         self.replaced = 0
@@ -66,8 +65,8 @@ class WorkerPool:
         self._generations = itertools.count()  # every worker ever started gets its own seed
 
     def start(self) -> None:
-        """Start the ``n`` processes."""
-        self.workers = [self._spawn(i) for i in range(self.n)]
+        """Start the ``cfg.workers`` processes."""
+        self.workers = [self._spawn(i) for i in range(self.cfg.workers)]
 
     def _spawn(self, index: int) -> _Worker:
         self.version += 1
@@ -143,7 +142,7 @@ class WorkerPool:
                 got = len(done)
                 self._drain(w, done)  # results it sent before dying still count
                 self.deaths_without_progress = 0 if len(done) > got else self.deaths_without_progress + 1
-                if self.deaths_without_progress > 2 * self.n + 2:
+                if self.deaths_without_progress > 2 * self.cfg.workers + 2:
                     raise PipelineError(
                         f"decoder processes keep dying without finishing any task (the last: "
                         f"{describe_exit(w.proc.exitcode)}); see their output above -- a decoder that "

@@ -218,7 +218,7 @@ class _Reader:
     def _streamed(self, stream_id: int, stream: Any, held: bool) -> Iterator[Tuple[int, str, RecordReader, Placement]]:
         """A stream that is not a mapped file: read straight into the ring, unless every group is held."""
         cfg, out = self.cfg, self.out
-        windows = None if held else RingWindows(self.ring, self.seg.buf, self.mem, out.advance)
+        windows = None if held else RingWindows(self.ring, self.mem, out.advance)
         out.watermark = None if windows is None else windows.watermark
         self.place = IN_RING
         try:

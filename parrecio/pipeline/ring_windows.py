@@ -40,20 +40,18 @@ MAX_WINDOW = 8 << 20   # bytes read ahead at most (and the longest record read i
 
 
 class RingWindows(Buffers):
-    """The RecordReader buffer of one stream, as windows of the input ring ``buf`` (``mem`` its
-    memoryview).  ``advance(pos)`` raises the reader process's watermark to ring position ``pos``.
+    """The RecordReader buffer of one stream, as windows of the input ring (``mem``: a memoryview of its
+    segment's mapping).  ``advance(pos)`` raises the reader process's watermark to ring position ``pos``.
 
     The framing loop keeps :attr:`floor` (where the open group's records lie in the ring, None when no
     group is open or it was copied out) and :attr:`unframed` (the ring position of the first byte not
     framed yet, after the last complete group) current; :attr:`delta` and :attr:`shift` turn a stream
     offset into a segment offset and a ring position while a ring window is :attr:`active`."""
 
-    def __init__(self, ring: RingWriter, buf: Any, mem: memoryview,
-                 advance: Callable[[int], None]) -> None:
+    def __init__(self, ring: RingWriter, mem: memoryview, advance: Callable[[int], None]) -> None:
         self.ring = ring
-        self.buf = buf
         self.mem = mem
-        self.obj = mem.obj            # what a view of the ring has as .obj
+        self.obj = mem.obj            # the mapping: what a view of the ring has as .obj
         self.advance = advance
         self.window = max(4096, min(MAX_WINDOW, ring.size // 8))
         self.active = False           # the reader's buffer is a window of the ring (not a private one)
@@ -103,7 +101,7 @@ class RingWindows(Buffers):
                 self.win_end = ring.placed + size
                 self.delta, self.shift = off - offset, ring.placed - offset
                 self.unframed = ring.placed  # the bytes carried over (if any) start the window
-                return self.buf, self.mem, off, off + size
+                return self.obj, self.mem, off, off + size
         # A record larger than a window, or a group that would outgrow half the ring: a private
         # buffer; what is read there is copied into the ring (or a one-off segment) group by group.
         self.active = False
