@@ -54,30 +54,29 @@ class InlineRun(Pass):
         plan = self.plan
         if (batch_size is None and self.cfg.kind == "single" and self.groups.flat and len(plan.fields) == 1
                 and plan.fields[0][1] != FIXED and not plan.keyed):
-            gen = self._pass(self._single(), on_end)
+            gen = self._pass(flat_values(self.plan, self.groups, self._streams(), self.cursor, self._failed,
+                                         self.cfg.on_error == "raise", self.counts, self), on_end, flat=True)
         else:
             gen = self._pass(deliver(self.spans(), self.cfg, batch_size, drop_last, self.cursor), on_end)
         self.files.gen = weakref.ref(gen)
         return gen
 
-    def _pass(self, items: Iterator[Any], on_end: Any) -> Iterator[Any]:
+    def _pass(self, items: Any, on_end: Any, flat: bool = False) -> Iterator[Any]:
         self._started = time.perf_counter()
         if self.aborted:
             raise ended()
         try:
-            for item in items:
-                yield item
-                if self.aborted:
-                    raise ended()
+            if flat:  # flat_values looks at self.aborted itself (no loop here: tiny records' cost)
+                self.positions = yield from items
+                self.completed = True
+            else:
+                for item in items:
+                    yield item
+                    if self.aborted:
+                        raise ended()
         finally:
-            getattr(items, "close")()  # a generator's
+            items.close()  # a generator's
             self._count(on_end)
-
-    def _single(self) -> Iterator[Any]:
-        """One record per sample, one value each, nothing planned: :func:`~.local.flat_values`."""
-        self.positions = yield from flat_values(self.plan, self.groups, self._streams(), self.cursor, self._failed,
-                                                self.cfg.on_error == "raise", self.counts)
-        self.completed = True
 
     def spans(self) -> Iterator[Span]:
         """Every sample of the pass in order, as spans; the first error under ``on_error="raise"``

@@ -16,7 +16,7 @@ from ..errors import CorruptRecordError
 from ..recordio import RecordReader
 from .decode import FieldFailed, failure_error
 from .groups import CONTEXT, Group, GroupStream, Placement
-from .passes import Cursor, Span
+from .passes import Cursor, Span, ended
 
 __all__ = ["LocalSlot", "SpanBuilder", "OpenFiles", "local_streams", "flat_values", "local_failure"]
 
@@ -76,12 +76,13 @@ class SpanBuilder:
 
 def flat_values(plan: Any, gs: GroupStream, streams: Iterator[Tuple[int, str, Any, Placement]], cursor: Cursor,
                 failed: Callable[[FieldFailed, Group, int], BaseException], raise_: bool,
-                counts: List[int]) -> Generator[Any, None, int]:
+                counts: List[int], run: Any) -> Generator[Any, None, int]:
     """The values of a pass in this process when each record is a sample of one value (the group
     stream's :attr:`~parrecio.pipeline.groups.GroupStream.flat` case, ``plan``'s one field not
     fixed-shape, not keyed): the per-record path, kept short.  ``failed(failure, group, index)`` words a
     decode error (raised under ``raise_``, else the sample is skipped); ``counts`` becomes [delivered,
-    skipped] however it ends.  Returns the positions gone through."""
+    skipped] however it ends; ``run.aborted`` is looked at after each value (the pass was ended from
+    outside: raises).  Returns the positions gone through."""
     call = plan.fields[0][2]
     seq = skipped = 0
     error = None
@@ -114,6 +115,8 @@ def flat_values(plan: Any, gs: GroupStream, streams: Iterator[Tuple[int, str, An
                         seq += 1
                         cursor.pos = seq
                         yield value
+                        if run.aborted:
+                            raise ended()
                     whole = error is None
                 finally:
                     gs.flat_done(reader, records, nbytes, whole)
