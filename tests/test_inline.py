@@ -312,6 +312,45 @@ def test_corrupt_framing_in_both_modes(stream, tmp_path, batch_size, no_leaks):
         assert err is None and st.skipped_records == 1 and st.skipped_bytes > 0
 
 
+def _fds_on(path) -> int:
+    """This process's file descriptors open on ``path``."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            pass
+    return n
+
+
+@pytest.mark.parametrize("damage", ["framing", "decode"])
+def test_error_raised_closes_the_stream_while_it_is_held(stream, tmp_path, damage, no_leaks):
+    """The per-record path of workers=0 (one field, nothing planned) ends with an error: the stream's file
+    is closed when the error comes out, not when its traceback goes (a FIFO kept open by a saved error
+    would leave the next reader of it waiting for this process: found by the long differential profile)."""
+    _, recs, offsets = stream
+    data = bytearray(stream[0].read_bytes())
+    if damage == "framing":
+        data[offsets[40]:offsets[40] + 4] = b"\x13\x37\x13\x37"
+    path = tmp_path / "held.rec"
+    path.write_bytes(bytes(data))
+    marker = recs[40][:16]
+
+    def fail_on_40(payload):  # ragged (no output_spec): the per-record path
+        if bytes(payload[:16]) == marker:
+            raise ValueError("sample 40")
+        return bytes(payload)
+    fields = Raw() if damage == "framing" else fail_on_40
+    with ParallelReader(str(path), fields=fields, workers=0) as reader:
+        got = []
+        with pytest.raises((CorruptRecordError, DecodeError)) as info:
+            for value in reader:
+                got.append(value)
+                assert _fds_on(path) == 1  # (the pass has it open while it reads)
+        assert len(got) == 40 and info.value.index == 40
+        assert _fds_on(path) == 0  # the error (and its traceback's frames) still held here
+
+
 # -- shards and shuffles ----------------------------------------------------------------------------------
 def test_shards_partition_the_stream(stream, no_leaks):
     path, recs, _ = stream

@@ -129,6 +129,9 @@ def flat_values(plan: Any, gs: GroupStream, streams: Iterator[Tuple[int, str, An
         return seq
     finally:
         counts[:] = [seq - skipped, skipped]  # (seq: the samples yielded and skipped)
+        close = getattr(streams, "close", None)
+        if close is not None:  # its file now, not when a traceback that holds this frame goes
+            close()
 
 
 class OpenFiles:
