@@ -15,7 +15,8 @@ the error that ends a pass (type, ``.index``, ``.offset``, ``.source``), ``stats
 ``skipped``, ``skipped_records``, ``len()`` before and after each pass, ``state_dict()``.  Against the
 reference: the same, where the README documents it (the shuffle buffer's order is not: multiset).  On
 every run with workers: ``stats.reruns == 0``, ``stats.workers_replaced == 0``, output slots within the
-bound of ``resources.py``/README ("two batches per task in flight, plus two"), and nothing left behind
+bound of ``resources.py``/README ("two batches per task in flight, plus two"; at least one task's and
+three batches'), and nothing left behind
 (processes, /dev/shm).
 
 Profiles (``PARRECIO_HYPOTHESIS_PROFILE``, registered in ``conftest.py``):
@@ -470,7 +471,8 @@ def _health(r: ParallelReader, cfg: Config) -> tuple:
     slots = r.telemetry()["queues"]["slots"]
     size = r.config.slot_size
     task = cfg.chunk_groups or 2 * size
-    bound = math.ceil(r.workers * cfg.prefetch * task / size) + 2
+    bound = max(math.ceil(r.workers * cfg.prefetch * task / size) + 2,
+                math.ceil(task / size) + 3)  # (resources.py: at least one task, unaligned, and two batches)
     return (st_.reruns, st_.workers_replaced, slots, bound)
 
 

@@ -113,8 +113,10 @@ class Resources:
                 # Enough slots for the tasks in flight (at most `prefetch` per worker) and two being
                 # delivered; the pool grows later only when the user holds every slot.
                 task = cfg.reader_chunk_groups() or cfg.slot_size
-                initial = math.ceil(cfg.workers * cfg.prefetch * task / cfg.slot_size) + 2
                 least = math.ceil(task / cfg.slot_size) + 3  # one task, unaligned, and two batches
+                # (at least that many up front: with long tasks of small slots, e.g. chunk_groups=3 and
+                # batch_size=1, the tasks in flight plus two are fewer, and the pool would grow mid-pass)
+                initial = max(math.ceil(cfg.workers * cfg.prefetch * task / cfg.slot_size) + 2, least)
             cfg, initial, warning = fit_memory(cfg, initial, min(least, initial), free_bytes())
             if warning:
                 log.warning(warning)
