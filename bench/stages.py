@@ -1,7 +1,7 @@
 """What each stage of the pipeline costs per sample, and the throughput that allows on bigger hosts.
 
     python -m bench.stages [--data bench/data] [--n 2000] [--workers 2] [--quick] [--json OUT]
-                           [--cases images,tiny,pipe] [--cores 1,2,4,...]
+                           [--cases images,boxes16,tiny,pipe] [--cores 1,2,4,...]
 
 Throughput with W decoder processes is at most ``min(W x worker rate, 1 / reader cost, 1 / consumer cost)``
 where a cost is the CPU seconds per sample of that one process (the reader process and the consumer are
@@ -15,6 +15,9 @@ JSON document:
   ``time.process_time``) and of all decoder processes together (psutil), the single-core decode rate of a
   plain loop with the same decoders, and the projected curve ``cores -> samples/s`` to 192 cores with the
   stage that caps each point.  The same with ``workers=0`` (decoding in this process) for comparison.
+- ``boxes16``: the same stream with ``fields=[Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]``
+  (every value fixed-shape, written into the output slots): the consumer's CPU per sample, against the
+  target of 3 us (one consumer keeping up with 300k samples/s).
 - ``tiny``: 200k records of ~90 B JSON: a one-process ``RecordReader`` + ``orjson.loads`` loop against
   ``ParallelReader(fields=Json(), workers=2)`` and ``workers=0``, records/s and ratios.
 - ``pipe``: a SageMaker Pipe-mode channel (no RecordIO wrapper) whose FIFOs are fed by ``cat``: raw
@@ -172,6 +175,18 @@ def case_images(data: str, tmp: str, n: int, workers: int, passes: int, cores: L
     }
 
 
+def case_boxes16(data: str, tmp: str, n: int, workers: int, passes: int) -> Dict[str, Any]:
+    """The consumer's cost when every value is fixed-shape: ``[Image(224), BoundingBoxes(max_boxes=16)]``,
+    batches of 64 (the boxes padded into the slot too, nothing travels back but the task's frame)."""
+    from parrecio.decoders import BoundingBoxes, Image
+    src = image_stream(data, tmp, n)
+    _warm(src["path"])
+    fields = [Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]
+    par = stage_costs(src["path"], fields, workers, 64, passes)
+    return {"data": src["origin"], "fields": "[Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]",
+            "batch_size": 64, f"workers_{workers}": par, "consumer_target_us": 3.0}
+
+
 def case_tiny(tmp: str, n: int, workers: int, passes: int) -> Dict[str, Any]:
     import orjson
     from parrecio import RecordReader
@@ -275,7 +290,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--n", type=int, default=2000, help="demo samples when bench/data/aug.rec is absent")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--passes", type=int, default=2, help="timed passes after the warm-up pass")
-    ap.add_argument("--cases", default="images,tiny,pipe")
+    ap.add_argument("--cases", default="images,boxes16,tiny,pipe")
     ap.add_argument("--cores", default=",".join(map(str, CORES)))
     ap.add_argument("--quick", action="store_true", help="fewer samples: a smoke run")
     ap.add_argument("--json", help="also write the JSON here")
@@ -289,6 +304,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         if "images" in cases:
             out["images"] = case_images(args.data, tmp, 300 if args.quick else args.n, args.workers,
                                         1 if args.quick else args.passes, cores)
+        if "boxes16" in cases:
+            out["boxes16"] = case_boxes16(args.data, tmp, 300 if args.quick else args.n, args.workers,
+                                          1 if args.quick else args.passes)
         if "tiny" in cases:
             out["tiny"] = case_tiny(tmp, 20_000 if args.quick else 200_000, args.workers,
                                     1 if args.quick else args.passes)

@@ -248,7 +248,38 @@ def test_draft_gap_and_small_images_stay_exact():
     # gap 2: needs >= 448 px at 1/2 scale: 1000x750 / 2 = 500x375 is not enough -> no DCT scaling
     assert np.array_equal(Image(size=224, draft=2.0)(big), Image(size=224)(big))
     with pytest.raises(ValueError):
-        Image(size=224, draft=0.5)
+        Image(size=224, draft=0.49)
+
+
+@pytest.mark.parametrize("crop", [False, True])
+def test_draft_below_one_decodes_at_half_scale_and_enlarges(crop, monkeypatch):
+    """``draft=0.75``: a 490x390 JPEG at 224 px decodes at 1/2 (245x195: at least 0.75 x 224 per side) and
+    the resize enlarges it a little; the pixels are Pillow's own ``draft`` + ``resize`` of that scale,
+    written here as a plain reference, and DCT scaling is still refused where even 1/2 falls below the
+    gap (a 300 px side: 150 < 168).  With a crop, the region decoder (C) picks the scale Pillow's draft
+    picks: the same pixels as the Pillow path."""
+    import parrecio.decoders.image as image_module
+    from parrecio.decoders import CenterCrop
+    data = jpeg(490, 390)
+    if crop:
+        if image_module._jpegregion is None:
+            pytest.skip("the C extension is not built")
+        region = Image(size=224, draft=0.75, crop=CenterCrop(1.0))(data)
+        exact = Image(size=224, crop=CenterCrop(1.0))(data)
+        monkeypatch.setattr(image_module, "_jpegregion", None)
+        assert np.array_equal(region, Image(size=224, draft=0.75, crop=CenterCrop(1.0))(data))
+        assert not np.array_equal(region, exact) and np.abs(region.astype(int) - exact).mean() < 3
+        return
+    im = PILImage.open(io.BytesIO(data))
+    got = im.draft("RGB", (168, 168))
+    assert got is not None and im.size == (245, 195)
+    want = np.asarray(im.convert("RGB").resize((224, 224), PILImage.BILINEAR, box=(0, 0, 245, 195)))
+    out = Image(size=224, draft=0.75)(data)
+    assert np.array_equal(out, want)
+    assert not np.array_equal(out, Image(size=224)(data))
+    assert np.abs(out.astype(int) - Image(size=224)(data)).mean() < 3  # close to the exact path
+    narrow = jpeg(300, 400)  # its 300 px side at 1/2 is 150 < 0.75 * 224: no DCT scaling
+    assert np.array_equal(Image(size=224, draft=0.75)(narrow), Image(size=224)(narrow))
 
 
 def test_draft_keeps_letterbox_and_shorter_geometry():

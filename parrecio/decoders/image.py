@@ -676,8 +676,10 @@ class Image(_PillowDecoder):
     draft:
         Let libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale (DCT scaling) when the scaled image is still at
         least ``draft`` times as large as what the resize reads (``True`` means 1.0; 2.0 keeps a 2x margin
-        and moves pixels less).  Faster on big JPEGs, slightly different pixels.  Needs ``size``; with
-        ``mode="L"`` it also decodes luma only.  Default ``False``: exact.
+        and moves pixels less; below 1.0, down to 0.5, the resize may enlarge the scaled image by up to
+        ``1 / draft``: ``0.75`` lets ImageNet-sized photos decode at 1/2 for 224 px, about 1.3x faster,
+        about 1.4 grey levels off on average, README "Decoders").  Faster on big JPEGs, slightly different
+        pixels.  Needs ``size``; with ``mode="L"`` it also decodes luma only.  Default ``False``: exact.
     reducing_gap:
         Pillow's ``resize(reducing_gap=...)``: box-reduce by an integer factor first when the image shrinks
         by at least this factor (>= 1.0; 2.0 or 3.0 are typical).  Default ``None``: exact.
@@ -761,7 +763,7 @@ class Image(_PillowDecoder):
             reducing_gap = check_real("reducing_gap", reducing_gap, 1.0, math.inf,
                                       want="None or a finite number >= 1.0")
         if not isinstance(draft, (bool, np.bool_)):
-            draft = check_real("draft", draft, 1.0, math.inf, want="a bool or a finite gap >= 1.0")
+            draft = check_real("draft", draft, 0.5, math.inf, want="a bool or a finite gap >= 0.5")
         max_pixels = _check_max_pixels(max_pixels)
         if not isinstance(backend, str) or backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
