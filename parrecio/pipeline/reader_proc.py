@@ -94,7 +94,7 @@ class _Reader:
         self.job = job
         self.stats = _Stats(cpu_time=-time.process_time())  # (the end adds process_time() again)
         self.seg = Segment.attach(job.ring_name)
-        self.mem = memoryview(self.seg.buf)
+        self.mem = self.seg.mem
         self.ring = RingWriter(self.seg.size, self._wait_for_release)
         self.link = Link(data_conn, ctrl_conn, lifeline, job.prefix, cfg.poll_interval, self.ring.release,
                          self.stats)
@@ -346,5 +346,4 @@ def reader_main(cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifel
             sweep(job.prefix)
     finally:
         if r is not None:
-            r.mem.release()
-            r.seg.close()
+            r.seg.close()  # (and its memoryview)

@@ -15,12 +15,13 @@ finalizer holds this object, never the reader.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 import multiprocessing
 import os
 import threading
-from typing import Any, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 from .children import close_quietly, register_for_fork
 from .config import PipelineConfig
@@ -30,7 +31,7 @@ from .slots import SlotPool
 from .stats import Stats
 from .worker import WorkerJob
 
-__all__ = ["Resources", "fit_memory"]
+__all__ = ["Resources", "Phase", "Lifeline", "fit_memory"]
 
 log = logging.getLogger("parrecio")
 
@@ -66,6 +67,20 @@ def fit_memory(cfg: PipelineConfig, slots: int, min_slots: int,
     return small, fit, said
 
 
+class Phase(enum.Enum):
+    """Where a ParallelReader's resources are in their life."""
+    NEW = "new"            # nothing started
+    STARTED = "started"    # what the passes share is up (nothing, for workers=0)
+    CLOSING = "closing"    # close() was called, from any thread: the iterating thread leaves the pipeline
+    CLOSED = "closed"      # everything freed (or, in a forked child, forgotten)
+
+
+class Lifeline(NamedTuple):
+    """A pipe whose write end only this process holds: every child sees EOF on ``r`` when it dies."""
+    r: Any
+    w: Any
+
+
 class Resources:
     """Processes, shared memory and the source of one ParallelReader.
 
@@ -78,36 +93,49 @@ class Resources:
         self.cfg: Optional[PipelineConfig] = None
         self.source: Any = None                   # released by close()
         self.stats = Stats()
-        self.ctx: Any = None                      # the multiprocessing context
         self.prefix = ""                          # shared-memory names of this reader start with it
-        self.lifeline_r: Any = None               # EOF in every child when this process dies
-        self.lifeline_w: Any = None
-        self.ring: Optional[Segment] = None       # the input ring
-        self.ring_mem: Optional[memoryview] = None
+        self.lifeline: Optional[Lifeline] = None
+        self.ring: Optional[Segment] = None       # the input ring (its .mem: the consumer's view of it)
         self.slots: Optional[SlotPool] = None     # output slots
         self.pool: Optional[WorkerPool] = None    # decoder processes (None: workers=0, or nothing to decode)
         self.run: Any = None                      # the pass being iterated
-        self.started = False
-        self.closed = False
-        self.closing = False                      # set by close() from any thread: the iterating thread leaves
+        self.phase = Phase.NEW
         self.lock = threading.RLock()
         self.owner_pid = os.getpid()
         register_for_fork(self)
+
+    @property
+    def ctx(self) -> Any:
+        """The multiprocessing context of ``cfg.start_method``."""
+        return multiprocessing.get_context(self.cfg.start_method)
+
+    @property
+    def started(self) -> bool:
+        return self.phase is not Phase.NEW
+
+    @property
+    def closing(self) -> bool:
+        """Whether close() was called (the pipeline is left to it)."""
+        return self.phase in (Phase.CLOSING, Phase.CLOSED)
+
+    @property
+    def closed(self) -> bool:
+        return self.phase is Phase.CLOSED
 
     def start(self) -> None:
         """Start what the passes share: nothing for ``workers=0``; else the lifeline, the ring, the
         output slots and (when some field is decoded) the decoder processes.  On failure everything
         started is closed again."""
         cfg = self.cfg
-        self.started = True
+        self.phase = Phase.STARTED
         if cfg.workers == 0:
             return
-        ctx = self.ctx = multiprocessing.get_context(cfg.start_method)
+        ctx = self.ctx
         if cfg.start_method == "forkserver":
             ctx.set_forkserver_preload(["parrecio.pipeline.worker", "parrecio.pipeline.reader_proc"])
         self.prefix = new_prefix()
         try:
-            self.lifeline_r, self.lifeline_w = ctx.Pipe(duplex=False)
+            self.lifeline = Lifeline(*ctx.Pipe(duplex=False))
             initial = least = 0
             if cfg.layout.has_fixed:
                 # Enough slots for the tasks in flight (at most `prefetch` per worker) and two being
@@ -122,10 +150,9 @@ class Resources:
                 log.warning(warning)
                 self.cfg = cfg
             self.ring = Segment.create(self.prefix + "ring", cfg.ring_bytes)
-            self.ring_mem = memoryview(self.ring.buf)
             self.slots = SlotPool(cfg.layout, self.prefix, initial)
             if not all(cfg.passthrough):
-                self.pool = WorkerPool(ctx, cfg, WorkerJob(self.ring.name, self.prefix), self.lifeline_r)
+                self.pool = WorkerPool(ctx, cfg, WorkerJob(self.ring.name, self.prefix), self.lifeline.r)
                 self.pool.start()
         except BaseException:
             self._close()
@@ -136,7 +163,7 @@ class Resources:
         callable from any thread; returns within a few seconds whatever the other threads do."""
         if self.closed or os.getpid() != self.owner_pid:
             return
-        self.closing = True
+        self.phase = Phase.CLOSING
         # Wait for the iterating thread to step out of the pipeline (it does within poll_interval);
         # past that, clean up anyway: close() must return whatever the other threads do.
         locked = self.lock.acquire(timeout=10.0)
@@ -149,7 +176,7 @@ class Resources:
     def _close(self) -> None:
         if self.closed:
             return
-        self.closed = True
+        self.phase = Phase.CLOSED
         if self.run is not None:
             self.run.abort()
             self.run = None
@@ -157,12 +184,11 @@ class Resources:
             self.pool.stop()
         if self.ring is not None:
             self.ring.unlink()
-            if self.ring_mem is not None:
-                self.ring_mem.release()
             self.ring.close()
         if self.slots is not None:
             self.slots.close()
-        close_quietly(self.lifeline_w, self.lifeline_r)
+        if self.lifeline is not None:
+            close_quietly(self.lifeline.w, self.lifeline.r)
         if self.source is not None:
             self.source.release()
 
@@ -171,9 +197,10 @@ class Resources:
         Close its copies of the consumer's pipe ends (the lifeline's write end above all: held here, it
         would keep the children of a killed parent alive) and forget the processes.  The lifeline's read
         end stays open: a child started with the ``fork`` method is such a child too, and watches it."""
-        self.closed = True
+        self.phase = Phase.CLOSED
         if self.run is not None:
             self.run.forget_after_fork()
         if self.pool is not None:
             self.pool.forget_after_fork()
-        close_quietly(self.lifeline_w)
+        if self.lifeline is not None:
+            close_quietly(self.lifeline.w)

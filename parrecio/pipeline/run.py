@@ -9,13 +9,13 @@
 The run is driven by the consumer's own thread: no manager thread competes with the training loop for
 the GIL.  Each step of :meth:`Run.spans` is one of
 
-- ``_receive``: take Chunk messages from the reader (:class:`~parrecio.pipeline.reader_handle.ReaderHandle`;
-  a chunk is a run of consecutive groups);
+- receive: take Chunk messages from the reader (:class:`~parrecio.pipeline.feed.Feed` over its
+  :class:`~parrecio.pipeline.reader_handle.ReaderHandle`; a chunk is a run of consecutive groups);
 - ``_dispatch``: give chunks to idle workers as tasks, after reserving output-slot positions for them
   (:class:`~parrecio.pipeline.slots.SlotTracker`);
 - ``_collect``: take results; re-run the tasks of a worker that died (see below);
 - ``_deliver``: hand out the samples of the oldest chunk, as spans (columns of consecutive samples),
-  once all its results are in, then release its ring space and its one-off segment.
+  once all its results are in, then release its ring space and its one-off segment (``Feed.release``).
 
 Ordering is by construction: chunks are delivered oldest first, groups within a chunk in order.
 
@@ -84,10 +84,10 @@ class Run(Pass):
         self.in_pipeline = 0        # chunks dispatched and not yet delivered
         self.poller = Poller()
         self._watch_data = True     # whether the wait includes the reader's data pipe (see _step)
-        self.copy = CopyOut(cfg.passthrough, res.ring_mem)  # the payloads the consumer copies
+        self.copy = CopyOut(cfg.passthrough, res.ring.mem)  # the payloads the consumer copies
         try:
             reader = ReaderHandle(res.ctx, cfg, ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip),
-                                  res.lifeline_r)
+                                  res.lifeline.r)
             self.feed = Feed(reader, self.stats, epoch)  # its chunks, its end, the ring's accounting
         except BaseException:
             self.closed = True

@@ -38,13 +38,22 @@ class Segment:
     """A named shared-memory segment mapped into this process.
 
     ``Segment.create(name, size)`` makes it (the caller owns it and must :meth:`unlink` it);
-    ``Segment.attach(name)`` maps an existing one.  ``buf`` is the writable ``mmap``.
+    ``Segment.attach(name)`` maps an existing one.  ``buf`` is the writable ``mmap``; :attr:`mem` a
+    memoryview of it that the segment owns (as ``shared_memory.SharedMemory`` owns its ``buf``).
     """
 
-    __slots__ = ("name", "size", "buf", "_owner")
+    __slots__ = ("name", "size", "buf", "_owner", "_mem")
 
     def __init__(self, name: str, size: int, buf: mmap.mmap, owner: bool) -> None:
         self.name, self.size, self.buf, self._owner = name, size, buf, owner
+        self._mem: Optional[memoryview] = None
+
+    @property
+    def mem(self) -> memoryview:
+        """A memoryview of the whole mapping, made once; released by :meth:`close`."""
+        if self._mem is None:
+            self._mem = memoryview(self.buf)
+        return self._mem
 
     @classmethod
     def create(cls, name: str, size: int) -> "Segment":
@@ -76,6 +85,9 @@ class Segment:
     def close(self) -> bool:
         """Unmap, unless numpy arrays or memoryviews still use the memory (then the mapping lives on
         until they are gone).  Returns whether it was unmapped."""
+        if self._mem is not None:
+            self._mem.release()
+            self._mem = None
         try:
             self.buf.close()
             return True
