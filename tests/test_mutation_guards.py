@@ -30,7 +30,7 @@ from PIL import Image as PILImage
 from parrecio import DecodeError, ParallelReader, PipelineError, RecordWriter, Tuning
 from parrecio.decoders import Image, Mask, RandomResizedCrop
 from parrecio.decoders.augment import sample_rng
-from pipeline_helpers import Fixed, KillOn, Pair, Ragged, deadline, digest_array, write_rec
+from pipeline_helpers import FailOn, Fixed, KillOn, Pair, Ragged, deadline, digest_array, write_rec
 
 
 # -- decoders (module level: the decoder processes import them by reference) -----------------------------
@@ -516,6 +516,40 @@ def test_one_slow_sample_does_not_grow_the_slot_pool(slow_stream, workers, prefe
         assert r.stats.reruns == 0
     assert peak <= bound, (peak, bound)
     assert np.array_equal(np.concatenate(got), np.stack([digest_array(x) for x in recs]))
+
+
+def test_a_pass_ended_by_an_error_frees_its_slots_for_the_next(slow_stream, no_leaks):
+    """One sample per slot (``batch_size=1``) and long tasks (``chunk_groups=17``); pass 0 ends with a
+    decode error.  The error's traceback held the run's frame, and the frame the delivered chunk's list
+    of spans (their leases, 17 slots) in a reference cycle that only the garbage collector breaks: pass
+    1 found those slots taken and grew the pool past the bound, 37 slots for 36 (the long differential
+    profile).  Now the spans are dropped once delivered."""
+    import gc
+    path, recs = slow_stream
+    workers, prefetch, chunk = 1, 2, 17
+    bound = math.ceil(workers * prefetch * chunk / 1) + 2
+    gc.disable()  # (the cycle must not be broken by a collection that happens to run)
+    try:
+        with deadline(60), ParallelReader(path, fields=FailOn(recs[300]), workers=workers, batch_size=1,
+                                          tuning=Tuning(prefetch=prefetch, chunk_groups=chunk)) as r:
+            got = 0
+            with pytest.raises(DecodeError) as info:
+                for b in r:
+                    got += 1
+                    del b
+            assert got == 300 and info.value.index == 300
+            del info
+            peak, got = 0, 0
+            with pytest.raises(DecodeError):  # pass 1 ends at the same sample
+                for i, b in enumerate(r):
+                    assert np.array_equal(b[0], digest_array(recs[i]))
+                    got += 1
+                    del b
+                    peak = max(peak, r.telemetry()["queues"]["slots"])
+            assert got == 300
+    finally:
+        gc.enable()
+    assert peak <= bound, (peak, bound)
 
 
 # == 9. RandomResizedCrop's exact box and pixels =============================================================

@@ -105,6 +105,7 @@ class Run(Pass):
                 while self.chunks and self.chunks[0].complete:
                     spans, err = self._deliver(self.chunks.popleft())
                     yield from spans
+                    del spans  # their leases: a slot whose samples were all handed out is free to reuse
                     if err is not None:
                         raise err
                     if self.aborted:
