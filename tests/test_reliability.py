@@ -214,6 +214,36 @@ def test_reader_process_death_is_reported(tmp_path, no_leaks):
                 pass
 
 
+def test_reader_that_fails_before_it_can_read_says_why(tmp_path, no_leaks):
+    """The reader process's first step, attaching the input ring, fails (here: a ring that does not
+    exist).  It reports the error as its ReaderEnd, so the consumer raises what failed instead of "the
+    reader process died (exit code 0)"; nothing is sent when the consumer is gone (its pipe broken).
+    reader_main runs in this process, on real pipes."""
+    import multiprocessing
+    from parrecio.pipeline.messages import ReaderEnd, RemoteError
+    from parrecio.pipeline.reader_proc import ReaderJob, reader_main
+    path = tmp_path / "s.rec"
+    write_rec(path, payloads(10, seed=3))
+    with ParallelReader(path, workers=1) as reader:
+        cfg, source = reader._res.cfg, reader._res.source
+        job = ReaderJob(source, 0, "parrecio-test-no-such-ring", "parrecio-test-no-such-", skip=7)
+        data_r, data_w = multiprocessing.Pipe(duplex=False)
+        ctrl_r, ctrl_w = multiprocessing.Pipe(duplex=False)
+        life_r, life_w = multiprocessing.Pipe(duplex=False)  # life_w held: the consumer is alive
+        try:
+            reader_main(cfg, job, data_w, ctrl_r, life_r)
+            assert data_r.poll(5.0)
+            end = data_r.recv()
+            assert isinstance(end, ReaderEnd) and end.n_groups == 7
+            assert isinstance(end.error, RemoteError) and end.error.type_name == "FileNotFoundError"
+            assert not data_r.poll(0.1)
+            data_r.close()  # the consumer's end gone: nothing to say, and no error either
+            reader_main(cfg, job, data_w, ctrl_r, life_r)
+        finally:
+            for c in (data_w, ctrl_r, ctrl_w, life_r, life_w):
+                c.close()
+
+
 def test_hanging_decoder_is_killed_and_its_sample_reported(stream, tmp_path, no_leaks):
     from pipeline_helpers import HangOn
     path, recs, _ = stream

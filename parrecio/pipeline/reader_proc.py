@@ -324,6 +324,15 @@ def _is_regular(fd: int) -> bool:
     return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
+def _report(data_conn: Any, n_groups: int, exc: BaseException) -> None:
+    """A last ``ReaderEnd`` carrying ``exc``, unless the pipe is gone: the consumer then raises what
+    failed, not "the reader process died (exit code 0)"."""
+    try:
+        data_conn.send(ReaderEnd(n_groups, {}, RemoteError(exc)))
+    except (EOFError, OSError):
+        pass
+
+
 def reader_main(cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifeline) -> None:
     """Entry point of the reader process (started through :func:`parrecio.pipeline.children.child_entry`)."""
     r = None
@@ -340,10 +349,12 @@ def reader_main(cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifel
             r.finish(RemoteError(exc))
     except Stopped:
         return
-    except (EOFError, OSError):
+    except (EOFError, OSError) as exc:
         # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after).
         if lifeline.poll(cfg.poll_interval):
             sweep(job.prefix)
+        else:  # or something failed before we could report it (attaching the ring): say what, if we can
+            _report(data_conn, job.skip if r is None else r.out.seq, exc)
     finally:
         if r is not None:
             r.seg.close()  # (and its memoryview)
