@@ -150,7 +150,7 @@ class Resources:
                 # (at least that many up front: with long tasks of small slots, e.g. chunk_groups=3 and
                 # batch_size=1, the tasks in flight plus two are fewer, and the pool would grow mid-pass)
                 initial = max(math.ceil(cfg.workers * cfg.prefetch * task / cfg.slot_size) + 2, least)
-            cfg, initial, warning = fit_memory(cfg, initial, min(least, initial), free_bytes())
+            cfg, initial, warning = fit_memory(cfg, initial, least, free_bytes())  # (initial >= least)
             if warning:
                 log.warning(warning)
                 self.cfg = cfg
