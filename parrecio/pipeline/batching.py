@@ -25,7 +25,7 @@ from ..errors import CorruptRecordError, DecodeError
 from .passes import Cursor, Span
 from .slots import SlotLayout
 
-__all__ = ["collate", "shaper", "batches", "unbatched", "deliver"]
+__all__ = ["collate", "shaper", "batches", "unbatched", "unbatched_blocks", "deliver"]
 
 
 def collate(values: List[Any]) -> Any:
@@ -46,11 +46,14 @@ def collate(values: List[Any]) -> Any:
     return list(values)
 
 
+_single = operator.itemgetter(0)
+
+
 def shaper(kind: str, names: Optional[Sequence[str]]) -> Callable[[tuple], Any]:
     """values tuple -> the user's view of one sample (or batch): the value itself, the tuple, or a
     dict keyed by the field names."""
     if kind == "single":
-        return operator.itemgetter(0)
+        return _single
     if kind == "dict":
         return lambda values: dict(zip(names, values))
     return lambda values: values
@@ -75,31 +78,49 @@ def unbatched(spans: Iterator[Span], layout: SlotLayout, kind: str,
               names: Optional[Sequence[str]], cursor: Cursor) -> Iterator[Any]:
     """One sample at a time, shaped for the user (fixed-shape values are views of their slot);
     ``cursor.pos`` follows the samples handed out."""
+    for block in unbatched_blocks(spans, layout, kind, names, cursor):
+        yield from block
+
+
+def unbatched_blocks(spans: Iterator[Span], layout: SlotLayout, kind: str,
+                     names: Optional[Sequence[str]], cursor: Cursor) -> Iterator[Iterator[Any]]:
+    """:func:`unbatched`, a span at a time: per span, an iterator of its samples, to be taken whole
+    before the next one is asked for.  Only asking for the next one drives the pipeline; taking the
+    samples of one needs no lock (:meth:`ParallelReader._iterate`)."""
     shape = shaper(kind, names)
-    nf = len(layout.specs)
     for sp in spans:
-        cols = sp.columns
-        if sp.lease is not None:
-            cols = list(cols)
-            fixed = _fixed(layout, sp)
-            for f, spec in enumerate(layout.specs):
-                if isinstance(spec, tuple):
-                    parts = {p: fixed[(f, p)] for p in range(len(spec)) if (f, p) in fixed}
-                    cols[f] = _with_parts(cols[f], parts, len(spec), sp.n)
-                elif (f, None) in fixed:
-                    cols[f] = list(fixed[(f, None)])
-        pos = sp.seq
-        if nf == 1:
-            col = cols[0]
-            for j in range(sp.n):
+        yield _samples(sp, layout, shape, cursor)
+
+
+def _samples(sp: Span, layout: SlotLayout, shape: Callable[[tuple], Any], cursor: Cursor) -> Iterator[Any]:
+    """The samples of one span, shaped; ``cursor.pos`` set before each is handed out."""
+    cols = sp.columns
+    if sp.lease is not None:
+        cols = list(cols)
+        fixed = _fixed(layout, sp)
+        for f, spec in enumerate(layout.specs):
+            if isinstance(spec, tuple):
+                parts = {p: fixed[(f, p)] for p in range(len(spec)) if (f, p) in fixed}
+                cols[f] = _with_parts(cols[f], parts, len(spec), sp.n)
+            elif (f, None) in fixed:
+                cols[f] = list(fixed[(f, None)])
+    pos = sp.seq
+    if len(cols) == 1:
+        if shape is _single:  # the value itself (raw records: the tightest loop there is)
+            for v in cols[0]:  # a list, or lazily copied payloads (parrecio.pipeline.feed.Payloads)
                 pos += 1
                 cursor.pos = pos
-                yield shape((col[j],))
-        else:
-            for values in zip(*cols):
-                pos += 1
-                cursor.pos = pos
-                yield shape(values)
+                yield v
+            return
+        for v in cols[0]:
+            pos += 1
+            cursor.pos = pos
+            yield shape((v,))
+    else:
+        for values in zip(*cols):
+            pos += 1
+            cursor.pos = pos
+            yield shape(values)
 
 
 def _columns(spans: List[Span], layout: SlotLayout, nfields: int) -> List[Any]:

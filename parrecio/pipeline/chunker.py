@@ -125,9 +125,7 @@ class Chunker:
         p.n += 1
         self.seq += 1
         self.group_end = self.ring.head if self.watermark is None else self.watermark()
-        size = self.size
-        if p.n >= size.max_groups or p.nbytes >= self.cfg.chunk_bytes or (
-                p.n >= size.min_groups and p.nbytes >= size.min_bytes):
+        if self._full(p):
             self.flush()
 
     def add_oneoff(self, stream_id: int, name: str, offs: array, lens: array, first_offset: int) -> None:
@@ -150,50 +148,73 @@ class Chunker:
     def add_flat(self, stream_id: int, reader: Any, mm: Any, in_file: Place, start: int,
                  copied: Callable[[int, list, int], None]) -> Tuple[int, int]:
         """The hot loop of the commonest small-record case (the group stream's ``Placement.flat``): a
-        mapped file, one record per group, no shards, no shuffle, no resume skip.  Each record is three
-        array appends to the pending chunk; the chunk's counters live in locals and are written back
-        before anything else looks at them.  A multipart record (joined in a new buffer) goes to
-        ``copied(stream_id, [payload], offset)``.  Returns the records and payload bytes it framed."""
+        mapped file, one record per group, no shards, no shuffle, no resume skip.  Plain records are
+        framed in bulk into the pending chunk's arrays (:meth:`RecordReader.scan_flat`); the one it stops
+        at goes through :meth:`RecordReader.iter_views` -- a multipart record (joined in a new buffer) to
+        ``copied(stream_id, [payload], offset)``, damage to the reader's ``on_corrupt``, the end.  The
+        payloads of ``mm`` (the reader's buffer: a file mapped from its byte 0) are at their file
+        offsets.  Returns the records and payload bytes it framed."""
         cfg = self.cfg
         size, chunk_bytes = self.size, cfg.chunk_bytes
-        max_groups, min_groups, min_bytes = size.max_groups, size.min_groups, size.min_bytes
-        records = nbytes = k = nb = 0
-        p: Optional[_Pending] = None
-        try:
-            for offset, view in reader.iter_views():
-                n = len(view)
-                records += 1
-                nbytes += n
-                if view.obj is not mm:  # a multipart record, joined in a new buffer: through the ring
-                    if p is not None:
-                        p.n, p.nbytes, p = k, nb, None
-                        self.seq = self.pending.first_seq + k
-                    copied(stream_id, [bytes(view)], offset)
-                    continue
-                if p is None:  # open (or continue) the pending chunk
-                    p = self.pending
-                    if p.n and (p.stream_id != stream_id or p.place != in_file):
-                        self.flush()
-                        p = self.pending
-                    if self.link.flight.mapped:
-                        self.wait_for_mapped(p.nbytes + min(chunk_bytes, cfg.mapped_budget // 2))
-                        p = self.pending
-                    if p.n == 0:
-                        p.stream_id, p.first_seq, p.place = stream_id, self.seq, in_file
-                    k, nb = p.n, p.nbytes
-                    add_off, add_len, add_stream_off = p.ring_offs.append, p.lens.append, p.stream_offs.append
-                add_off(start + offset + 8)  # its payload starts 8 bytes after its frame
-                add_len(n)
-                add_stream_off(offset)
-                k += 1
-                nb += n
-                if k >= max_groups or nb >= chunk_bytes or (k >= min_groups and nb >= min_bytes):
-                    p.n, p.nbytes, p = k, nb, None
-                    self.seq = self.pending.first_seq + k
+        records = nbytes = 0
+        while True:
+            p = self.pending
+            if p.n and (p.stream_id != stream_id or p.place != in_file):
+                self.flush()
+                p = self.pending
+            if self.link.flight.mapped:
+                self.wait_for_mapped(p.nbytes + min(chunk_bytes, cfg.mapped_budget // 2))
+                p = self.pending
+            if p.n == 0:
+                p.stream_id, p.first_seq, p.place = stream_id, self.seq, in_file
+            k, nb = p.n, p.nbytes
+            # the chunk is full at max_groups, at chunk_bytes, or at min_groups once it has min_bytes
+            if k < size.min_groups:
+                room_n, room_b = size.min_groups - k, chunk_bytes - nb
+            else:
+                room_n, room_b = size.max_groups - k, min(chunk_bytes, size.min_bytes) - nb
+            if room_n <= 0 or room_b <= 0:  # (a pending chunk is never full here: add() sends full ones)
+                self.flush()
+                continue
+            got, gb = reader.scan_flat(p.ring_offs, p.lens, p.stream_offs, room_n, room_b)
+            p.n, p.nbytes = k + got, nb + gb
+            self.seq = p.first_seq + p.n
+            records += got
+            nbytes += gb
+            if got == room_n or gb >= room_b:  # stopped at a limit: full, or the next phase
+                if self._full(p):
                     self.flush()
-                    max_groups, min_groups = size.max_groups, size.min_groups  # the ramp-up may be over
-        finally:
-            if p is not None:
-                p.n, p.nbytes = k, nb
-                self.seq = p.first_seq + k
-        return records, nbytes
+                continue
+            # the next record is not plain, or the stream ended: one step of the general framing
+            views = reader.iter_views()
+            try:
+                got1 = next(views, None)
+            finally:
+                views.close()
+            if got1 is None:
+                return records, nbytes
+            offset, view = got1
+            n = len(view)
+            records += 1
+            nbytes += n
+            if view.obj is not mm:  # a multipart record, joined in a new buffer: through the ring
+                copied(stream_id, [bytes(view)], offset)
+                continue
+            p = self.pending  # (a single-part record that needed the slow path: it stays in place)
+            if p.n == 0:
+                p.stream_id, p.first_seq, p.place = stream_id, self.seq, in_file
+            p.ring_offs.append(start + offset + 8)
+            p.lens.append(n)
+            p.stream_offs.append(offset)
+            p.n += 1
+            p.nbytes += n
+            self.seq = p.first_seq + p.n
+            if self._full(p):
+                self.flush()
+
+    def _full(self, p: _Pending) -> bool:
+        """Whether chunk ``p`` is complete: ``max_groups``, ``chunk_bytes``, or ``min_groups`` with
+        ``min_bytes``."""
+        size = self.size
+        return p.n >= size.max_groups or p.nbytes >= self.cfg.chunk_bytes or (
+            p.n >= size.min_groups and p.nbytes >= size.min_bytes)

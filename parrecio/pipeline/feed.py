@@ -6,8 +6,11 @@ stream order, its streams' names, its end; and the input ring's accounting -- a 
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional
+import os
+import time
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
+from ..errors import PipelineError
 from .mapped import MappedFiles
 from .messages import Chunk, ReaderEnd, StreamStart
 from .reader_handle import ReaderHandle
@@ -15,7 +18,7 @@ from .shm import Segment, unlink
 
 log = logging.getLogger("parrecio")
 
-__all__ = ["Feed", "CopyOut"]
+__all__ = ["Feed", "CopyOut", "Payloads"]
 
 
 class Feed:
@@ -66,34 +69,101 @@ class Feed:
         return max(0, self.received_pos - self.released_pos)
 
 
+class Payloads:
+    """A passthrough field's column of one chunk, copied lazily: ``bytes`` of each payload made as it is
+    taken (by index or iteration) straight out of the mapping ``mm`` where it lies; a slice is another
+    lazy column.  Unbatched passes hand these out, so that each payload is copied just before the user
+    gets it -- one allocation of its size at a time, reused by the allocator like a plain read loop's --
+    instead of a whole chunk's (~100 MB of 100 KB records) at once, which glibc trims and faults in
+    again.  Valid while its chunk is not released (see :meth:`Run.spans`); an ``mmap`` closed under
+    it (the reader closed from another thread) raises ``ValueError``, never reads freed memory."""
+
+    __slots__ = ("mm", "fd", "offs", "lens", "clock")
+
+    def __init__(self, mm: Any, fd: Optional[int], offs: Sequence[int], lens: Sequence[int],
+                 clock: Optional[List[float]] = None) -> None:
+        self.mm, self.fd, self.offs, self.lens = mm, fd, offs, lens  # fd: of the mapped file, or None
+        self.clock = clock if clock is not None else [0.0]  # seconds spent in pread() (added up)
+
+    def __len__(self) -> int:
+        return len(self.offs)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return Payloads(self.mm, self.fd, self.offs[i], self.lens[i], self.clock)
+        return _copy(self.mm, self.fd, self.offs[i], self.lens[i])
+
+    def __iter__(self) -> Iterator[bytes]:
+        mm, fd = self.mm, self.fd
+        if fd is None or max(self.lens, default=0) < PREAD_BYTES:
+            return (mm[o:o + k] for o, k in zip(self.offs, self.lens))
+        return self._reads()
+
+    def _reads(self) -> Iterator[bytes]:
+        mm, fd, clock, now = self.mm, self.fd, self.clock, time.perf_counter
+        for o, k in zip(self.offs, self.lens):
+            if k < PREAD_BYTES:
+                yield mm[o:o + k]
+            else:
+                t0 = now()
+                b = _copy(mm, fd, o, k)
+                clock[0] += now() - t0  # the consumer's time, not the user's (ParallelReader._iterate)
+                yield b
+
+
+# A payload of a mapped file this large is read with pread(): a fresh mapping faults its pages in at about
+# 0.25 us a page (6 us of kernel time per 100 KB record, more than pread's whole copy); smaller ones share
+# their faults with their neighbours and are sliced out of the mapping.
+PREAD_BYTES = 32 << 10
+
+
+def _copy(mm: Any, fd: Optional[int], o: int, k: int) -> bytes:
+    """Payload ``mm[o:o + k]`` as ``bytes``; from a file (``fd``) with ``os.pread`` when it is large."""
+    if fd is None or k < PREAD_BYTES:
+        return mm[o:o + k]
+    b = os.pread(fd, k, o)
+    if len(b) != k:
+        raise PipelineError(f"a file read in place was truncated while it was being read: {k} bytes at "
+                            f"offset {o} expected, {len(b)} there")
+    return b
+
+
 class CopyOut:
     """The passthrough fields' payloads of a chunk, copied to ``bytes`` by the consumer out of where they
-    lie: the input ring (``ring_mem``), a one-off segment, or a mapped file."""
+    lie: the input ring (the mapping ``ring_buf``), a one-off segment, or a mapped file.  Slicing an
+    ``mmap`` makes the ``bytes`` in one copy (no memoryview in between)."""
 
-    def __init__(self, passthrough: Any, ring_mem: Any) -> None:
+    def __init__(self, passthrough: Any, ring_buf: Any) -> None:
         self.fields = [f for f, p in enumerate(passthrough) if p]
         self.nf = len(passthrough)
-        self.ring_mem = ring_mem
+        self.ring_buf = ring_buf
         self.mapped = MappedFiles()  # files read in place, mapped here once each
+        self.clock = [0.0]  # seconds its lazy columns spent reading large payloads (Payloads.clock)
 
     def __bool__(self) -> bool:
         return bool(self.fields)
 
-    def into(self, c: Chunk, columns: list) -> None:
-        """Fill ``columns[f]`` of each passthrough field ``f`` with chunk ``c``'s payloads."""
-        nf, ring_mem, place = self.nf, self.ring_mem, c.place
+    def into(self, c: Chunk, columns: list, lazy: bool = False) -> Optional[Segment]:
+        """Fill ``columns[f]`` of each passthrough field ``f`` with chunk ``c``'s payloads: lists of
+        ``bytes``, or with ``lazy`` :class:`Payloads`; then the one-off segment they are read from
+        (to :meth:`Segment.close` once the chunk is released) when it is lazy, else None."""
+        nf, place = self.nf, c.place
         seg = Segment.attach(place.name) if place.is_oneoff else None
-        mem = (memoryview(seg.buf) if seg is not None else
-               memoryview(self.mapped.get(place.name)) if place.is_file else ring_mem)
+        mm = seg.buf if seg is not None else self.mapped.get(place.name) if place.is_file else self.ring_buf
+        fd = self.mapped.fd(place.name) if place.is_file else None
         try:
             offs, lens = c.ring_offs, c.lens
             for f in self.fields:
-                columns[f] = [bytes(mem[o:o + k]) for o, k in zip(offs[f::nf], lens[f::nf])]
-        finally:
-            if mem is not ring_mem:
-                mem.release()
+                col = Payloads(mm, fd, offs[f::nf], lens[f::nf], self.clock)
+                columns[f] = col if lazy else list(col)
+        except BaseException:
             if seg is not None:
                 seg.close()
+            raise
+        if seg is not None and not lazy:
+            seg.close()
+            seg = None
+        return seg
 
     def close(self) -> None:
         self.mapped.close()

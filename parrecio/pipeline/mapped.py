@@ -23,7 +23,7 @@ import mmap
 import os
 import stat
 from collections import OrderedDict
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from ..errors import PipelineError
 
@@ -68,11 +68,18 @@ def map_stream(file) -> Optional[Tuple[mmap.mmap, str, int]]:
 
 
 class MappedFiles:
-    """The mapped files of one process, by segment name (the ``capacity`` most recent stay mapped)."""
+    """The mapped files of one process, by segment name (the ``capacity`` most recent stay mapped, each
+    with a descriptor open on it: :meth:`fd`)."""
 
     def __init__(self, capacity: int = 16) -> None:
         self.capacity = capacity
         self._maps: "OrderedDict[str, mmap.mmap]" = OrderedDict()
+        self._fds: Dict[str, int] = {}
+
+    def fd(self, name: str) -> int:
+        """A descriptor of the file :meth:`get` mapped for ``name`` (call that first): large payloads are
+        cheaper to ``os.pread`` than to fault in page by page through a fresh mapping."""
+        return self._fds[name]
 
     def get(self, name: str) -> mmap.mmap:
         """The read-only mapping of the file that ``name`` identifies; PipelineError if that file
@@ -92,11 +99,14 @@ class MappedFiles:
                 raise PipelineError(f"{path} changed while it was being read (size, inode or modification "
                                     f"time differ from when the reader process opened it)")
             mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
-        finally:
+        except BaseException:
             os.close(fd)
-        self._maps[name] = mm
+            raise
+        self._maps[name], self._fds[name] = mm, fd
         while len(self._maps) > self.capacity:
-            self._close(self._maps.popitem(last=False)[1])
+            old, omm = self._maps.popitem(last=False)
+            self._close(omm)
+            os.close(self._fds.pop(old))
         return mm
 
     @staticmethod
@@ -109,3 +119,5 @@ class MappedFiles:
     def close(self) -> None:
         while self._maps:
             self._close(self._maps.popitem()[1])
+        while self._fds:
+            os.close(self._fds.popitem()[1])

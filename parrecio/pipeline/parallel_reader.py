@@ -26,13 +26,13 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union
 
 from ..decoders.base import ArraySpec, is_passthrough, payload_kinds, spec_of
 from ..errors import PipelineError
 from ..recordio.paths import index_path
 from ..sources import resolve
-from .batching import deliver
+from .batching import deliver, unbatched_blocks
 from .fields import Fields, normalize_fields
 from .padding import padded, pads
 from .shipping import ship
@@ -269,12 +269,20 @@ class ParallelReader:
                     self._state = State.IDLE
 
     def _iterate(self, run: Run) -> Iterator[Any]:
-        res, st = self._res, self._res.stats
+        res, st, cfg = self._res, self._res.stats, self._res.cfg
         cursor = run.cursor
-        pad = pads(res.cfg)  # then padded() drops a short last batch: it may need filling instead
-        items = deliver(run.spans(), res.cfg, self.batch_size, self.drop_last and not pad, cursor)
-        if pad:
-            items = padded(items, run, self.batch_size, self.drop_last, st)
+        pad = pads(cfg)  # then padded() drops a short last batch: it may need filling instead
+        blocks: Iterator[Iterable[Any]]
+        if self.batch_size is None and not pad:
+            # a span at a time: the pipeline (under the lock) once per span, not per sample; payloads
+            # copied as each sample is taken (feed.Payloads)
+            blocks = unbatched_blocks(run.spans(lazy=True), cfg.layout, cfg.kind, cfg.names, cursor)
+        else:
+            items = deliver(run.spans(), cfg, self.batch_size, self.drop_last and not pad, cursor)
+            if pad:
+                items = padded(items, run, self.batch_size, self.drop_last, st)
+            blocks = ((item,) for item in items)
+        clock = run.copy.clock  # the consumer's time taking large payloads, inside the blocks
         last = start = time.perf_counter()
         first = True
         try:
@@ -282,22 +290,34 @@ class ParallelReader:
                 with res.lock:  # inside the pipeline; released while the user's loop body runs
                     if run.aborted or res.closing:  # this pass was ended by close() or a new iteration
                         raise ended()
-                    item = next(items, _END)
-                if item is _END:
+                    block = next(blocks, _END)
+                if block is _END:
                     break
                 t0 = time.perf_counter()
                 if first:
                     st.startup_time += t0 - start
                     first = False
-                st.wall_time += t0 - last  # kept current, so that telemetry() mid-pass has a verdict
-                yield item
-                last = time.perf_counter()
-                st.user_time += last - t0
-                st.wall_time += last - t0
+                # The block's time, less its large payloads' copying, is the user's: timed once per
+                # block, not twice per sample (that alone would be a third of a tiny record's cost).
+                c0 = clock[0]
+                try:
+                    for item in block:
+                        yield item
+                        if run.aborted:  # close() from another thread, or a new pass in this one
+                            raise ended()
+                except ValueError:  # a payload's mapping closed under it by close() in another thread
+                    if run.aborted or res.closing:
+                        raise ended() from None
+                    raise
+                finally:
+                    now = time.perf_counter()
+                    st.user_time += now - t0 - (clock[0] - c0)
+                    st.wall_time += now - last  # kept current: telemetry() mid-pass has a verdict
+                    last = now
         finally:
             with res.lock:
                 st.wall_time += time.perf_counter() - last
-                items.close()
+                blocks.close()  # type: ignore[attr-defined]
                 self._pass_ended(run, cursor.pos)
                 run.shutdown()
                 if res.run is run:

@@ -84,7 +84,9 @@ class Run(Pass):
         self.in_pipeline = 0        # chunks dispatched and not yet delivered
         self.poller = Poller()
         self._watch_data = True     # whether the wait includes the reader's data pipe (see _step)
-        self.copy = CopyOut(cfg.passthrough, res.ring.mem)  # the payloads the consumer copies
+        self.copy = CopyOut(cfg.passthrough, res.ring.buf)  # the payloads the consumer copies
+        self.lazy = False           # whether payloads are copied as the user takes them (see spans())
+        self.delivering: Optional[Tuple[Chunk, Any]] = None  # a lazy chunk out and not yet released
         try:
             reader = ReaderHandle(res.ctx, cfg, ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip),
                                   res.lifeline.r)
@@ -95,17 +97,24 @@ class Run(Pass):
             raise
 
     # -- the loop ----------------------------------------------------------------------------------
-    def spans(self) -> Iterator[Span]:
+    def spans(self, lazy: bool = False) -> Iterator[Span]:
         """Every sample of the pass in stream order, as spans (bytes copied out of the ring,
         fixed-shape values leased).  Raises the first error under ``on_error="raise"`` after the
-        samples before it."""
+        samples before it.
+
+        With ``lazy``, passthrough columns are :class:`~parrecio.pipeline.feed.Payloads` and a chunk's
+        ring space is released only when the next span is asked for: the caller takes every sample of
+        a span before it asks for the next (one at a time, unbatched), never holding a span back."""
         st = self.stats
+        self.lazy = lazy and bool(self.copy)
         try:
             while True:
                 while self.chunks and self.chunks[0].complete:
                     spans, err = self._deliver(self.chunks.popleft())
                     yield from spans
                     del spans  # their leases: a slot whose samples were all handed out is free to reuse
+                    if self.delivering is not None:  # every payload of it was taken
+                        self._release_delivering()
                     if err is not None:
                         raise err
                     if self.aborted:
@@ -242,12 +251,17 @@ class Run(Pass):
         """The spans of a complete chunk, and the error to raise after them (if any); then release its
         ring space."""
         c = cs.chunk
+        ok = False
         try:
             spans, err = self._spans(cs)
+            ok = True
         finally:
             if cs.dispatched:
                 self.in_pipeline -= 1
-            self.feed.release(c)
+            if self.delivering is None:
+                self.feed.release(c)
+            elif not ok:
+                self._release_delivering()
         delivered = sum(sp.n for sp in spans)
         self.stats.samples += delivered
         self.delivered += delivered
@@ -260,7 +274,9 @@ class Run(Pass):
             return [], None
         columns = list(cs.columns)
         if self.copy:
-            self.copy.into(c, columns)
+            seg = self.copy.into(c, columns, self.lazy)
+            if self.lazy:
+                self.delivering = (c, seg)
         n, seq0, pos0 = c.n, c.first_seq, cs.pos0
         if pos0 is None and not cs.errors:  # the common case without fixed-shape outputs
             return [_new(Span, (seq0, n, None, 0, columns))], None
@@ -290,6 +306,14 @@ class Run(Pass):
             log.warning("parrecio: skipped %s", err)
             a = e + 1
         return spans, None
+
+    def _release_delivering(self) -> None:
+        """The lazy chunk out: its payloads were all taken; its ring space and one-off segment go back."""
+        c, seg = self.delivering
+        self.delivering = None
+        if seg is not None:
+            seg.close()
+        self.feed.release(c)
 
     def _error_at(self, cs: _ChunkState, j: int) -> BaseException:
         """The DecodeError of group ``j`` of the chunk, naming the sample, its offset and its stream."""
@@ -342,6 +366,12 @@ class Run(Pass):
         if self.closed or os.getpid() != self.owner_pid:
             return
         self.closed = True
+        if self.delivering is not None:  # its payloads are dropped: its segment (if any) goes
+            c, seg = self.delivering
+            self.delivering = None
+            if seg is not None:
+                seg.close()
+            self.chunks.append(_ChunkState(c, [], 0))
         for c in self.feed.stop():
             self.chunks.append(_ChunkState(c, [], 0))  # only its one-off segment matters now
         for cs in self.chunks:

@@ -241,6 +241,46 @@ class RecordReader:
                         f"reading {self.source_name or 'the stream'} stopped inside the record at byte offset "
                         f"{self._resume}, which is no longer buffered: this reader cannot resume")
 
+    def scan_flat(self, offs: Any, lens: Any, stream_offs: Any, max_n: int, max_bytes: int) -> Tuple[int, int]:
+        """Frame the next whole single-part records of a reader :meth:`over` a buffer, without a view
+        or a generator step each: append each payload's position in the buffer, its length and its
+        stream offset to ``offs``, ``lens``, ``stream_offs`` (``array`` s or lists).  Stops after
+        ``max_n`` records, after the record that brings their payload bytes to ``max_bytes``, or before
+        a record that is not plain (multipart, damaged, the end): :meth:`iter_views` takes that one.
+        Returns ``(records, payload bytes)``.  What :meth:`iter_views`' fast path yields, in bulk (the
+        reader process's hot loop on small records)."""
+        if self._read_into is not None or self._buffers is not None or not self._eof:
+            raise RuntimeError("scan_flat() needs a reader made by RecordReader.over()")
+        if self._iterating or self._error is not None or max_n <= 0 or max_bytes <= 0:
+            return 0, 0
+        unpack_from, magic_ = HEADER.unpack_from, MAGIC
+        maxlen = min(self.max_record_bytes, LENGTH_MASK)  # lrec <= maxlen also means cflag == 0
+        buf, base, end = self._buf, self._base, self._end
+        add_off, add_len, add_soff = offs.append, lens.append, stream_offs.append
+        pos = self._resume - base
+        longest = self._max_single
+        n = nb = 0
+        while pos + 8 <= end:
+            magic, lrec = unpack_from(buf, pos)
+            if magic != magic_ or lrec > maxlen:
+                break
+            nxt = pos + 8 + ((lrec + 3) & -4)
+            if nxt > end:
+                break
+            add_off(pos + 8)
+            add_len(lrec)
+            add_soff(base + pos)
+            if lrec > longest:
+                longest = lrec
+            pos = nxt
+            n += 1
+            nb += lrec
+            if n >= max_n or nb >= max_bytes:
+                break
+        self._resume = base + pos
+        self._max_single = longest
+        return n, nb
+
     def _next_slow(self, offset: int) -> Optional[Tuple[int, memoryview, int]]:
         """The record at stream ``offset`` through the shared framing code; skip corruption if asked."""
         auto = self.join == "auto"
