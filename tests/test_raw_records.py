@@ -259,3 +259,26 @@ def test_no_shared_memory_left_after_a_killed_reader_process(tmp_path, no_leaks)
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_more_files_than_stay_mapped_read_back_exactly(tmp_path, no_leaks, workers):
+    """A directory of 20 files, more than the 16 that one process keeps mapped (``MappedFiles``): a
+    file's mapping and descriptor are closed while later files are read, and a lazily copied payload
+    (``pread`` of 32 KiB and more, slices below) must still come from its own file."""
+    from parrecio.pipeline.mapped import MappedFiles
+    files = 20
+    assert files > MappedFiles().capacity
+    root = tmp_path / "many"
+    root.mkdir()
+    want = []
+    for i in range(files):
+        sizes = [0, 5, PREAD_BYTES - 1, PREAD_BYTES, 3 * PREAD_BYTES + i, 100 + i]
+        recs = [bytes([i]) * 3 + os.urandom(k) for k in sizes]  # each payload names its file
+        write_rec(root / f"part-{i:02d}.rec", recs)
+        want += recs
+    with deadline(120), ParallelReader(str(root), workers=workers, tuning=SMALL_RING) as r:
+        for _ in range(2):
+            assert list(r) == want
+    with deadline(120), ParallelReader(str(root), workers=workers, batch_size=5) as r:
+        assert [x for b in r for x in b] == want

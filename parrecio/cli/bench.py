@@ -381,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
               f"batch {args.batch_size}  size {args.size}  epochs {args.epochs}", file=sys.stderr)
     runs = []
     if any(workers_list):
-        warm_up(pipe)  # start the forkserver now: the first --workers value must not pay for it
+        warm_up(pipe, decoders)  # start the forkserver now: the first --workers value must not pay for it
     for w in workers_list:
         runs.append(bench_one(args.channel, decoders, w, args, show, record_bytes, len(names), pipe))
     doc = {"channel": args.channel, "fields": names, "fields_guessed": guessed, "batch_size": args.batch_size,
@@ -410,15 +410,13 @@ MIN_VERDICT_SECONDS = 0.5   # a steady state shorter than this says nothing abou
 MIN_VERDICT_SAMPLES = 100
 
 
-def warm_up(pipe: Any) -> None:
-    """Start the decoder processes' forkserver (with the modules it preloads) before any timing."""
+def warm_up(pipe: Any, decoders: Sequence[Any] = ()) -> None:
+    """Start the decoder processes' forkserver (preloading the modules of ``decoders``) before any timing."""
     import multiprocessing
     if pipe is not None or "forkserver" not in multiprocessing.get_all_start_methods():
         return
-    from multiprocessing import forkserver
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["parrecio.pipeline.worker", "parrecio.pipeline.reader_proc"])
-    forkserver.ensure_running()
+    from ..pipeline.children import start_forkserver
+    start_forkserver(decoders)
 
 
 def scaling_line(run: Dict[str, Any]) -> Optional[str]:

@@ -27,16 +27,21 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import pickle
 import signal
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 from .shm import sweep
 
-__all__ = ["child_entry", "start", "describe_exit", "register_for_fork", "close_quietly"]
+__all__ = ["child_entry", "start", "start_forkserver", "describe_exit", "register_for_fork", "close_quietly"]
+
+# What every child runs: the fork server imports them once, before it forks the first child.
+CHILD_MODULES = ("parrecio.pipeline.worker", "parrecio.pipeline.reader_proc")
 
 TERMINATION_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
                             if s is not None)
@@ -113,6 +118,52 @@ def start(proc: Any) -> None:
     start launches the fork server, in the fork server: see :func:`_main_not_reimported`)."""
     with _main_not_reimported():
         proc.start()
+
+
+def start_forkserver(uses: Iterable[Any] = ()) -> None:
+    """Launch the ``forkserver`` start method's server now, if it is not running yet, and return at once.
+
+    It preloads :data:`CHILD_MODULES` and the library modules that the children's arguments ``uses``
+    (decoders, the source) import when they unpickle (the image decoder: Pillow): imported once there,
+    not in each child after its fork.  Its start-up (a fresh
+    interpreter, numpy, Pillow: most of the time to a first batch) then overlaps what the consumer does
+    meanwhile (the ring and the output slots); the first child's start waits for it.  Modules of the
+    user's own are left to the children: importing them in the server could have side effects that the
+    user never asked for there."""
+    from multiprocessing import forkserver
+    forkserver.set_forkserver_preload(list(CHILD_MODULES) + library_modules(uses))
+    with _main_not_reimported():  # the server's preparation data names __main__'s file too
+        forkserver.ensure_running()
+
+
+class _ModuleLister(pickle.Pickler):
+    """Pickles to nowhere, noting the module of every object, class and function on the way."""
+
+    def __init__(self) -> None:
+        super().__init__(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL)
+        self.modules: Dict[str, None] = {}  # (ordered)
+
+    def persistent_id(self, obj: Any) -> None:
+        self.modules[type(obj).__module__] = None
+        if isinstance(obj, type) or callable(obj):
+            name = getattr(obj, "__module__", None)
+            if isinstance(name, str):
+                self.modules[name] = None
+        return None
+
+
+def library_modules(objs: Iterable[Any]) -> List[str]:
+    """The ``parrecio`` modules that unpickling ``objs`` imports (nested decoders too: ``ImageRecord``
+    holds an ``Image``); what cannot be pickled is skipped (:mod:`.shipping` reports it)."""
+    found: Dict[str, None] = {}
+    for obj in objs:
+        lister = _ModuleLister()
+        try:
+            lister.dump(obj)
+        except Exception:
+            continue
+        found.update(lister.modules)
+    return [m for m in found if m.startswith("parrecio.")]
 
 
 # -- os.fork() in the consumer ------------------------------------------------------------------------

@@ -101,12 +101,13 @@ class Payloads:
 
     def _reads(self) -> Iterator[bytes]:
         mm, fd, clock, now = self.mm, self.fd, self.clock, time.perf_counter
+        assert fd is not None  # (__iter__ sends only a file's payloads here)
         for o, k in zip(self.offs, self.lens):
             if k < PREAD_BYTES:
                 yield mm[o:o + k]
             else:
                 t0 = now()
-                b = _copy(mm, fd, o, k)
+                b = _pread(fd, o, k)
                 clock[0] += now() - t0  # the consumer's time, not the user's (ParallelReader._iterate)
                 yield b
 
@@ -121,6 +122,10 @@ def _copy(mm: Any, fd: Optional[int], o: int, k: int) -> bytes:
     """Payload ``mm[o:o + k]`` as ``bytes``; from a file (``fd``) with ``os.pread`` when it is large."""
     if fd is None or k < PREAD_BYTES:
         return mm[o:o + k]
+    return _pread(fd, o, k)
+
+
+def _pread(fd: int, o: int, k: int) -> bytes:
     b = os.pread(fd, k, o)
     if len(b) != k:
         raise PipelineError(f"a file read in place was truncated while it was being read: {k} bytes at "

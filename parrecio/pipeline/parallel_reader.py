@@ -201,6 +201,7 @@ class ParallelReader:
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
         self._pass_samples: Optional[int] = None  # samples of the last complete pass
         self._indexed_groups: Optional[int] = None  # groups the .idx files list (read once, by __len__)
+        res.warm_up()  # the fork server boots while the user builds a model (and the pass its memory)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -242,6 +243,11 @@ class ParallelReader:
                     self._state = State.CLOSED
                     raise
             run = res.run = (InlineRun if self.workers == 0 else Run)(res, self._epoch, self._skip)
+            try:
+                res.start_workers()
+            except BaseException:
+                self._state = State.CLOSED
+                raise
             self._progress = (self._epoch, self._skip, False)
             self._epoch += 1
             self._skip = 0

@@ -56,6 +56,7 @@ class WorkerPool:
         self.job = job
         self.lifeline_r = lifeline_r
         self.workers: List[_Worker] = []
+        self.started = False
         self.replaced = 0
         self.deaths_without_progress = 0  # reset by every result: bounds a crash-at-start loop
         self.clock = 0.0                  # seconds the consumer has spent waiting on the pool
@@ -65,8 +66,11 @@ class WorkerPool:
         self._generations = itertools.count()  # every worker ever started gets its own seed
 
     def start(self) -> None:
-        """Start the ``cfg.workers`` processes."""
-        self.workers = [self._spawn(i) for i in range(self.cfg.workers)]
+        """Start the ``cfg.workers`` processes (one by one into ``workers``: when a start fails, those
+        started before it are stopped with the pool)."""
+        self.started = True
+        for i in range(self.cfg.workers):
+            self.workers.append(self._spawn(i))
 
     def _spawn(self, index: int) -> _Worker:
         self.version += 1

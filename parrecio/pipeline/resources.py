@@ -23,7 +23,7 @@ import os
 import threading
 from typing import Any, NamedTuple, Optional, Tuple
 
-from .children import close_quietly, register_for_fork
+from .children import close_quietly, register_for_fork, start_forkserver
 from .config import PipelineConfig
 from .pool import WorkerPool
 from .shm import SHM_DIR, Segment, free_bytes, new_prefix
@@ -127,6 +127,15 @@ class Resources:
     def closed(self) -> bool:
         return self.phase is _CLOSED
 
+    def warm_up(self) -> None:
+        """Boot the fork server now, when the children will come from one: its start-up (an interpreter
+        importing numpy, Pillow and the children's modules) is most of the time to a first batch, and
+        overlaps what happens before the children are asked for (see
+        :func:`~parrecio.pipeline.children.start_forkserver`).  Cheap once it runs."""
+        cfg = self.cfg
+        if cfg is not None and cfg.workers and cfg.start_method == "forkserver":
+            start_forkserver([*cfg.decoders, self.source])
+
     def start(self) -> None:
         """Start what the passes share: nothing for ``workers=0``; else the lifeline, the ring, the
         output slots and (when some field is decoded) the decoder processes.  On failure everything
@@ -136,10 +145,9 @@ class Resources:
         if cfg.workers == 0:
             return
         ctx = self.ctx
-        if cfg.start_method == "forkserver":
-            ctx.set_forkserver_preload(["parrecio.pipeline.worker", "parrecio.pipeline.reader_proc"])
         self.prefix = new_prefix()
         try:
+            self.warm_up()  # (again: when it was not up yet, it boots while the memory below is allocated)
             self.lifeline = Lifeline(*ctx.Pipe(duplex=False))
             initial = least = 0
             if cfg.layout.has_fixed:
@@ -157,8 +165,20 @@ class Resources:
             self.ring = Segment.create(self.prefix + "ring", cfg.ring_bytes)
             self.slots = SlotPool(cfg.layout, self.prefix, initial)
             if not all(cfg.passthrough):
+                # started by start_workers(), after the first pass's reader process
                 self.pool = WorkerPool(ctx, cfg, WorkerJob(self.ring.name, self.prefix), self.lifeline.r)
-                self.pool.start()
+        except BaseException:
+            self._close()
+            raise
+
+    def start_workers(self) -> None:
+        """Start the decoder processes, once (a no-op after that, and without any).  Called after the
+        first pass's reader process started: its first chunk is then on its way while they start
+        (the fork server starts one process at a time).  On failure everything is closed."""
+        if self.pool is None or self.pool.started:
+            return
+        try:
+            self.pool.start()
         except BaseException:
             self._close()
             raise

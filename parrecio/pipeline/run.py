@@ -309,11 +309,16 @@ class Run(Pass):
 
     def _release_delivering(self) -> None:
         """The lazy chunk out: its payloads were all taken; its ring space and one-off segment go back."""
+        self.feed.release(self._take_delivering())
+
+    def _take_delivering(self) -> Chunk:
+        """The lazy chunk out, let go of (this process's mapping of its one-off segment closed)."""
+        assert self.delivering is not None
         c, seg = self.delivering
         self.delivering = None
         if seg is not None:
             seg.close()
-        self.feed.release(c)
+        return c
 
     def _error_at(self, cs: _ChunkState, j: int) -> BaseException:
         """The DecodeError of group ``j`` of the chunk, naming the sample, its offset and its stream."""
@@ -367,11 +372,7 @@ class Run(Pass):
             return
         self.closed = True
         if self.delivering is not None:  # its payloads are dropped: its segment (if any) goes
-            c, seg = self.delivering
-            self.delivering = None
-            if seg is not None:
-                seg.close()
-            self.chunks.append(_ChunkState(c, [], 0))
+            self.chunks.append(_ChunkState(self._take_delivering(), [], 0))
         for c in self.feed.stop():
             self.chunks.append(_ChunkState(c, [], 0))  # only its one-off segment matters now
         for cs in self.chunks:

@@ -1,0 +1,183 @@
+"""Start-up: what the time to a first batch is made of (docs/ARCHITECTURE.md "Start-up").
+
+- The fork server boots at construction, preloading the children's modules and the library modules that
+  the fields and the source unpickle (nested decoders too), while the consumer goes on.
+- The packages export lazily: a decoder or reader process imports what it runs, not the whole library;
+  every public name still resolves as before.
+- The first pass starts its reader process before the decoder processes; a decoder that fails to start
+  then closes everything (reader included) and leaks nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from parrecio import ParallelReader, PipelineError
+from parrecio.pipeline.children import CHILD_MODULES, library_modules
+from pipeline_helpers import Fixed, deadline, digest_array, payloads, write_rec
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _run(tmp_path, body: str, timeout: float = 120) -> str:
+    """Run ``body`` as a script file in a fresh interpreter (its own fork server); its stdout."""
+    script = tmp_path / "probe.py"
+    script.write_text("import sys\nsys.path[:0] = [%r, %r]\n" % (ROOT, HERE)
+                      + "if __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent(body), "    "))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+# -- the fork server boots at construction, with what the children will import ----------------------------
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver")
+def test_fork_server_boots_at_construction_with_the_fields_modules(tmp_path):
+    from image_helpers import gt_boxes_json, jpeg
+    path = tmp_path / "s.rec"
+    recs = []
+    for i in range(40):
+        recs += [jpeg(64 + i, 48, seed=i), gt_boxes_json([(i % 3, 1, 2, 10, 8)], 64 + i, 48)]
+    write_rec(path, recs)
+    out = _run(tmp_path, f"""
+        import json
+        from multiprocessing import forkserver
+        import psutil
+        from parrecio import ParallelReader
+        from parrecio.decoders import BoundingBoxes, Image
+        def servers():
+            return [p for p in psutil.Process().children()
+                    if "forkserver" in " ".join(p.cmdline())]
+        before = len(servers())
+        fields = [Image(size=(32, 24)), BoundingBoxes(max_boxes=4)]
+        r = ParallelReader({str(path)!r}, fields=fields, workers=2, batch_size=8)
+        booted = len(servers())                          # at construction, not at the first pass
+        preload = list(forkserver._forkserver._preload_modules)
+        got = [[a.tobytes() for a in batch] for batch in r]
+        r.close()
+        with ParallelReader({str(path)!r}, fields=fields, workers=0, batch_size=8) as r0:
+            want = [[a.tobytes() for a in batch] for batch in r0]
+        print(json.dumps({{"before": before, "booted": booted, "preload": preload, "same": got == want,
+                           "batches": len(got)}}))
+    """)
+    import json
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["before"] == 0 and doc["booted"] == 1
+    assert doc["same"] and doc["batches"] == 5
+    assert doc["preload"][:len(CHILD_MODULES)] == list(CHILD_MODULES)
+    assert {"parrecio.decoders.image", "parrecio.decoders.labels", "parrecio.sources.files"} <= set(doc["preload"])
+    assert "__main__" not in doc["preload"]  # the probe script is not re-imported there
+
+
+def test_workers_0_starts_no_fork_server(tmp_path):
+    path = tmp_path / "s.rec"
+    write_rec(path, payloads(20, seed=1))
+    out = _run(tmp_path, f"""
+        import psutil
+        from parrecio import ParallelReader
+        r = ParallelReader({str(path)!r}, workers=0)
+        n = sum(1 for _ in r)
+        r.close()
+        print(n, len(psutil.Process().children()))
+    """)
+    assert out.split() == ["20", "0"]
+
+
+def test_library_modules_of_nested_decoders_and_what_cannot_be_pickled():
+    from parrecio.decoders import BoundingBoxes, Image, ImageRecord
+    mods = library_modules([ImageRecord(Image(size=(8, 8))), BoundingBoxes()])
+    assert mods[:2] == ["parrecio.decoders.imagerecord", "parrecio.decoders.image"]  # the wrapped Image too
+    assert "parrecio.decoders.labels" in mods and all(m.startswith("parrecio.") for m in mods)
+    # a user's decoder: its own module is left to the children (the library's that it holds are not);
+    # a lambda does not pickle: skipped
+    assert library_modules([Fixed()]) == ["parrecio.decoders.base"]  # (its ArraySpec)
+    assert library_modules([lambda p: p, object()]) == []
+
+
+# -- lazy exports ---------------------------------------------------------------------------------------
+
+def test_a_child_imports_only_what_it_runs(tmp_path):
+    out = _run(tmp_path, """
+        import parrecio.pipeline.worker, parrecio.pipeline.reader_proc
+        heavy = ["parrecio.pipeline.parallel_reader", "parrecio.pipeline.resources", "parrecio.pipeline.run",
+                 "parrecio.sources.s3", "parrecio.sources.resolver", "parrecio.decoders.image",
+                 "parrecio.decoders.augment", "parrecio.decoders.protobuf_record", "PIL"]
+        print(" ".join(m for m in heavy if m in sys.modules) or "none")
+    """)
+    assert out.strip() == "none"
+
+
+@pytest.mark.parametrize("package", ["parrecio", "parrecio.pipeline", "parrecio.decoders", "parrecio.sources"])
+def test_every_public_name_resolves(package, tmp_path):
+    mod = importlib.import_module(package)
+    for name in mod.__all__:
+        value = getattr(mod, name)
+        assert value is not None
+        assert name in dir(mod)
+        origin = getattr(value, "__module__", None)
+        if isinstance(origin, str) and origin.startswith("parrecio."):  # the object its submodule defines
+            assert getattr(sys.modules[origin], name, value) is value
+    with pytest.raises(AttributeError, match=f"module '{package}' has no attribute 'no_such_name'"):
+        getattr(mod, "no_such_name")
+    out = _run(tmp_path, f"""
+        ns = {{}}
+        exec("from {package} import *", ns)
+        import {package} as m
+        print(sorted(set(m.__all__) - set(ns)))
+    """)
+    assert out.strip() == "[]"
+
+
+def test_sniff_is_the_function_after_its_module_is_imported():
+    import parrecio.decoders.sniff  # noqa: F401  (the submodule of the same name)
+    from parrecio.decoders import sniff
+    assert callable(sniff) and not hasattr(sniff, "__path__") and sniff.__name__ == "sniff"
+
+
+# -- the reader process first; a decoder that fails to start ------------------------------------------
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_decoder_that_fails_to_start_closes_everything(tmp_path, monkeypatch, no_leaks, failing):
+    path = tmp_path / "s.rec"
+    recs = payloads(200, seed=3)
+    write_rec(path, recs)
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
+                                      else "spawn")
+    cls = ctx.Process
+    original = cls.start
+    order = []
+
+    def start(self):
+        order.append(self.name)
+        if self.name == f"parrecio-worker-{failing}":
+            raise OSError("no more processes")
+        return original(self)
+
+    monkeypatch.setattr(cls, "start", start)
+    reader = ParallelReader(path, fields=Fixed(), workers=2)
+    with deadline(30), pytest.raises(OSError, match="no more processes"):
+        next(iter(reader))
+    assert order[0] == "parrecio-reader"  # its first chunk is on its way while the decoders start
+    with pytest.raises(PipelineError, match="closed"):
+        iter(reader)
+    reader.close()
+
+
+def test_the_first_pass_is_complete_and_in_order(tmp_path, no_leaks):
+    path = tmp_path / "s.rec"
+    recs = payloads(500, seed=4)
+    write_rec(path, recs)
+    want = np.stack([digest_array(r) for r in recs])
+    with deadline(60), ParallelReader(path, fields=Fixed(), workers=3, batch_size=7) as reader:
+        for _ in range(2):
+            got = np.concatenate(list(reader))
+            assert got.tobytes() == want.tobytes()
