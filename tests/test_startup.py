@@ -181,3 +181,37 @@ def test_the_first_pass_is_complete_and_in_order(tmp_path, no_leaks):
         for _ in range(2):
             got = np.concatenate(list(reader))
             assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver")
+@pytest.mark.parametrize("iterated", [False, True], ids=["made", "iterated"])
+def test_a_reader_made_after_os_fork_starts_its_own_fork_server(tmp_path, iterated):
+    """The parent's fork server (booted at construction) is not the forked child's child: the child's
+    reader must not fail on multiprocessing's liveness check of it (ChildProcessError), and reads."""
+    path = tmp_path / "s.rec"
+    recs = payloads(120, seed=5)
+    write_rec(path, recs)
+    out = _run(tmp_path, f"""
+        import os
+        import numpy as np
+        from parrecio import ParallelReader
+        from pipeline_helpers import Fixed, digest_array, payloads
+        want = np.stack([digest_array(r) for r in payloads(120, seed=5)]).tobytes()
+        r = ParallelReader({str(path)!r}, fields=Fixed(), workers=2, batch_size=10)
+        if {iterated!r}:
+            assert np.concatenate(list(r)).tobytes() == want
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with ParallelReader({str(path)!r}, fields=Fixed(), workers=2, batch_size=10) as r2:
+                    code = 0 if np.concatenate(list(r2)).tobytes() == want else 2
+            except BaseException as exc:
+                print("child:", type(exc).__name__, exc, flush=True)
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status))
+        print("parent", np.concatenate(list(r)).tobytes() == want)  # its own server still serves it
+        r.close()
+    """)
+    assert out.split("\n")[-3:] == ["child exit 0", "parent True", ""], out

@@ -182,6 +182,30 @@ def _after_fork_in_child() -> None:
         except Exception:  # never let our bookkeeping break the user's fork
             pass
     _FORK_AWARE.clear()
+    try:
+        _forget_fork_server()
+    except Exception:
+        pass
+
+
+def _forget_fork_server() -> None:
+    """In the child of an ``os.fork()``: the parent's fork server is not this process's child, and
+    multiprocessing's check that it still runs (``os.waitpid``) raises ``ChildProcessError`` here, so no
+    reader made after the fork could start a process.  Forget it (and close this copy of its "alive"
+    pipe, which would keep it running after the parent): the first start here boots a server of its own.
+    Its lock is new too, in case a thread of the parent held it at the fork."""
+    fs = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(fs, "_forkserver", None)
+    if server is None or getattr(server, "_forkserver_pid", None) is None:
+        return
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    for name in ("_forkserver_pid", "_forkserver_address", "_forkserver_alive_fd", "_forkserver_authkey"):
+        if hasattr(server, name):
+            setattr(server, name, None)
+    server._lock = threading.Lock()
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def close_quietly(*conns: Any) -> None:
