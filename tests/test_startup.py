@@ -20,7 +20,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from parrecio import ParallelReader, PipelineError
+from parrecio import ParallelReader, PipelineError, Tuning
 from parrecio.pipeline.children import CHILD_MODULES, library_modules
 from pipeline_helpers import Fixed, deadline, digest_array, payloads, write_rec
 
@@ -215,3 +215,25 @@ def test_a_reader_made_after_os_fork_starts_its_own_fork_server(tmp_path, iterat
         r.close()
     """)
     assert out.split("\n")[-3:] == ["child exit 0", "parent True", ""], out
+
+
+def test_a_fork_server_that_cannot_start_fails_the_first_pass_not_the_constructor(tmp_path, monkeypatch,
+                                                                                    no_leaks):
+    from parrecio.pipeline import resources
+    path = tmp_path / "s.rec"
+    write_rec(path, payloads(30, seed=6))
+    calls = []
+
+    def broken(uses):
+        calls.append(len(list(uses)))
+        raise OSError("too many open files")
+
+    monkeypatch.setattr(resources, "start_forkserver", broken)
+    reader = ParallelReader(path, fields=Fixed(), workers=2, tuning=Tuning(start_method="forkserver"))
+    assert calls == [2]  # tried at construction: the field and the source
+    with deadline(30), pytest.raises(OSError, match="too many open files"):
+        iter(reader)
+    assert calls == [2, 2]
+    with pytest.raises(PipelineError, match="closed"):
+        iter(reader)
+    reader.close()

@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import pickle
 import signal
@@ -136,11 +135,17 @@ def start_forkserver(uses: Iterable[Any] = ()) -> None:
         forkserver.ensure_running()
 
 
+class _Nowhere:
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
 class _ModuleLister(pickle.Pickler):
-    """Pickles to nowhere, noting the module of every object, class and function on the way."""
+    """Pickles to nowhere (nothing is kept: a decoder holding a large table costs no memory here),
+    noting the module of every object, class and function on the way."""
 
     def __init__(self) -> None:
-        super().__init__(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL)
+        super().__init__(_Nowhere(), protocol=pickle.HIGHEST_PROTOCOL)
         self.modules: Dict[str, None] = {}  # (ordered)
 
     def persistent_id(self, obj: Any) -> None:

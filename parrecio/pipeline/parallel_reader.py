@@ -201,7 +201,7 @@ class ParallelReader:
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
         self._pass_samples: Optional[int] = None  # samples of the last complete pass
         self._indexed_groups: Optional[int] = None  # groups the .idx files list (read once, by __len__)
-        res.warm_up()  # the fork server boots while the user builds a model (and the pass its memory)
+        res.warm_up(strict=False)  # the fork server boots while the user builds a model (the pass its memory)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def close(self) -> None:

@@ -127,14 +127,22 @@ class Resources:
     def closed(self) -> bool:
         return self.phase is _CLOSED
 
-    def warm_up(self) -> None:
+    def warm_up(self, strict: bool = True) -> None:
         """Boot the fork server now, when the children will come from one: its start-up (an interpreter
         importing numpy, Pillow and the children's modules) is most of the time to a first batch, and
         overlaps what happens before the children are asked for (see
-        :func:`~parrecio.pipeline.children.start_forkserver`).  Cheap once it runs."""
+        :func:`~parrecio.pipeline.children.start_forkserver`).  Cheap once it runs.  Not ``strict``
+        (at construction, where it is only ahead of time): a failure is left to the first pass, which
+        tries again and reports it."""
         cfg = self.cfg
-        if cfg is not None and cfg.workers and cfg.start_method == "forkserver":
+        if cfg is None or not cfg.workers or cfg.start_method != "forkserver":
+            return
+        try:
             start_forkserver([*cfg.decoders, self.source])
+        except Exception:
+            if strict:
+                raise
+            log.debug("parrecio: the fork server did not start ahead of the first pass", exc_info=True)
 
     def start(self) -> None:
         """Start what the passes share: nothing for ``workers=0``; else the lifeline, the ring, the
