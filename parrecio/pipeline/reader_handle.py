@@ -9,46 +9,65 @@ space, stop it.  (:mod:`parrecio.pipeline.pool` is the same for the decoder proc
     ReaderHandle.stop()      ---ctrl pipe-->   Stop; then join, or SIGKILL after a second
 
 The reader process is started per pass (an epoch of a SageMaker Pipe-mode channel is a new FIFO, read by
-a new process).  Its death is noticed through its sentinel, which the consumer waits on beside the data
-pipe (:meth:`waitables`); a reader that died before its ``ReaderEnd`` is a :class:`PipelineError` naming
-how it died.
+a new process); the next pass's is started ahead, as a spare that waits for its job, once the current
+one has ended (:meth:`parrecio.pipeline.resources.Resources.prepare_spare`).  Its death is noticed
+through its sentinel, which the consumer waits on beside the data pipe (:meth:`waitables`); a reader
+that died before its ``ReaderEnd`` is a :class:`PipelineError` naming how it died.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, List
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..errors import PipelineError
 from .children import child_entry, close_quietly, describe_exit, forget_processes, start
 from .messages import ReaderEnd, Release, Stop
 from .config import PipelineConfig
-from .reader_proc import ReaderJob, reader_main
+from .reader_proc import ReaderJob, reader_main, spare_main
 from .shm import sweep
 
 __all__ = ["ReaderHandle"]
 
 
 class ReaderHandle:
-    """A started reader process for one pass, and the two pipes to it."""
+    """A started reader process for one pass, and the two pipes to it.
 
-    def __init__(self, ctx: Any, cfg: PipelineConfig, job: ReaderJob, lifeline_r: Any) -> None:
+    With ``job=None`` the process is a *spare*, started ahead of its pass (``prefix``: the run's shared
+    memory prefix): it waits until :meth:`begin` sends it its job (:func:`reader_proc.spare_main`)."""
+
+    def __init__(self, ctx: Any, cfg: PipelineConfig, job: Optional[ReaderJob], lifeline_r: Any,
+                 prefix: str = "") -> None:
         data_r, data_w = ctx.Pipe(duplex=False)
         ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
         self.data, self.ctrl = data_r, ctrl_w
-        self.prefix = job.prefix
-        self.source_name = job.source.name
+        self.prefix = job.prefix if job is not None else prefix
+        self.source_name = job.source.name if job is not None else ""
         self.ended = False  # its ReaderEnd was received: it sends nothing more
+        args: Tuple[Any, ...]
+        target: Callable[..., None]
+        if job is None:
+            target, args = spare_main, (cfg, data_w, ctrl_r, lifeline_r)
+        else:
+            target, args = reader_main, (cfg, job, data_w, ctrl_r, lifeline_r)
         try:
             self.proc = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
-                                    args=(job.prefix, lifeline_r, reader_main, cfg, job, data_w, ctrl_r,
-                                          lifeline_r))
+                                    args=(self.prefix, lifeline_r, target, *args))
             start(self.proc)
         except BaseException:
             close_quietly(data_r, data_w, ctrl_r, ctrl_w)
             raise
         finally:
             close_quietly(data_w, ctrl_r)  # the child has its own copies (or none: it did not start)
+
+    def begin(self, job: ReaderJob) -> bool:
+        """Give a spare its pass's job; False when it can no longer take one (it died)."""
+        try:
+            self.ctrl.send(job)
+        except (BrokenPipeError, OSError):
+            return False
+        self.source_name = job.source.name
+        return self.proc.is_alive()
 
     @property
     def pid(self) -> int:

@@ -41,6 +41,7 @@ import stat
 import time
 from array import array
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from typing import Any, Iterator, Optional, Tuple
 
 from ..errors import ParrecioError
@@ -331,6 +332,26 @@ def _report(data_conn: Any, n_groups: int, exc: BaseException) -> None:
         data_conn.send(ReaderEnd(n_groups, {}, RemoteError(exc)))
     except (EOFError, OSError):
         pass
+
+
+def spare_main(cfg: PipelineConfig, data_conn, ctrl_conn, lifeline) -> None:
+    """Entry point of a reader process started ahead of its pass (a *spare*, see
+    :meth:`parrecio.pipeline.resources.Resources.prepare_spare`): it waits for its :class:`ReaderJob` on
+    the control pipe, then is that pass's reader.  A ``Stop``, a closed pipe or its consumer's death
+    (the lifeline, watched in the same wait) end it before it has opened anything."""
+    while True:
+        ready = wait([ctrl_conn, lifeline], cfg.poll_interval)
+        if lifeline in ready:
+            return  # (child_entry's watchdog sweeps the run's shared memory)
+        if ctrl_conn not in ready:
+            continue
+        try:
+            msg = ctrl_conn.recv()
+        except (EOFError, OSError):
+            return
+        if isinstance(msg, ReaderJob):
+            reader_main(cfg, msg, data_conn, ctrl_conn, lifeline)
+        return
 
 
 def reader_main(cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifeline) -> None:

@@ -20,12 +20,14 @@ import logging
 import math
 import multiprocessing
 import os
+import pickle
 import threading
 from typing import Any, NamedTuple, Optional, Tuple
 
 from .children import close_quietly, register_for_fork, start_forkserver
 from .config import PipelineConfig
 from .pool import WorkerPool
+from .reader_handle import ReaderHandle
 from .shm import SHM_DIR, Segment, free_bytes, new_prefix
 from .slots import SlotPool
 from .stats import Stats
@@ -102,6 +104,8 @@ class Resources:
         self.ring: Optional[Segment] = None       # the input ring (its .mem: the consumer's view of it)
         self.slots: Optional[SlotPool] = None     # output slots
         self.pool: Optional[WorkerPool] = None    # decoder processes (None: workers=0, or nothing to decode)
+        self.spare: Optional[ReaderHandle] = None  # the next pass's reader process, started ahead
+        self._spare_ok: Optional[bool] = None     # whether the source can be sent to a spare (see prepare_spare)
         self.run: Any = None                      # the pass being iterated
         self.phase = Phase.NEW
         self.lock = threading.RLock()
@@ -191,6 +195,44 @@ class Resources:
             self._close()
             raise
 
+    def prepare_spare(self) -> None:
+        """Start the next pass's reader process now (a *spare*), while this pass's last chunks are
+        delivered: its start -- the fork server's fork, the child's set-up, ~5-10 ms -- is then off the
+        next pass's path to its first chunk, which matters for passes of a fraction of a second (raw
+        records of a file in the page cache).  It waits for its job (:meth:`take_spare`); unused, it is
+        stopped by :meth:`close`.  Only for sources that travel by plain pickle (files, directories,
+        Pipe-mode channels: no descriptor to hand over) and can serve another epoch; a failure to
+        start one is left to the next pass, which starts its reader as usual."""
+        if self.spare is not None or self.closing or self.lifeline is None or not self._spare_allowed():
+            return
+        try:
+            self.spare = ReaderHandle(self.ctx, self.cfg, None, self.lifeline.r, self.prefix)
+        except Exception:
+            log.debug("parrecio: no spare reader process", exc_info=True)
+
+    def _spare_allowed(self) -> bool:
+        if self._spare_ok is None:
+            source = self.source
+            epochs = getattr(source, "epochs_supported", 1)
+            ok = source is not None and (epochs is None or epochs > 1)
+            if ok:
+                try:
+                    pickle.dumps(source)
+                except Exception:
+                    ok = False
+            self._spare_ok = bool(ok)
+        return self._spare_ok
+
+    def take_spare(self, job: Any) -> Optional[ReaderHandle]:
+        """The spare reader process, given ``job``; None when there is none (or it died)."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        if spare.begin(job):
+            return spare
+        spare.stop()
+        return None
+
     def close(self) -> None:
         """End the pass, stop every process, remove the shared memory, release the source.  Idempotent;
         callable from any thread; returns within a few seconds whatever the other threads do."""
@@ -213,6 +255,9 @@ class Resources:
         if self.run is not None:
             self.run.abort()
             self.run = None
+        if self.spare is not None:
+            self.spare.stop()
+            self.spare = None
         if self.pool is not None:
             self.pool.stop()
         if self.ring is not None:
@@ -233,6 +278,9 @@ class Resources:
         self.phase = Phase.CLOSED
         if self.run is not None:
             self.run.forget_after_fork()
+        if self.spare is not None:
+            self.spare.forget_after_fork()
+            self.spare = None
         if self.pool is not None:
             self.pool.forget_after_fork()
         if self.lifeline is not None:

@@ -88,8 +88,8 @@ class Run(Pass):
         self.lazy = False           # whether payloads are copied as the user takes them (see spans())
         self.delivering: Optional[Tuple[Chunk, Any]] = None  # a lazy chunk out and not yet released
         try:
-            reader = ReaderHandle(res.ctx, cfg, ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip),
-                                  res.lifeline.r)
+            job = ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip)
+            reader = res.take_spare(job) or ReaderHandle(res.ctx, cfg, job, res.lifeline.r)
             self.feed = Feed(reader, self.stats, epoch)  # its chunks, its end, the ring's accounting
         except BaseException:
             self.closed = True
@@ -148,6 +148,8 @@ class Run(Pass):
         if end is None and (reader.data in ready or reader.proc.sentinel in ready):
             for c in self.feed.receive():
                 self._received(c)
+            if self.feed.end is not None:  # the reader is done: the next pass's may start now
+                self.res.prepare_spare()
         if pool is None:
             return
         # The pool's clock runs only while we wait here, and at most as long as we meant to wait (a
