@@ -23,6 +23,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from ..errors import PipelineError
 from .children import child_entry, close_quietly, describe_exit, forget_processes, start
 from .messages import ReaderEnd, Release, Stop
+from .poller import ReadyCheck
 from .config import PipelineConfig
 from .reader_proc import ReaderJob, reader_main, spare_main
 from .shm import sweep
@@ -59,6 +60,10 @@ class ReaderHandle:
             raise
         finally:
             close_quietly(data_w, ctrl_r)  # the child has its own copies (or none: it did not start)
+        # Cheap non-blocking checks of the data pipe and of the process's end (its sentinel is readable
+        # once it has exited), asked at every message taken.
+        self._data_ready = ReadyCheck(data_r)
+        self._exited = ReadyCheck(self.proc.sentinel)
 
     def begin(self, job: ReaderJob) -> bool:
         """Give a spare its pass's job; False when it can no longer take one (it died)."""
@@ -86,11 +91,11 @@ class ReaderHandle:
         or closed its pipe, before its ``ReaderEnd``."""
         msgs: List[Any] = []
         eof = self._receive_into(msgs)
-        if not self.ended and not eof and not self.proc.is_alive():
+        if not self.ended and not eof and self._exited.ready():
             # It may have sent its last messages and exited between the drain and the check: what it
             # wrote is still in the pipe (seen on a loaded machine: "died (exit code 0)" after a clean end).
             eof = self._receive_into(msgs)
-        if not self.ended and (eof or not self.proc.is_alive()):
+        if not self.ended and (eof or self._exited.ready()):
             self.proc.join(1.0)
             raise PipelineError(f"the reader process died ({describe_exit(self.proc.exitcode)}) "
                                 f"before the end of the stream {self.source_name!r}")
@@ -99,7 +104,7 @@ class ReaderHandle:
     def _receive_into(self, msgs: List[Any]) -> bool:
         """Append the messages waiting in the pipe (up to its ReaderEnd); True at the pipe's end."""
         try:
-            while not self.ended and self.data.poll():
+            while not self.ended and self._data_ready.ready():
                 msg = self.data.recv()
                 msgs.append(msg)
                 if isinstance(msg, ReaderEnd):

@@ -19,7 +19,7 @@ import ctypes
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -56,6 +56,9 @@ class SlotLayout:
                 entries.append(_Entry(f, part, s, offset))
                 offset += -(-(slot_size * s.nbytes) // _ALIGN) * _ALIGN
         self.entries = entries
+        # (dtype, element count, byte offset, shape) per entry, worked out once: a Lease is made per batch
+        self._views = [(e.spec.dtype, slot_size * int(np.prod(e.spec.shape, dtype=np.int64)), e.offset,
+                        (slot_size,) + tuple(e.spec.shape)) for e in entries]
         self.nbytes = max(offset, 1)
 
     @property
@@ -64,8 +67,8 @@ class SlotLayout:
 
     def arrays(self, buf) -> List[np.ndarray]:
         """One ``(slot_size, *shape)`` array per entry, over ``buf`` (an mmap or a lease)."""
-        return [np.frombuffer(buf, e.spec.dtype, self.slot_size * int(np.prod(e.spec.shape, dtype=np.int64)),
-                              e.offset).reshape((self.slot_size,) + e.spec.shape) for e in self.entries]
+        return [np.frombuffer(buf, dtype, count, offset).reshape(shape) for dtype, count, offset, shape in self._views]
+
 
     def outs(self, arrays: List[np.ndarray], index: int) -> List[object]:
         """Per field, the ``out`` argument of ``decode_into`` for the sample at slot ``index``:
