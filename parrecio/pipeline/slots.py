@@ -19,7 +19,7 @@ import ctypes
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -68,7 +68,6 @@ class SlotLayout:
     def arrays(self, buf) -> List[np.ndarray]:
         """One ``(slot_size, *shape)`` array per entry, over ``buf`` (an mmap or a lease)."""
         return [np.frombuffer(buf, dtype, count, offset).reshape(shape) for dtype, count, offset, shape in self._views]
-
 
     def outs(self, arrays: List[np.ndarray], index: int) -> List[object]:
         """Per field, the ``out`` argument of ``decode_into`` for the sample at slot ``index``:
