@@ -109,6 +109,13 @@ def _pipe_serve_output(out: str, folder: str) -> None:
     assert out.strip().splitlines()[-1] == "epochs read: [40, 40, 40]", out
 
 
+def _views_output(out: str, folder: str) -> None:
+    from parrecio import RecordReader
+    with RecordReader(os.path.join(folder, "demo.rec")) as r:
+        total = sum(len(rec.payload) for rec in r)
+    assert out.strip().splitlines()[-1] == f"{total} payload bytes seen, none copied", out
+
+
 def _packed(out: str, folder: str) -> None:
     from parrecio import RecordReader
     with RecordReader(os.path.join(folder, "train.rec")) as r:  # the last command: pack manifest
@@ -138,6 +145,7 @@ CASES: Dict[Tuple[str, int], Case] = {
     ("Frameworks", 3): Case(needs=("ray", "torch"), timeout=600),
     ("S3", 0): Case(needs=("boto3", "moto"), check=_moto_output),
     ("SageMaker built-in algorithm data (RecordIO-protobuf)", 0): Case(needs=("scipy",), check=_protobuf_output),
+    ("Zero-copy and memory", 0): Case(check=_views_output),
     ("Decoders", 0): Case(),
     ("Training augmentations", 0): Case(),
     ("RecordIO", 0): Case(given="from fixtures import photo_jpegs\njpegs = photo_jpegs() * 2\n"
@@ -281,7 +289,7 @@ def test_every_block_has_a_case():
     stale = [k for k in list(CASES) + list(NOT_RUN) if k not in keys]
     assert not stale, f"cases for blocks the README no longer has: {stale}"
     assert set(CASES).isdisjoint(NOT_RUN)
-    assert len(CASES) == 14 and len(found) == 21  # 13 and 20 in the closing note of #24; + RecordIO-protobuf (#26)
+    assert len(CASES) == 15 and len(found) == 22  # 13 and 20 in the closing note of #24; + RecordIO-protobuf (#26), iter_views (#27)
 
 
 @pytest.mark.parametrize("key", list(CASES), ids=[f"{h}-{n}" for h, n in CASES])

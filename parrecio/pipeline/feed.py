@@ -8,13 +8,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import PipelineError
 from .mapped import MappedFiles
-from .messages import Chunk, ReaderEnd, StreamStart
+from .messages import Chunk, ReaderEnd, StreamStart, Waiting
 from .reader_handle import ReaderHandle
 from .shm import Segment, unlink
+from .views import exported
 
 log = logging.getLogger("parrecio")
 
@@ -24,12 +25,14 @@ __all__ = ["Feed", "CopyOut", "Payloads"]
 class Feed:
     """``reader``: the pass's reader process; ``stats``: where its counters are added when it ends."""
 
-    def __init__(self, reader: ReaderHandle, stats: Any, epoch: int) -> None:
+    def __init__(self, reader: ReaderHandle, stats: Any, epoch: int, ring_pos: Tuple[int, int] = (0, 0)) -> None:
         self.reader, self.stats, self.epoch = reader, stats, epoch
         self.streams: Dict[int, str] = {}   # stream id -> its name
         self.end: Optional[ReaderEnd] = None
-        self.received_pos = 0               # ring position after the newest chunk received
-        self.released_pos = 0               # ring position released to the reader
+        # ring positions: released to the reader, and after the newest chunk received (a pass starts
+        # where the chunks that views still pin leave it: ReaderJob.ring_pos)
+        self.released_pos, self.received_pos = ring_pos
+        self.waiting = -1                   # the Releases the reader had seen when it last said Waiting
 
     def receive(self) -> List[Chunk]:
         """The chunks that are there now (never blocks); raises PipelineError if the reader died."""
@@ -48,21 +51,36 @@ class Feed:
             elif isinstance(msg, StreamStart):
                 self.streams[msg.stream_id] = msg.name
                 log.info("parrecio: epoch %d: reading %s", self.epoch, msg.name)
+            elif isinstance(msg, Waiting):
+                self.waiting = msg.seen
             elif isinstance(msg, ReaderEnd) and self.end is None:
                 self.end = msg
                 self.stats.add_reader(msg.stats)
         return chunks
 
-    def release(self, c: Chunk) -> None:
-        """Chunk ``c`` was delivered: its ring space, one-off segment or mapped bytes go back."""
+    def release(self, c: Chunk, ring: bool = True) -> None:
+        """Chunk ``c`` was delivered: its one-off segment or mapped bytes go back, and its ring space
+        unless its views pin it (``ring=False``: :meth:`release_ring` gives that back later)."""
         oneoff = mapped = 0
         if c.place.is_file:
             mapped = sum(c.lens)
         elif c.place.is_oneoff:
             unlink(c.place.name)
             oneoff = sum(c.lens)
-        self.released_pos = max(self.released_pos, c.ring_end)
-        self.reader.release(c.ring_end, oneoff, mapped)
+        if ring:
+            self.released_pos = max(self.released_pos, c.ring_end)
+        elif not oneoff and not mapped:
+            return
+        self.reader.release(self.released_pos, oneoff, mapped)
+
+    def release_ring(self, pos: int) -> None:
+        """Ring space below ``pos`` goes back (chunks that views pinned)."""
+        self.released_pos = max(self.released_pos, pos)
+        self.reader.release(self.released_pos)
+
+    def reader_stuck(self) -> bool:
+        """Whether the reader waits for space and has seen every release sent: only a release frees it."""
+        return self.end is None and self.waiting == self.reader.releases_sent
 
     def ring_in_use(self) -> int:
         """Bytes of the input ring holding chunks received and not yet delivered."""
@@ -76,25 +94,33 @@ class Payloads:
     gets it -- one allocation of its size at a time, reused by the allocator like a plain read loop's --
     instead of a whole chunk's (~100 MB of 100 KB records) at once, which glibc trims and faults in
     again.  Valid while its chunk is not released (see :meth:`Run.spans`); an ``mmap`` closed under
-    it (the reader closed from another thread) raises ``ValueError``, never reads freed memory."""
+    it (the reader closed from another thread) raises ``ValueError``, never reads freed memory.
 
-    __slots__ = ("mm", "fd", "offs", "lens", "clock")
+    With ``refs`` (a list), payloads are not copied: each is a read-only memoryview of the mapping
+    (:func:`~parrecio.pipeline.views.exported`), its weak reference appended to ``refs``."""
+
+    __slots__ = ("mm", "fd", "offs", "lens", "clock", "refs")
 
     def __init__(self, mm: Any, fd: Optional[int], offs: Sequence[int], lens: Sequence[int],
-                 clock: Optional[List[float]] = None) -> None:
+                 clock: Optional[List[float]] = None, refs: Optional[List[Any]] = None) -> None:
         self.mm, self.fd, self.offs, self.lens = mm, fd, offs, lens  # fd: of the mapped file, or None
         self.clock = clock if clock is not None else [0.0]  # seconds spent in pread() (added up)
+        self.refs = refs
 
     def __len__(self) -> int:
         return len(self.offs)
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return Payloads(self.mm, self.fd, self.offs[i], self.lens[i], self.clock)
+            return Payloads(self.mm, self.fd, self.offs[i], self.lens[i], self.clock, self.refs)
+        if self.refs is not None:
+            return exported(self.mm, self.offs[i], self.lens[i], self.refs)
         return _copy(self.mm, self.fd, self.offs[i], self.lens[i])
 
-    def __iter__(self) -> Iterator[bytes]:
-        mm, fd = self.mm, self.fd
+    def __iter__(self) -> Iterator[Any]:
+        mm, fd, refs = self.mm, self.fd, self.refs
+        if refs is not None:
+            return (exported(mm, o, k, refs) for o, k in zip(self.offs, self.lens))
         if fd is None or max(self.lens, default=0) < PREAD_BYTES:
             return (mm[o:o + k] for o, k in zip(self.offs, self.lens))
         return self._reads()
@@ -148,10 +174,12 @@ class CopyOut:
     def __bool__(self) -> bool:
         return bool(self.fields)
 
-    def into(self, c: Chunk, columns: list, lazy: bool = False) -> Optional[Segment]:
+    def into(self, c: Chunk, columns: list, lazy: bool = False,
+             refs: Optional[List[Any]] = None) -> Optional[Segment]:
         """Fill ``columns[f]`` of each passthrough field ``f`` with chunk ``c``'s payloads: lists of
-        ``bytes``, or with ``lazy`` :class:`Payloads`; then the one-off segment they are read from
-        (to :meth:`Segment.close` once the chunk is released) when it is lazy, else None."""
+        ``bytes``, or with ``lazy`` :class:`Payloads` (views of the payloads, with ``refs``); then the
+        one-off segment they are read from (to :meth:`Segment.close` once the chunk is released) when
+        it is lazy, else None."""
         nf, place = self.nf, c.place
         seg = Segment.attach(place.name) if place.is_oneoff else None
         mm = seg.buf if seg is not None else self.mapped.get(place.name) if place.is_file else self.ring_buf
@@ -159,7 +187,7 @@ class CopyOut:
         try:
             offs, lens = c.ring_offs, c.lens
             for f in self.fields:
-                col = Payloads(mm, fd, offs[f::nf], lens[f::nf], self.clock)
+                col = Payloads(mm, fd, offs[f::nf], lens[f::nf], self.clock, refs)
                 columns[f] = col if lazy else list(col)
         except BaseException:
             if seg is not None:

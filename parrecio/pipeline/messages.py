@@ -2,7 +2,7 @@
 
 Channels (all ``multiprocessing`` pipes, one writer and one reader each)::
 
-    reader process --data--> consumer     StreamStart, Chunk, ReaderEnd
+    reader process --data--> consumer     StreamStart, Chunk, Waiting, ReaderEnd
     consumer --ctrl--> reader process     Release, Stop
     consumer --task--> worker i           Task, Stop
     worker i --result--> consumer         TaskDone, in a frame of its own (parrecio.pipeline.wire)
@@ -22,7 +22,7 @@ from typing import List, NamedTuple, Optional, Tuple
 
 from ..errors import DecodeError, ParrecioError, field_error
 
-__all__ = ["StreamStart", "Chunk", "ReaderEnd", "Release", "Stop", "Task", "TaskDone", "RemoteError"]
+__all__ = ["StreamStart", "Chunk", "Waiting", "ReaderEnd", "Release", "Stop", "Task", "TaskDone", "RemoteError"]
 
 
 @dataclass
@@ -68,6 +68,14 @@ class Chunk:
     stream_offs: array
     ring_end: int
     place: Place = IN_RING
+
+
+@dataclass
+class Waiting:
+    """The reader process waits for space (ring, one-off or mapped budget) and has handled ``seen``
+    ``Release`` messages: sent when a wait starts and after each release that did not end it, only when
+    its job asks (``ReaderJob.report_waits``: views are handed out, and may pin the ring)."""
+    seen: int
 
 
 @dataclass

@@ -40,6 +40,7 @@ from .config import PipelineConfig
 from .inline import InlineRun
 from .plan import EVEN_SHARDS, shard_length
 from .tuning import TUNING_KEYWORDS, Tuning, count, slot_samples
+from .views import as_views
 from .resources import Resources
 from .passes import ended
 from .run import Run
@@ -222,6 +223,32 @@ class ParallelReader:
 
         A new pass in the thread that iterates ends the previous pass (resuming that one raises); a pass
         from another thread while one runs is refused."""
+        return self._pass(views=False)
+
+    def iter_views(self) -> Iterator[Any]:
+        """One pass, as ``iter(reader)``, with each raw payload (``fields=None``, or a ``Raw()`` field) a
+        read-only ``memoryview`` (format ``"B"``) instead of ``bytes``.
+
+        With ``workers >= 1`` the views are not copies: they are the payloads where the reader process
+        put them (the input ring, or the mapping of a regular file), and the consumer never touches
+        their bytes.  A view is valid for as long as you hold it or anything made from it (a slice,
+        ``np.frombuffer``); the memory under it is reused only once all of it is gone.  Views you keep
+        hold back the input ring (it is released in stream order): a kept view holds its chunk (up to
+        about 1/10 of ``ring_bytes``) and everything read after it, so keep views for a few samples at
+        most and copy what you keep for longer (``bytes(view)``).  If the reader would
+        wait for space that only your views hold, a ``PipelineError`` says so instead of a hang.  With
+        ``workers=0`` the views are of copies (the reader refills one buffer in place).
+
+        Samples one at a time only: ``batch_size`` must be None."""
+        if self.batch_size is not None:
+            raise ValueError(f"iter_views() hands out samples one at a time: make the ParallelReader "
+                             f"with batch_size=None (it has batch_size={self.batch_size})")
+        if not any(self._res.cfg.passthrough):
+            raise ValueError("iter_views() hands out raw payloads as views, and no field is raw: use "
+                             "fields=None or a Raw() field (its records' bytes), or iterate the reader")
+        return self._pass(views=True)
+
+    def _pass(self, views: bool) -> Iterator[Any]:
         res = self._res
         with res.lock:
             if self._state is State.CLOSED or res.closing:
@@ -242,7 +269,10 @@ class ParallelReader:
                 except BaseException:
                     self._state = State.CLOSED
                     raise
-            run = res.run = (InlineRun if self.workers == 0 else Run)(res, self._epoch, self._skip)
+            if self.workers == 0:
+                run = res.run = InlineRun(res, self._epoch, self._skip)
+            else:
+                run = res.run = Run(res, self._epoch, self._skip, views=views)
             try:
                 res.start_workers()
             except BaseException:
@@ -256,10 +286,13 @@ class ParallelReader:
         if self.workers == 0:  # decoded in this process; no lock or clock per item: run checks run.aborted
             if pads(res.cfg):  # the pass ends after its copies: padded() calls _inline_ended
                 items = run.items(self.batch_size, False, None)
-                return padded(items, run, self.batch_size, self.drop_last, res.stats,
-                              lambda: self._inline_ended(run, time.perf_counter() - run._started))
-            return run.items(self.batch_size, self.drop_last, self._inline_ended)
-        return self._iterate(run)
+                items = padded(items, run, self.batch_size, self.drop_last, res.stats,
+                               lambda: self._inline_ended(run, time.perf_counter() - run._started))
+            else:
+                items = run.items(self.batch_size, self.drop_last, self._inline_ended)
+            # (views of the copies: the reader refills its buffer in place)
+            return as_views(items, res.cfg.passthrough, res.cfg.kind, res.cfg.names) if views else items
+        return self._iterate(run, views)
 
     def _inline_ended(self, run: InlineRun, seconds: float) -> None:
         """The end of a ``workers=0`` pass (:mod:`parrecio.pipeline.inline`): what ``_iterate`` does in
@@ -274,19 +307,21 @@ class ParallelReader:
                 if self._state is State.RUNNING:
                     self._state = State.IDLE
 
-    def _iterate(self, run: Run) -> Iterator[Any]:
+    def _iterate(self, run: Run, views: bool = False) -> Iterator[Any]:
         res, st, cfg = self._res, self._res.stats, self._res.cfg
         cursor = run.cursor
         pad = pads(cfg)  # then padded() drops a short last batch: it may need filling instead
         blocks: Iterator[Iterable[Any]]
         if self.batch_size is None and not pad:
             # a span at a time: the pipeline (under the lock) once per span, not per sample; payloads
-            # copied as each sample is taken (feed.Payloads)
+            # copied as each sample is taken (feed.Payloads), or handed out as views of where they lie
             blocks = unbatched_blocks(run.spans(lazy=True), cfg.layout, cfg.kind, cfg.names, cursor)
         else:
             items = deliver(run.spans(), cfg, self.batch_size, self.drop_last and not pad, cursor)
             if pad:
                 items = padded(items, run, self.batch_size, self.drop_last, st)
+            if views:  # (a padded pass's payloads are copies: views of those)
+                items = as_views(items, cfg.passthrough, cfg.kind, cfg.names)
             blocks = ((item,) for item in items)
         clock = run.copy.clock  # the consumer's time taking large payloads, inside the blocks
         last = start = time.perf_counter()

@@ -45,6 +45,7 @@ class ReaderHandle:
         self.prefix = job.prefix if job is not None else prefix
         self.source_name = job.source.name if job is not None else ""
         self.ended = False  # its ReaderEnd was received: it sends nothing more
+        self.releases_sent = 0  # Release messages sent (its Waiting says how many it has seen)
         args: Tuple[Any, ...]
         target: Callable[..., None]
         if job is None:
@@ -122,6 +123,7 @@ class ReaderHandle:
             return
         try:
             self.ctrl.send(Release(pos, oneoff_bytes, mapped_bytes))
+            self.releases_sent += 1
         except (BrokenPipeError, OSError):
             pass  # the reader has finished
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, List
 
-from .messages import Release, Stop
+from .messages import Release, Stop, Waiting
 from .poller import Poller
 from .shm import sweep
 
@@ -44,6 +44,8 @@ class Link:
         self.stats = stats
         self.poller = Poller()
         self.flight = InFlight()
+        self.releases = 0             # Release messages handled
+        self.report_waits = False     # say Waiting when a wait starts (see parrecio.pipeline.views)
 
     def send(self, msg: Any) -> None:
         self.data.send(msg)
@@ -53,6 +55,7 @@ class Link:
         while self.ctrl.poll():
             msg = self.ctrl.recv()
             if isinstance(msg, Release):
+                self.releases += 1
                 self.release(msg.pos)
                 self.flight.oneoff -= msg.oneoff_bytes
                 self.flight.mapped -= msg.mapped_bytes
@@ -73,8 +76,14 @@ class Link:
         return ready
 
     def wait_while(self, busy: Callable[[], bool]) -> None:
-        """Wait for the consumer's releases while ``busy()``."""
+        """Wait for the consumer's releases while ``busy()``.  With ``report_waits``, say so (and again
+        after each release that did not end the wait): the consumer can then tell a reader that only
+        its user's views hold up from one that is on its way."""
         t0 = time.perf_counter()
+        said = -1
         while busy():
+            if self.report_waits and said != self.releases:
+                said = self.releases
+                self.data.send(Waiting(said))
             self.watch([], self.poll_interval)
         self.stats.wait_consumer_time += time.perf_counter() - t0

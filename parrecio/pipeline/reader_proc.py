@@ -35,6 +35,7 @@ watch itself, such as opening a FIFO that has no writer yet.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import stat
@@ -54,7 +55,7 @@ from .messages import FILE, IN_RING, Place, ReaderEnd, RemoteError, StreamStart
 from .placement import Mapped, Windows
 from .reader_link import Link, Stopped
 from .ring import GroupTooLarge, RingWriter
-from .ring_windows import RingWindows
+from .ring_windows import RingWindows, window_bytes
 from .shm import Segment, sweep
 
 __all__ = ["ReaderJob", "reader_main"]
@@ -67,6 +68,9 @@ class ReaderJob:
     ring_name: str              # the input ring's shared-memory segment
     prefix: str                 # shm name prefix for one-off segments; swept if the consumer dies
     skip: int = 0               # groups of this shard's order to leave out first (a resumed epoch)
+    # (tail, head) ring positions to start from: the space between is pinned by views of an earlier pass
+    ring_pos: Tuple[int, int] = (0, 0)
+    views: bool = False         # views of the ring are handed out, or still held (views.py)
 
 
 @dataclass
@@ -91,14 +95,24 @@ class _Reader:
     ring or a one-off segment when they cannot stay there."""
 
     def __init__(self, cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifeline) -> None:
-        self.cfg = cfg
         self.job = job
         self.stats = _Stats(cpu_time=-time.process_time())  # (the end adds process_time() again)
         self.seg = Segment.attach(job.ring_name)
         self.mem = self.seg.mem
-        self.ring = RingWriter(self.seg.size, self._wait_for_release)
+        self.ring = RingWriter(self.seg.size, self._wait_for_release, *job.ring_pos)
+        self.window = window_bytes(self.seg.size)
+        if job.views:
+            # A view the user keeps (if only as the loop variable, while it asks for the next sample)
+            # holds back its chunk and every chunk after it.  Small windows and chunks (1/32 of the
+            # ring), groups of at most two windows in the ring (larger ones take one-off segments): a
+            # chunk then holds at most ~3/32 of the ring, and several may be kept while the reader goes on.
+            self.window = window_bytes(self.seg.size, 32)
+            self.ring.max_span = 2 * self.window
+            cfg = dataclasses.replace(cfg, chunk_bytes=min(cfg.chunk_bytes, self.window))
+        self.cfg = cfg
         self.link = Link(data_conn, ctrl_conn, lifeline, job.prefix, cfg.poll_interval, self.ring.release,
                          self.stats)
+        self.link.report_waits = job.views
         self.out = Chunker(cfg, self.link, self.ring, job.skip)
         self.groups = GroupStream(cfg, job.epoch, job.skip)
         self.place = IN_RING      # where the stream being read lies: the ring, or a mapped file
@@ -219,7 +233,7 @@ class _Reader:
     def _streamed(self, stream_id: int, stream: Any, held: bool) -> Iterator[Tuple[int, str, RecordReader, Placement]]:
         """A stream that is not a mapped file: read straight into the ring, unless every group is held."""
         cfg, out = self.cfg, self.out
-        windows = None if held else RingWindows(self.ring, self.mem, out.advance)
+        windows = None if held else RingWindows(self.ring, self.mem, out.advance, self.window)
         out.watermark = None if windows is None else windows.watermark
         self.place = IN_RING
         try:

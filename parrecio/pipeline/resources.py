@@ -107,6 +107,7 @@ class Resources:
         self.spare: Optional[ReaderHandle] = None  # the next pass's reader process, started ahead
         self._spare_ok: Optional[bool] = None     # whether the source can be sent to a spare (see prepare_spare)
         self.run: Any = None                      # the pass being iterated
+        self.pinned: Any = None                   # views.Pinned: chunks an ended pass's views still hold
         self.phase = Phase.NEW
         self.lock = threading.RLock()
         self.owner_pid = os.getpid()
@@ -255,6 +256,7 @@ class Resources:
         if self.run is not None:
             self.run.abort()
             self.run = None
+        self.pinned = None  # (the ring is unlinked below; its mapping lives on under the views)
         if self.spare is not None:
             self.spare.stop()
             self.spare = None

@@ -49,12 +49,13 @@ class RingWriter:
     are contiguous but for the one jump to the next lap where a record would straddle the end.
     """
 
-    def __init__(self, size: int, wait_for_release: Callable[[int], int]) -> None:
+    def __init__(self, size: int, wait_for_release: Callable[[int], int], tail: int = 0, head: int = 0) -> None:
         self.size = size
         self.max_span = size // 2
-        self.head = 0
-        self.tail = 0
-        self.placed = 0  # position of the last placement's first byte
+        # (a pass may start after bytes that an earlier one's views still pin: tail .. head are in use)
+        self.head = _align(head)
+        self.tail = tail
+        self.placed = self.head  # position of the last placement's first byte
         self.soft = min(size, SOFT_SIZE)
         self._wait = wait_for_release
 

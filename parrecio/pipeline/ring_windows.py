@@ -34,9 +34,14 @@ from typing import Any, Callable, Optional, Tuple
 from ..recordio.reader import Buffers
 from .ring import ALIGN, GroupTooLarge, RingWriter
 
-__all__ = ["RingWindows"]
+__all__ = ["RingWindows", "window_bytes"]
 
 MAX_WINDOW = 8 << 20   # bytes read ahead at most (and the longest record read in place): 1/8 of the ring
+
+
+def window_bytes(ring_size: int, parts: int = 8) -> int:
+    """The window of a ring of ``ring_size`` bytes: 1/``parts`` of it, 4 KiB to 8 MiB."""
+    return max(4096, min(MAX_WINDOW, ring_size // parts))
 
 
 class RingWindows(Buffers):
@@ -48,12 +53,13 @@ class RingWindows(Buffers):
     framed yet, after the last complete group) current; :attr:`delta` and :attr:`shift` turn a stream
     offset into a segment offset and a ring position while a ring window is :attr:`active`."""
 
-    def __init__(self, ring: RingWriter, mem: memoryview, advance: Callable[[int], None]) -> None:
+    def __init__(self, ring: RingWriter, mem: memoryview, advance: Callable[[int], None],
+                 window: Optional[int] = None) -> None:
         self.ring = ring
         self.mem = mem
         self.obj = mem.obj            # the mapping: what a view of the ring has as .obj
         self.advance = advance
-        self.window = max(4096, min(MAX_WINDOW, ring.size // 8))
+        self.window = window or window_bytes(ring.size)
         self.active = False           # the reader's buffer is a window of the ring (not a private one)
         self.win_pos = 0              # ring position of the window's start
         self.win_off = 0              # its offset in the segment

@@ -28,6 +28,7 @@ body runs), and stuck workers are judged after the results at hand were collecte
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -45,6 +46,7 @@ from .reader_proc import ReaderJob
 from .recovery import Recovery, unsplit
 from .shm import unlink
 from .slots import SlotTracker
+from .views import Pinned
 from .wire import Frame
 
 log = logging.getLogger("parrecio")
@@ -73,7 +75,7 @@ class _ChunkState:
 class Run(Pass):
     """One pass over the stream.  Created and driven by :class:`parrecio.ParallelReader`."""
 
-    def __init__(self, res: Any, epoch: int, skip: int = 0) -> None:
+    def __init__(self, res: Any, epoch: int, skip: int = 0, views: bool = False) -> None:
         super().__init__(res, epoch, skip)  # res: the ParallelReader's Resources: pool, ring, slots, ...
         cfg = self.cfg
         self.chunks: Deque[_ChunkState] = deque()   # received, not yet delivered (oldest first)
@@ -86,15 +88,28 @@ class Run(Pass):
         self._watch_data = True     # whether the wait includes the reader's data pipe (see _step)
         self.copy = CopyOut(cfg.passthrough, res.ring.buf)  # the payloads the consumer copies
         self.lazy = False           # whether payloads are copied as the user takes them (see spans())
-        self.delivering: Optional[Tuple[Chunk, Any]] = None  # a lazy chunk out and not yet released
+        # a lazy chunk out and not yet released: (chunk, its one-off segment, its views' weak references)
+        self.delivering: Optional[Tuple[Chunk, Any, Optional[list]]] = None
+        self.views = views          # raw payloads as views (ParallelReader.iter_views)
+        # Chunks given back only once their views are gone (parrecio.pipeline.views): this pass's when it
+        # hands out views, and those an earlier pass's views still pin.  None: every chunk goes back
+        # when delivered.
+        self.pinned: Optional[Pinned] = res.pinned
+        if self.pinned is None and views:
+            self.pinned = Pinned(self._give_back_ring)
+        ring_pos = (self.pinned.tail, self.pinned.head) if self.pinned is not None else (0, 0)
         try:
-            job = ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip)
+            job = ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip, ring_pos,
+                            views=self.pinned is not None)
             reader = res.take_spare(job) or ReaderHandle(res.ctx, cfg, job, res.lifeline.r)
-            self.feed = Feed(reader, self.stats, epoch)  # its chunks, its end, the ring's accounting
+            self.feed = Feed(reader, self.stats, epoch, ring_pos)  # its chunks, its end, the ring's accounting
         except BaseException:
             self.closed = True
             self.slots.close()
-            raise
+            raise  # (an earlier pass's pinned chunks stay with res for the next try)
+        if self.pinned is not None:
+            self.pinned.give_back = self._give_back_ring
+            res.pinned = None
 
     # -- the loop ----------------------------------------------------------------------------------
     def spans(self, lazy: bool = False) -> Iterator[Span]:
@@ -125,6 +140,8 @@ class Run(Pass):
                     return
                 if self.aborted:
                     raise ended()
+                if self.pinned is not None:
+                    self._unpin()
                 t0 = time.perf_counter()
                 self._step(self.cfg.poll_interval)
                 st.wait_workers_time += time.perf_counter() - t0
@@ -261,7 +278,7 @@ class Run(Pass):
             if cs.dispatched:
                 self.in_pipeline -= 1
             if self.delivering is None:
-                self.feed.release(c)
+                self._give_back_later(c, None)
             elif not ok:
                 self._release_delivering()
         delivered = sum(sp.n for sp in spans)
@@ -276,9 +293,10 @@ class Run(Pass):
             return [], None
         columns = list(cs.columns)
         if self.copy:
-            seg = self.copy.into(c, columns, self.lazy)
+            refs: Optional[list] = [] if self.views and self.lazy else None
+            seg = self.copy.into(c, columns, self.lazy, refs)
             if self.lazy:
-                self.delivering = (c, seg)
+                self.delivering = (c, seg, refs)
         n, seq0, pos0 = c.n, c.first_seq, cs.pos0
         if pos0 is None and not cs.errors:  # the common case without fixed-shape outputs
             return [_new(Span, (seq0, n, None, 0, columns))], None
@@ -310,17 +328,50 @@ class Run(Pass):
         return spans, None
 
     def _release_delivering(self) -> None:
-        """The lazy chunk out: its payloads were all taken; its ring space and one-off segment go back."""
-        self.feed.release(self._take_delivering())
+        """The lazy chunk out: its payloads were all taken; its ring space and one-off segment go back
+        (once its views are gone, when it handed out views)."""
+        self._give_back_later(*self._take_delivering())
 
-    def _take_delivering(self) -> Chunk:
-        """The lazy chunk out, let go of (this process's mapping of its one-off segment closed)."""
+    def _take_delivering(self) -> Tuple[Chunk, Optional[list]]:
+        """The lazy chunk out, let go of (this process's mapping of its one-off segment closed: views of
+        it keep the mapping alive), and its views' weak references."""
         assert self.delivering is not None
-        c, seg = self.delivering
+        c, seg, refs = self.delivering
         self.delivering = None
         if seg is not None:
             seg.close()
-        return c
+        return c, refs
+
+    # -- giving chunks back (views) ----------------------------------------------------------------
+    def _give_back_later(self, c: Chunk, refs: Optional[list]) -> None:
+        """Chunk ``c`` was delivered: it goes back to the reader now, or -- when views of it, or of a
+        chunk before it, may be alive -- its ring space goes back once they are gone (:class:`Pinned`)."""
+        if self.pinned is None:
+            self.feed.release(c)
+        else:
+            self.feed.release(c, ring=False)
+            self.pinned.add(c.ring_end, refs or [])
+
+    def _give_back_ring(self, pos: int) -> None:
+        self.feed.release_ring(pos)
+
+    def _unpin(self) -> None:
+        """Give back the chunks whose views are gone; when the reader waits for space that only views
+        still alive hold, and nothing else is under way that could free any, raise instead of a hang."""
+        pinned = self.pinned
+        assert pinned is not None
+        if pinned.release() or not pinned or self.chunks or not self.feed.reader_stuck():
+            return
+        gc.collect()  # views in reference cycles
+        if pinned.release():
+            return
+        ring = self.res.ring.size
+        raise PipelineError(
+            f"iter_views(): the reader process waits for input-ring space that views still in use hold: "
+            f"{len(pinned)} delivered chunk(s), {(pinned.head - pinned.tail) / 2**20:.2f} MiB of a "
+            f"{ring / 2**20:.2f} MiB ring (Tuning(ring_bytes=...)). A view keeps its chunk, and every "
+            f"chunk after it, from being reused until it and everything made from it (slices, numpy "
+            f"arrays) is gone: copy what you keep (bytes(view)), or give the reader a larger ring")
 
     def _error_at(self, cs: _ChunkState, j: int) -> BaseException:
         """The DecodeError of group ``j`` of the chunk, naming the sample, its offset and its stream."""
@@ -374,9 +425,15 @@ class Run(Pass):
             return
         self.closed = True
         if self.delivering is not None:  # its payloads are dropped: its segment (if any) goes
-            self.chunks.append(_ChunkState(self._take_delivering(), [], 0))
+            c, refs = self._take_delivering()
+            if refs:  # (some views of it were handed out)
+                self._give_back_later(c, refs)
+            else:
+                self.chunks.append(_ChunkState(c, [], 0))
         for c in self.feed.stop():
             self.chunks.append(_ChunkState(c, [], 0))  # only its one-off segment matters now
+        if self.pinned is not None and self.pinned:  # views still alive: the next pass writes after them
+            self.res.pinned = self.pinned.carried()
         for cs in self.chunks:
             if cs.chunk.place.is_oneoff:
                 unlink(cs.chunk.place.name)
