@@ -22,9 +22,11 @@ JSON document:
 - ``tiny``: 200k records of ~90 B JSON: a one-process ``RecordReader`` + ``orjson.loads`` loop against
   ``ParallelReader(fields=Json(), workers=2)`` and ``workers=0``, records/s and ratios.
 - ``pipe``: a SageMaker Pipe-mode channel (no RecordIO wrapper) whose FIFOs are fed by ``cat``: raw
-  passthrough (``fields=None``) GB/s in steady-state epochs, against a plain loop on the same kind of FIFO
-  (``F_SETPIPE_SZ`` to the maximum, ``readv`` 1 MiB), interleaved round by round: the ratio of each
-  round, and the CPU seconds per GB of the reader process and of the plain loop.
+  passthrough (``fields=None``) GB/s in steady-state epochs, as ``bytes`` (``for rec in reader``) and as
+  views (``reader.iter_views()``), against a plain loop on the same kind of FIFO (``F_SETPIPE_SZ`` to the
+  maximum, ``readv`` 1 MiB into one buffer), interleaved round by round: the ratio of each round, and
+  the CPU seconds per GB of the reader process, of the consumer and of the plain loop -- also filling a
+  64 MiB buffer part by part, the floor of a reader that fills a ring.
 
 Run it on a quiet machine (``uptime`` load < 1); every figure is the best of the timed passes.
 """
@@ -243,7 +245,10 @@ def _feed(fifo: str, path: str) -> subprocess.Popen:
     return subprocess.Popen(f"cat {path} > {fifo}; rm -f {fifo}", shell=True)
 
 
-def _plain_fifo_loop(fifo: str) -> float:
+def _plain_fifo_loop(fifo: str, sweep: int = 0) -> float:
+    """GB/s of a plain loop that reads ``fifo`` to its end with ``readv`` of up to 1 MiB: into one
+    reused buffer, or (``sweep`` bytes) into successive parts of a buffer of that size, as a reader
+    filling a ring does (the copy then lands in memory no cache holds)."""
     import fcntl
     fd = os.open(fifo, os.O_RDONLY)
     try:
@@ -252,20 +257,27 @@ def _plain_fifo_loop(fifo: str) -> float:
                 fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, int(f.read()))
         except OSError:
             pass
-        buf = memoryview(bytearray(1 << 20))
-        total = 0
+        buf = memoryview(bytearray(max(sweep, 1 << 20)))
+        pos = total = 0
         t0 = time.perf_counter()
         while True:
-            k = os.readv(fd, [buf])
+            if pos + (1 << 20) > len(buf):
+                pos = 0
+            k = os.readv(fd, [buf[pos:pos + (1 << 20)]])
             if not k:
                 break
             total += k
+            if sweep:
+                pos += -(-k // 4096) * 4096
         return total / (time.perf_counter() - t0)
     finally:
         os.close(fd)
 
 
 def case_pipe(tmp: str, size: int, count: int, passes: int) -> Dict[str, Any]:
+    """Raw passthrough of a Pipe-mode channel fed by ``cat``: ``for rec in reader`` (bytes, copied by the
+    consumer) and ``reader.iter_views()`` (views of the ring, no copy), each round against a plain FIFO
+    loop in the same round; and the CPU seconds per GB of each process."""
     import numpy as np
     from parrecio import ParallelReader, RecordWriter
     from parrecio.tools.emulate import write_channel_config
@@ -281,44 +293,69 @@ def case_pipe(tmp: str, size: int, count: int, passes: int) -> Dict[str, Any]:
     write_channel_config(root, "train", settings={"TrainingInputMode": "Pipe", "RecordWrapperType": "None"})
     data = os.path.join(root, "data")
     os.makedirs(data, exist_ok=True)
-    plain, rates, ratios, loop_cpu, reader_cpu = [], [], [], [], []
-    with ParallelReader("train", fields=None, workers=1, sm_input_dir=root) as reader:
+    figs: Dict[str, List[float]] = {k: [] for k in (
+        "plain", "plain_cpu", "sweep", "sweep_cpu", "bytes", "bytes_ratio", "bytes_reader_cpu",
+        "bytes_consumer_cpu", "views", "views_ratio", "views_reader_cpu", "views_consumer_cpu")}
+    epoch = 0
+
+    def timed(reader: Any, mode: str) -> None:
+        nonlocal epoch
         st = reader.stats
+        feeder = _feed(os.path.join(data, f"train_{epoch}"), path)
+        epoch += 1
+        got, first = 0, None
+        r0, c0 = st.reader_cpu, time.process_time()
+        items = reader.iter_views() if mode == "views" else iter(reader)
+        for rec in items:  # timed from the first record, as the plain loop is timed from open()
+            if first is None:
+                first = time.perf_counter()
+            else:
+                got += len(rec)
+        end = time.perf_counter()
+        feeder.wait()
+        if record and first is not None and end > first:
+            figs[mode].append(got / (end - first))
+            figs[mode + "_ratio"].append(figs[mode][-1] / figs["plain"][-1])
+            figs[mode + "_reader_cpu"].append((st.reader_cpu - r0) / nbytes * 1e9)
+            figs[mode + "_consumer_cpu"].append((time.process_time() - c0) / nbytes * 1e9)
+
+    with ParallelReader("train", fields=None, workers=1, sm_input_dir=root) as reader:
         # Interleaved, round by round: the FIFO's rate swings with the machine's moment (1.5-4.4 GB/s here),
         # and only a ratio within a round compares the two at the same moment.
         for e in range(passes + 1):
-            fifo = os.path.join(data, f"plain_{e}")
-            feeder = _feed(fifo, path)
-            c0 = time.process_time()
-            plain_rate = _plain_fifo_loop(fifo)
-            plain_cpu = time.process_time() - c0
-            feeder.wait()
-            feeder = _feed(os.path.join(data, f"train_{e}"), path)
-            got = 0
-            first = None
-            r0 = st.reader_cpu
-            for rec in reader:  # timed from the first record, as the plain loop is timed from open()
-                if first is None:
-                    first = time.perf_counter()
-                else:
-                    got += len(rec)
-            end = time.perf_counter()
-            feeder.wait()
-            if e and first is not None and end > first:  # (epoch 0 starts the reader's processes)
-                plain.append(plain_rate)
-                rates.append(got / (end - first))
-                ratios.append(rates[-1] / plain_rate)
-                loop_cpu.append(plain_cpu / nbytes * 1e9)
-                reader_cpu.append((st.reader_cpu - r0) / nbytes * 1e9)
-    return {"record_bytes": size, "records": count, "stream_mb": round(nbytes / 2**20, 1),
-            "plain_fifo_loop_gb_s": [round(r / 1e9, 3) for r in plain],
-            "parallel_reader_raw_gb_s": [round(r / 1e9, 3) for r in rates],
-            "ratio_by_round": [round(r, 3) for r in ratios],
-            "ratio_median": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),
-            # the serial stage by its CPU time, which swings less than wall rates: the reader process
-            # against the plain loop, CPU seconds per GB
-            "plain_loop_cpu_s_per_gb": [round(c, 3) for c in loop_cpu],
-            "reader_process_cpu_s_per_gb": [round(c, 3) for c in reader_cpu]}
+            record = e > 0  # (round 0 starts the reader's processes)
+            for loop, sweep in (("plain", 0), ("sweep", 64 << 20)):
+                fifo = os.path.join(data, f"{loop}_{e}")
+                feeder = _feed(fifo, path)
+                c0 = time.process_time()
+                rate = _plain_fifo_loop(fifo, sweep)
+                cpu = time.process_time() - c0
+                feeder.wait()
+                if record:
+                    figs[loop].append(rate)
+                    figs[loop + "_cpu"].append(cpu / nbytes * 1e9)
+            timed(reader, "bytes")
+            timed(reader, "views")
+
+    def gb(xs: List[float]) -> List[float]:
+        return [round(x / 1e9, 3) for x in xs]
+
+    def r3(xs: List[float]) -> List[float]:
+        return [round(x, 3) for x in xs]
+
+    out: Dict[str, Any] = {"record_bytes": size, "records": count, "stream_mb": round(nbytes / 2**20, 1),
+                           "plain_fifo_loop_gb_s": gb(figs["plain"]),
+                           "plain_loop_cpu_s_per_gb": r3(figs["plain_cpu"]),
+                           # the reader's floor: the same loop filling a 64 MiB buffer part by part
+                           "sweeping_loop_cpu_s_per_gb": r3(figs["sweep_cpu"])}
+    for mode in ("bytes", "views"):
+        ratios = figs[mode + "_ratio"]
+        out[mode] = {"gb_s": gb(figs[mode]), "ratio_by_round": r3(ratios),
+                     "ratio_median": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),
+                     # the serial stages by their CPU time, which swings less than wall rates
+                     "reader_process_cpu_s_per_gb": r3(figs[mode + "_reader_cpu"]),
+                     "consumer_cpu_s_per_gb": r3(figs[mode + "_consumer_cpu"])}
+    return out
 
 
 def main(argv: Optional[List[str]] = None) -> None:
