@@ -303,3 +303,32 @@ def test_views_against_a_plain_list(tmp_path_factory, sizes, keep, workers):
                 assert bytes(old) == recs[j]
         assert n == len(recs)
         assert all(bytes(old) == recs[j] for j, old in held)
+
+
+def test_spawn_start_method_and_a_slow_fifo_with_views_kept(tmp_path, no_leaks):
+    """Under ``spawn`` (the reader's job travels by pickle), from a FIFO whose writer is slow: a reader
+    waiting for data is not a reader stuck behind the user's views -- five views kept at a time, no
+    error, every byte as written."""
+    import os
+    from pipeline_helpers import feed_fifo
+    recs = _records(600, 9)
+    path = tmp_path / "v.rec"
+    write_rec(path, recs)
+    fifo = tmp_path / "slow.fifo"
+    os.mkfifo(fifo)
+    writer = feed_fifo(path, fifo, 16 << 10, 0.002)
+    try:
+        with deadline(120), ParallelReader(str(fifo), fields=None, workers=1,
+                                           tuning=Tuning(ring_bytes=RING, start_method="spawn")) as r:
+            held, got = [], []
+            for v in r.iter_views():
+                held.append(v)
+                got.append(bytes(v))
+                if len(held) > 5:
+                    old = held.pop(0)
+                    assert bytes(old) == recs[len(got) - 6]
+            assert got == recs
+        assert writer.wait(timeout=30) == 0
+    finally:
+        writer.kill()
+        writer.wait()
