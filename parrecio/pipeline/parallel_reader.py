@@ -235,9 +235,9 @@ class ParallelReader:
         ``np.frombuffer``); the memory under it is reused only once all of it is gone.  Views you keep
         hold back the input ring (it is released in stream order): a kept view holds its chunk (up to
         about 1/5 of ``ring_bytes``) and everything read after it, so keep views for a few samples at
-        most and copy what you keep for longer (``bytes(view)``).  If the reader would
-        wait for space that only your views hold, a ``PipelineError`` says so instead of a hang.  With
-        ``workers=0`` the views are of copies (the reader refills one buffer in place).
+        most and copy what you keep for longer (``bytes(view)``).  If the reader would wait for space
+        that only your views hold, a ``PipelineError`` says so instead of a hang.  With ``workers=0``
+        the views are of copies (the reader refills one buffer in place).
 
         Samples one at a time only: ``batch_size`` must be None."""
         if self.batch_size is not None:
