@@ -53,6 +53,10 @@ class Pass:
 
     def __init__(self, res: Any, epoch: int, skip: int) -> None:
         self.res = res              # the ParallelReader's Resources (its cfg, stats)
+        # (attributes, not properties reading res: they are read several times per task, and neither
+        # changes once a pass can start)
+        self.cfg = res.cfg          # the pipeline's settings (parrecio.pipeline.config.PipelineConfig)
+        self.stats = res.stats      # the ParallelReader's counters (parrecio.pipeline.stats.Stats)
         self.epoch = epoch
         self.skip = skip            # groups of this shard's order already delivered (a resumed epoch)
         self.cursor = Cursor(skip)  # where the user stands (set by batching's generators)
@@ -62,16 +66,6 @@ class Pass:
         self.aborted = False        # ended from outside (close(), a new pass) before the consumer was done
         self.completed = False      # the whole stream was delivered without an error
         self.delivered = 0          # samples yielded in this pass
-
-    @property
-    def cfg(self) -> Any:
-        """The pipeline's settings (:class:`~parrecio.pipeline.config.PipelineConfig`)."""
-        return self.res.cfg
-
-    @property
-    def stats(self) -> Any:
-        """The ParallelReader's counters (:class:`~parrecio.pipeline.stats.Stats`)."""
-        return self.res.stats
 
     def abort(self) -> None:
         """End the pass from outside (close(), a new pass): the consumer's iterator raises if resumed."""

@@ -45,6 +45,7 @@ class _Worker:
     inflight: Dict[int, Task] = field(default_factory=dict)
     progress: float = 0.0   # pool clock at its last byte received, or when it got work while it had none
     killing: bool = False   # judged stuck and killed; its death is yet to be collected
+    sentinel: int = -1      # proc.sentinel, read once (the property checks the process is open)
 
 
 class WorkerPool:
@@ -86,7 +87,8 @@ class WorkerPool:
             raise
         task_r.close()
         res_w.close()
-        return _Worker(index, proc, task_w, res_r, FrameReader(res_r.fileno()), progress=self.clock)
+        return _Worker(index, proc, task_w, res_r, FrameReader(res_r.fileno()), progress=self.clock,
+                       sentinel=proc.sentinel)
 
     @property
     def pids(self) -> List[int]:
@@ -132,7 +134,7 @@ class WorkerPool:
         for w in self.workers:
             if not w.inbox.eof:
                 objs.append(w.result_conn)
-            objs.append(w.proc.sentinel)
+            objs.append(w.sentinel)
         return objs
 
     def collect(self, ready: List[Any]) -> Tuple[List[Tuple[Task, Frame]], List[Task]]:
@@ -142,7 +144,7 @@ class WorkerPool:
         for i, w in enumerate(self.workers):
             if w.result_conn in ready:
                 self._drain(w, done)
-            if w.proc.sentinel in ready and not w.proc.is_alive():
+            if w.sentinel in ready and not w.proc.is_alive():
                 got = len(done)
                 self._drain(w, done)  # results it sent before dying still count
                 self.deaths_without_progress = 0 if len(done) > got else self.deaths_without_progress + 1

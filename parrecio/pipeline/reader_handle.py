@@ -64,7 +64,8 @@ class ReaderHandle:
         # Cheap non-blocking checks of the data pipe and of the process's end (its sentinel is readable
         # once it has exited), asked at every message taken.
         self._data_ready = ReadyCheck(data_r)
-        self._exited = ReadyCheck(self.proc.sentinel)
+        self.sentinel = self.proc.sentinel  # (Process.sentinel is a property that checks it is open)
+        self._exited = ReadyCheck(self.sentinel)
 
     def begin(self, job: ReaderJob) -> bool:
         """Give a spare its pass's job; False when it can no longer take one (it died)."""
@@ -85,7 +86,7 @@ class ReaderHandle:
     def waitables(self, data: bool = True) -> List[Any]:
         """What to wait on for its messages (unless ``data`` is False) and its death (nothing once it
         has ended)."""
-        return [] if self.ended else [self.data, self.proc.sentinel] if data else [self.proc.sentinel]
+        return [] if self.ended else [self.data, self.sentinel] if data else [self.sentinel]
 
     def receive(self) -> List[Any]:
         """The messages that are there now (never blocks).  Raises PipelineError if the process died,

@@ -162,7 +162,7 @@ class Run(Pass):
         ready = self.poller.wait(timeout)
         if self.res.closing:  # close() from another thread: leave the pipeline to it
             raise ended()
-        if end is None and (reader.data in ready or reader.proc.sentinel in ready):
+        if end is None and (reader.data in ready or reader.sentinel in ready):
             for c in self.feed.receive():
                 self._received(c)
             if self.feed.end is not None:  # the reader is done: the next pass's may start now
