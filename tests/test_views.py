@@ -332,3 +332,38 @@ def test_spawn_start_method_and_a_slow_fifo_with_views_kept(tmp_path, no_leaks):
     finally:
         writer.kill()
         writer.wait()
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+@pytest.mark.parametrize("how", ["stream", "mapped"])
+def test_damage_in_a_group_with_views(tmp_path, no_leaks, workers, how):
+    """``[Raw(), Json()]`` groups with the magic of one record zeroed, in the ring-wrapping stream: skipped,
+    the views are those of the other groups, paired as written; raised, after the views before it."""
+    rnd = random.Random(8)
+    recs = []
+    for i in range(1200):
+        recs += [rnd.randbytes(rnd.randrange(0, 3000)), b'{"i": %d}' % i]
+    path = tmp_path / "d.rec"
+    offsets = write_rec(path, recs)
+    data = bytearray(path.read_bytes())
+    data[offsets[2 * 700 + 1]:offsets[2 * 700 + 1] + 4] = b"\0\0\0\0"  # the label of group 700
+    path.write_bytes(bytes(data))
+    want = [(recs[2 * i], {"i": i}) for i in range(1200) if i != 700]
+    with deadline(120):
+        for on_error in ("skip", "raise"):
+            f = open(path, "rb") if how == "stream" else None
+            try:
+                with ParallelReader(f if f is not None else str(path), fields=[Raw(), Json()], workers=workers,
+                                    on_error=on_error, tuning=SMALL) as r:
+                    got = []
+                    if on_error == "skip":
+                        got = [(bytes(raw), label) for raw, label in r.iter_views()]
+                        assert got == want
+                    else:
+                        with pytest.raises(Exception, match=f"offset {offsets[2 * 700 + 1]}"):
+                            for raw, label in r.iter_views():
+                                got.append((bytes(raw), label))
+                        assert got == want[:700]
+            finally:
+                if f is not None:
+                    f.close()
