@@ -96,7 +96,7 @@ class Run(Pass):
         # when delivered.
         self.pinned: Optional[Pinned] = res.pinned
         if self.pinned is None and views:
-            self.pinned = Pinned(self._give_back_ring)
+            self.pinned = Pinned()
         ring_pos = (self.pinned.tail, self.pinned.head) if self.pinned is not None else (0, 0)
         try:
             job = ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip, ring_pos,
@@ -108,7 +108,7 @@ class Run(Pass):
             self.slots.close()
             raise  # (an earlier pass's pinned chunks stay with res for the next try)
         if self.pinned is not None:
-            self.pinned.give_back = self._give_back_ring
+            self.pinned.give_back = self.feed.release_ring
             res.pinned = None
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -352,9 +352,6 @@ class Run(Pass):
             self.feed.release(c, ring=False)
             self.pinned.add(c.ring_end, refs or [])
 
-    def _give_back_ring(self, pos: int) -> None:
-        self.feed.release_ring(pos)
-
     def _unpin(self) -> None:
         """Give back the chunks whose views are gone; when the reader waits for space that only views
         still alive hold, and nothing else is under way that could free any, raise instead of a hang."""
@@ -433,7 +430,7 @@ class Run(Pass):
         for c in self.feed.stop():
             self.chunks.append(_ChunkState(c, [], 0))  # only its one-off segment matters now
         if self.pinned is not None and self.pinned:  # views still alive: the next pass writes after them
-            self.res.pinned = self.pinned.carried()
+            self.res.pinned = self.pinned.detach()
         for cs in self.chunks:
             if cs.chunk.place.is_oneoff:
                 unlink(cs.chunk.place.name)

@@ -71,10 +71,10 @@ class Pinned:
     prefix).  A chunk's one-off segment and mapped bytes go back when it is delivered: they are never
     reused, and a view keeps its mapping alive."""
 
-    def __init__(self, give_back: Callable[[int], None], tail: int = 0) -> None:
+    def __init__(self) -> None:
         self._q: Deque[_Entry] = deque()
-        self.give_back = give_back
-        self.tail = tail          # ring position below which everything went back
+        self.give_back: Callable[[int], None] = _unbound  # set by the pass that holds it
+        self.tail = 0             # ring position below which everything went back
 
     def __bool__(self) -> bool:
         return bool(self._q)
@@ -105,19 +105,14 @@ class Pinned:
         self.give_back(self.tail)  # one release for all of them
         return True
 
-    def carried(self) -> "Pinned":
-        """The chunks still held, for the next pass (which sets its own ``give_back``)."""
-        nxt = Pinned(_not_yet, self.tail)
-        for e in self._q:
-            e.refs = e.refs[e.first_live:]
-            e.first_live = 0
-            nxt._q.append(e)
-        self._q.clear()
-        return nxt
+    def detach(self) -> "Pinned":
+        """This, for the next pass to take (it sets its own ``give_back``): its pass has ended."""
+        self.give_back = _unbound
+        return self
 
 
-def _not_yet(ring_end: int) -> None:
-    raise AssertionError("a carried Pinned is given back by the pass that takes it")
+def _unbound(ring_end: int) -> None:
+    raise AssertionError("a Pinned is given back only by the pass that holds it")
 
 
 def as_views(items: Iterator[Any], passthrough: Sequence[bool], kind: str,
@@ -127,7 +122,7 @@ def as_views(items: Iterator[Any], passthrough: Sequence[bool], kind: str,
     try:
         if kind == "single":
             for v in items:
-                yield v if type(v) is memoryview else memoryview(v)
+                yield _view(v)
         elif kind == "dict":
             keys = [names[f] for f in raw] if names is not None else []
             for d in items:
