@@ -120,6 +120,22 @@ class Task:
     split: bool = False     # pickle each value on its own (a re-run after a result that did not unpickle)
     epoch: int = 0          # the pass's epoch: with the group's sequence number, the key of random decoders
 
+    def __reduce__(self):
+        # The consumer pickles one Task per chunk: as a plain tuple with the arrays as bytes this takes half
+        # the time of a dataclass's generic reduce (3.4 against 6.9 us warm; several times that on a
+        # wake-up with cold caches, where it was ~1/10 of the consumer's cost per task).
+        return _task, (self.task_id, self.chunk_seq, self.start, self.n, self.place.kind, self.place.name,
+                       self.ring_offs.tobytes(), self.lens.tobytes(), self.dest, self.isolated, self.split,
+                       self.epoch)
+
+
+def _task(task_id: int, chunk_seq: int, start: int, n: int, kind: int, name: str, offs: bytes, lens: bytes,
+          dest: list, isolated: bool, split: bool, epoch: int) -> Task:
+    ring_offs, lengths = array("q"), array("q")
+    ring_offs.frombytes(offs)
+    lengths.frombytes(lens)
+    return Task(task_id, chunk_seq, start, n, Place(kind, name), ring_offs, lengths, dest, isolated, split, epoch)
+
 
 @dataclass
 class TaskDone:
