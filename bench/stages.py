@@ -17,7 +17,8 @@ JSON document:
   stage that caps each point.  The same with ``workers=0`` (decoding in this process) for comparison.
 - ``boxes16``: the same stream with ``fields=[Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]``
   (every value fixed-shape, written into the output slots): the consumer's CPU per sample, against the
-  target of 3 us (one consumer keeping up with 300k samples/s); and ``at_capacity``, the same output
+  target of 3 us (one consumer keeping up with 300k samples/s); the same with tasks of 256 groups
+  (``Tuning(chunk_groups=256, ring_bytes=128 << 20)``: four batches per task); and ``at_capacity``, the same output
   shapes from stand-in decoders (:class:`SameShapes`), so that the consumer has to keep up.
 - ``tiny``: 200k records of ~90 B JSON: a one-process ``RecordReader`` + ``orjson.loads`` loop against
   ``ParallelReader(fields=Json(), workers=2)`` and ``workers=0``, records/s and ratios.
@@ -207,10 +208,16 @@ def case_boxes16(data: str, tmp: str, n: int, workers: int, passes: int) -> Dict
     src = image_stream(data, tmp, n)
     _warm(src["path"])
     fields = [Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]
+    from parrecio import Tuning
     par = stage_costs(src["path"], fields, workers, 64, passes)
+    # tasks of four batches instead of two (a ring of 128 MiB, so that chunks of these ~50 KB photos are
+    # not cut at ring_bytes / 8): the consumer's cost is per task, so it halves; in-flight memory doubles
+    big = stage_costs(src["path"], fields, workers, 64, passes,
+                      tuning=Tuning(chunk_groups=256, ring_bytes=128 << 20))
     cap = stage_costs(src["path"], [SameShapes(f) for f in fields], workers, 64, max(passes, 10))  # (short passes)
     return {"data": src["origin"], "fields": "[Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]",
-            "batch_size": 64, f"workers_{workers}": par, f"workers_{workers}_at_capacity": cap,
+            "batch_size": 64, f"workers_{workers}": par,
+            f"workers_{workers}_chunk_groups_256": big, f"workers_{workers}_at_capacity": cap,
             "consumer_target_us": 3.0}
 
 
