@@ -677,9 +677,10 @@ class Image(_PillowDecoder):
         Let libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale (DCT scaling) when the scaled image is still at
         least ``draft`` times as large as what the resize reads (``True`` means 1.0; 2.0 keeps a 2x margin
         and moves pixels less; below 1.0, down to 0.5, the resize may enlarge the scaled image by up to
-        ``1 / draft``: ``0.75`` lets ImageNet-sized photos decode at 1/2 for 224 px, about 1.3x faster,
-        about 1.4 grey levels off on average, README "Decoders").  Faster on big JPEGs, slightly different
-        pixels.  Needs ``size``; with ``mode="L"`` it also decodes luma only.  Default ``False``: exact.
+        ``1 / draft``: ``0.75`` lets ImageNet-sized photos decode at 1/2 for 224 px, about 1.2x Pillow-SIMD's
+        rate and 0.9 grey levels off on average; ``0.5`` about 1.35x and 1.7 levels off; README "Decoders",
+        ``bench/fast_decode.py``).  Faster on big JPEGs, slightly different pixels.  Needs ``size``; with
+        ``mode="L"`` it also decodes luma only.  Default ``False``: exact.
     reducing_gap:
         Pillow's ``resize(reducing_gap=...)``: box-reduce by an integer factor first when the image shrinks
         by at least this factor (>= 1.0; 2.0 or 3.0 are typical).  Default ``None``: exact.
