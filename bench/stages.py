@@ -204,11 +204,11 @@ def case_boxes16(data: str, tmp: str, n: int, workers: int, passes: int) -> Dict
     2-core host finds its caches cold: the per-sample figure is inflated by the waiting), and
     ``at_capacity``, the same shapes from :class:`SameShapes` stand-ins, so that the consumer and the
     reader process are the limit: what one consumer costs when it has to keep up."""
+    from parrecio import Tuning
     from parrecio.decoders import BoundingBoxes, Image
     src = image_stream(data, tmp, n)
     _warm(src["path"])
     fields = [Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]
-    from parrecio import Tuning
     par = stage_costs(src["path"], fields, workers, 64, passes)
     # tasks of four batches instead of two (a ring of 128 MiB, so that chunks of these ~50 KB photos are
     # not cut at ring_bytes / 8): the consumer's cost is per task, so it halves; in-flight memory doubles
