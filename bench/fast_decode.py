@@ -75,11 +75,12 @@ def cases(size: int) -> Dict[str, Tuple[str, Callable[[bytes, np.ndarray], None]
     return out
 
 
-def one_round(images: List[bytes], size: int, repeat: int) -> Dict[str, float]:
+def one_round(cases_: Dict[str, Tuple[str, Callable[[bytes, np.ndarray], None]]], images: List[bytes],
+              size: int, repeat: int) -> Dict[str, float]:
     """Images per second of every case: each image's best time over ``repeat`` passes.  The cases take
     turns image by image (starting with a different case at each image), so that a machine whose speed
     drifts during the round moves every case alike."""
-    table = list(cases(size).items())
+    table = list(cases_.items())
     out = np.empty((size, size, 3), np.uint8)
     best = [[float("inf")] * len(images) for _ in table]
     clock = time.process_time  # this process's CPU: other tenants of the machine do not count
@@ -121,7 +122,7 @@ def main(argv: List[str] | None = None) -> None:
     table = cases(args.size)
     rounds = []
     for _ in range(args.rounds):
-        rates = one_round(images, args.size, args.repeat)
+        rates = one_round(table, images, args.size, args.repeat)
         rounds.append({name: {"rate": round(r, 1), "ratio": round(r / rates[table[name][0]], 3)}
                        for name, r in rates.items()})
     summary = {name: {"median_ratio": round(statistics.median(r[name]["ratio"] for r in rounds), 3),
