@@ -27,7 +27,7 @@ from ..errors import PipelineError
 from .children import child_entry, close_quietly, describe_exit, forget_processes, start
 from .config import PipelineConfig
 from .messages import Stop, Task
-from .wire import Frame, FrameReader
+from .wire import Frame, FrameReader, send_message
 from .worker import CANNOT_LOAD, WorkerJob, worker_main
 
 log = logging.getLogger("parrecio")
@@ -41,6 +41,7 @@ class _Worker:
     proc: Any
     task_conn: Any
     result_conn: Any
+    task_fd: int
     inbox: FrameReader
     inflight: Dict[int, Task] = field(default_factory=dict)
     progress: float = 0.0   # pool clock at its last byte received, or when it got work while it had none
@@ -87,7 +88,7 @@ class WorkerPool:
             raise
         task_r.close()
         res_w.close()
-        return _Worker(index, proc, task_w, res_r, FrameReader(res_r.fileno()), progress=self.clock,
+        return _Worker(index, proc, task_w, res_r, task_w.fileno(), FrameReader(res_r.fileno()), progress=self.clock,
                        sentinel=proc.sentinel)
 
     @property
@@ -124,7 +125,7 @@ class WorkerPool:
             worker.progress = self.clock
         worker.inflight[task.task_id] = task
         try:
-            worker.task_conn.send(task)
+            send_message(worker.task_fd, task)
         except (BrokenPipeError, OSError):
             pass  # it died: its sentinel will fire and the task will be re-run
 

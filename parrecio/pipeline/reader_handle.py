@@ -27,6 +27,7 @@ from .poller import ReadyCheck
 from .config import PipelineConfig
 from .reader_proc import ReaderJob, reader_main, spare_main
 from .shm import sweep
+from .wire import MessageReader, send_message
 
 __all__ = ["ReaderHandle"]
 
@@ -61,9 +62,10 @@ class ReaderHandle:
             raise
         finally:
             close_quietly(data_w, ctrl_r)  # the child has its own copies (or none: it did not start)
-        # Cheap non-blocking checks of the data pipe and of the process's end (its sentinel is readable
-        # once it has exited), asked at every message taken.
-        self._data_ready = ReadyCheck(data_r)
+        # The data pipe, read without blocking, every message there at once; a cheap check of the
+        # process's end (its sentinel is readable once it has exited), asked at every receive.
+        self._inbox = MessageReader(data_r.fileno())
+        self._ctrl_fd = ctrl_w.fileno()
         self.sentinel = self.proc.sentinel  # (Process.sentinel is a property that checks it is open)
         self._exited = ReadyCheck(self.sentinel)
 
@@ -104,16 +106,16 @@ class ReaderHandle:
         return msgs
 
     def _receive_into(self, msgs: List[Any]) -> bool:
-        """Append the messages waiting in the pipe (up to its ReaderEnd); True at the pipe's end."""
-        try:
-            while not self.ended and self._data_ready.ready():
-                msg = self.data.recv()
-                msgs.append(msg)
-                if isinstance(msg, ReaderEnd):
-                    self.ended = True
-        except (EOFError, OSError):
-            return True  # its end of the pipe is closed: it will send nothing more
-        return False
+        """Append the messages waiting in the pipe (up to its ReaderEnd); True at the pipe's end (its
+        end is closed: it will send nothing more)."""
+        if self.ended:
+            return False
+        for msg in self._inbox.read():
+            msgs.append(msg)
+            if isinstance(msg, ReaderEnd):
+                self.ended = True
+                break
+        return self._inbox.eof
 
     def release(self, pos: int, oneoff_bytes: int = 0, mapped_bytes: int = 0) -> None:
         """Everything before ring position ``pos`` was delivered (plus a one-off segment's or a mapped
@@ -123,7 +125,7 @@ class ReaderHandle:
         if self.ended:
             return
         try:
-            self.ctrl.send(Release(pos, oneoff_bytes, mapped_bytes))
+            send_message(self._ctrl_fd, Release(pos, oneoff_bytes, mapped_bytes))
             self.releases_sent += 1
         except (BrokenPipeError, OSError):
             pass  # the reader has finished
@@ -150,13 +152,7 @@ class ReaderHandle:
         return msgs
 
     def _drain(self) -> List[Any]:
-        msgs: List[Any] = []
-        try:
-            while self.data.poll():
-                msgs.append(self.data.recv())
-        except (EOFError, OSError):
-            pass
-        return msgs
+        return self._inbox.read()
 
     def forget_after_fork(self) -> None:
         """In the child of an ``os.fork()`` of the consumer: let go of the process silently."""
