@@ -6,8 +6,8 @@ full slot *is* a batch).  Workers write sample results in place; the consumer ha
 
 Lending: a view never outlives the memory it shows, and a slot is reused only when no view of it is
 left.  Views are made from a *lease*, a ctypes array over the slot's memory: every numpy array derived
-from it keeps it alive, and a ``weakref.finalize`` on it reports the slot free when the last view is
-gone.  Finalizers may run in any thread, so they only append to a deque that the consumer drains.
+from it keeps it alive, and a weak reference to it reports the slot free when the last view is
+gone.  Its callback may run in any thread, so it only appends to a deque that the consumer drains.
 
 The pool starts with a few slots and grows only when every slot is held by the user (``list(reader)``):
 growing then costs what the user holds anyway, while waiting would deadlock.
@@ -94,7 +94,11 @@ class Lease:
         mem = (ctypes.c_ubyte * seg.size).from_buffer(seg.buf)
         self.slot = slot
         self.arrays = pool.layout.arrays(mem)
-        weakref.finalize(mem, pool._released.append, slot)
+        # A plain weak reference with a callback, kept alive by the pool until it fires (a
+        # weakref.finalize costs several times as much, for an atexit hook this does not need: the
+        # segments are unlinked at close whatever views are alive).
+        ref = weakref.ref(mem, pool._on_release)
+        pool._refs[id(ref)] = (ref, slot)
 
 
 class SlotPool:
@@ -106,6 +110,7 @@ class SlotPool:
         self.segments: List[Segment] = []
         self.free: Deque[int] = deque()
         self._released: Deque[int] = deque()  # appended by lease finalizers, from any thread
+        self._refs: Dict[int, tuple] = {}  # id of a lease's weak reference -> (it, its slot), until it fires
         self._leased = set()
         self._busy = set()  # acquired by a run, not yet finished
         for _ in range(initial):
@@ -116,6 +121,13 @@ class SlotPool:
         self.segments.append(Segment.create(f"{self.prefix}s{slot}", self.layout.nbytes))
         self.free.append(slot)
         return slot
+
+    def _on_release(self, ref: weakref.ref) -> None:
+        # The last view of a lease died (any thread, whenever the garbage collector gets to it): only a
+        # deque append and a dict pop, both atomic under the GIL.
+        entry = self._refs.pop(id(ref), None)
+        if entry is not None:
+            self._released.append(entry[1])
 
     def poll(self) -> None:
         """Take in the slots whose last view died."""
