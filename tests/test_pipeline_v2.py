@@ -19,7 +19,7 @@ from parrecio.pipeline.mapped import PREFIX, MappedFiles, map_stream
 from parrecio.pipeline.poller import Poller
 from parrecio.pipeline.wire import pack_column, unpack_column
 from parrecio.recordio.framing import MAGIC_BYTES
-from pipeline_helpers import FailOn, Fixed, Pair, digest_array, payloads, write_rec
+from pipeline_helpers import FailOn, Fixed, Pair, digest_array, feed_fifo, payloads, write_rec
 
 MAGIC = MAGIC_BYTES
 
@@ -280,6 +280,35 @@ def test_ramp_up_first_chunks_fill_one_slot_between_the_workers(tmp_path, worker
         first = workers * (8 // workers)                 # 8 (2 workers) or 6 (3 workers) samples
         assert r.stats.chunks == workers + -(-(100 - first) // 16)
         assert got[0].base is not None and not got[0].flags.owndata  # still a view of its slot
+
+
+def test_chunks_of_a_mapped_file_are_two_batches_of_large_records_those_in_the_ring_a_share_of_it(tmp_path,
+                                                                                                  no_leaks):
+    """A chunk in the ring is held to 1/8 of it (1 MiB floor), so that the ring holds several; a chunk read
+    in place from a mapped file takes no ring space and is held only to its share of the mapped budget
+    (config.mapped_chunk_bytes): two batches of ~40 KB records make one task there, however small the
+    ring, and the consumer pays its per-task cost per two batches (not per 25 records)."""
+    rng = np.random.default_rng(5)
+    recs = [rng.integers(0, 256, 40_000 + i % 7, dtype=np.uint8).tobytes() for i in range(400)]
+    path = tmp_path / "big.rec"
+    write_rec(path, recs)
+    want = np.stack([digest_array(x) for x in recs])
+    tuning = Tuning(ring_bytes=8 << 20)  # chunks in the ring: at most 1 MiB, ~26 of these records
+    with ParallelReader(path, fields=Fixed(), workers=2, batch_size=16, tuning=tuning) as r:
+        cfg = r.config
+        assert cfg.chunk_bytes == 1 << 20 and cfg.mapped_chunk_bytes == (32 << 20) // 6
+        assert np.array_equal(np.concatenate(list(r)), want)
+        assert r.stats.chunks == 2 + -(-(400 - 16) // 32)  # the ramp-up's two, then 32 groups each
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    feeder = feed_fifo(path, fifo, 1 << 20, 0)
+    try:
+        with ParallelReader(str(fifo), fields=Fixed(), workers=2, batch_size=16, tuning=tuning) as r:
+            assert np.array_equal(np.concatenate(list(r)), want)
+            # (chunks are cut at 1 MiB, 26-27 records: at least one more chunk per 32 groups)
+            assert r.stats.chunks >= 2 + -(-(400 - 16) // 27)
+    finally:
+        feeder.wait(30)
 
 
 def test_config_is_frozen_and_reader_cpu_is_counted(tmp_path, no_leaks):

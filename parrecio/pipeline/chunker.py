@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
 
 from .config import PipelineConfig
-from .messages import IN_RING, ONEOFF, Chunk, Place
+from .messages import FILE, IN_RING, ONEOFF, Chunk, Place
 from .reader_link import Link
 from .ring import RingWriter
 
@@ -78,6 +78,7 @@ class Chunker:
         self.sent_end = 0         # the group_end of the last chunk sent
         self.watermark: Optional[Callable[[], int]] = None  # the ring windows' (a stream read into them)
         self.size = ChunkSize(cfg)
+        self._mapped_cap = cfg.mapped_chunk_bytes  # (a property: worked out once, asked per group)
 
     def flush(self, release: bool = False) -> None:
         """Send the pending chunk.  With ``release``, send an empty one when nothing is pending but the
@@ -155,7 +156,7 @@ class Chunker:
         payloads of ``mm`` (the reader's buffer: a file mapped from its byte 0) are at their file
         offsets.  Returns the records and payload bytes it framed."""
         cfg = self.cfg
-        size, chunk_bytes = self.size, cfg.chunk_bytes
+        size, chunk_bytes = self.size, self._cap(in_file)
         records = nbytes = 0
         while True:
             p = self.pending
@@ -168,7 +169,7 @@ class Chunker:
             if p.n == 0:
                 p.stream_id, p.first_seq, p.place = stream_id, self.seq, in_file
             k, nb = p.n, p.nbytes
-            # the chunk is full at max_groups, at chunk_bytes, or at min_groups once it has min_bytes
+            # the chunk is full at max_groups, at its byte cap, or at min_groups once it has min_bytes
             if k < size.min_groups:
                 room_n, room_b = size.min_groups - k, chunk_bytes - nb
             else:
@@ -213,8 +214,12 @@ class Chunker:
                 self.flush()
 
     def _full(self, p: _Pending) -> bool:
-        """Whether chunk ``p`` is complete: ``max_groups``, ``chunk_bytes``, or ``min_groups`` with
-        ``min_bytes``."""
+        """Whether chunk ``p`` is complete: ``max_groups``, its place's byte cap (:meth:`_cap`), or
+        ``min_groups`` with ``min_bytes``."""
         size = self.size
-        return p.n >= size.max_groups or p.nbytes >= self.cfg.chunk_bytes or (
+        return p.n >= size.max_groups or p.nbytes >= self._cap(p.place) or (
             p.n >= size.min_groups and p.nbytes >= size.min_bytes)
+
+    def _cap(self, place: Place) -> int:
+        """The payload bytes at which a chunk in ``place`` is full (config.mapped_chunk_bytes)."""
+        return self._mapped_cap if place.kind == FILE else self.cfg.chunk_bytes
