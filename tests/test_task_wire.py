@@ -1,5 +1,5 @@
-"""A Task travels to its decoder process as a plain tuple (messages.Task.__reduce__): every field must come
-back equal, whatever the place, the arrays (empty too) and the flags."""
+"""The messages sent once per task travel as plain tuples (``__reduce__`` of messages.Task, Chunk and Release):
+every field must come back equal, whatever the place, the arrays (empty too) and the flags."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from multiprocessing.reduction import ForkingPickler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parrecio.pipeline.messages import FILE, IN_RING, ONEOFF, Place, Task
+from parrecio.pipeline.messages import FILE, IN_RING, ONEOFF, Chunk, Place, Release, Task
+from parrecio.pipeline.wire import send_message
 
 
 def _round_trip(task: Task) -> Task:
@@ -41,3 +42,32 @@ def test_an_empty_task_comes_back():
 def test_any_arrays_come_back(offs, lens, name, kind, epoch):
     task = Task(1, 2, 0, len(offs), Place(kind, name), array("q", offs), array("q", lens), [], False, False, epoch)
     assert _round_trip(task) == task
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 40), nf=st.integers(1, 3), data=st.data(), kind=st.sampled_from([0, 1, 2]),
+       name=st.text(max_size=30), first=st.integers(0, 1 << 62), end=st.integers(0, 1 << 62))
+def test_any_chunk_comes_back(n, nf, data, kind, name, first, end):
+    q = st.integers(-(1 << 63), (1 << 63) - 1)
+    offs = data.draw(st.lists(q, min_size=n * nf, max_size=n * nf))
+    lens = data.draw(st.lists(st.integers(0, (1 << 63) - 1), min_size=n * nf, max_size=n * nf))
+    stream_offs = data.draw(st.lists(q, min_size=n, max_size=n))
+    chunk = Chunk(first, n, data.draw(st.integers(0, 1000)), array("q", offs), array("q", lens),
+                  array("q", stream_offs), end, Place(kind, name))
+    back = _round_trip(chunk)
+    assert back == chunk and type(back.place) is Place
+    assert all(type(a) is array and a.typecode == "q" for a in (back.ring_offs, back.lens, back.stream_offs))
+
+
+def test_release_comes_back_and_send_message_is_what_connection_recv_reads():
+    import multiprocessing
+    rel = Release(1 << 40, 3, 1 << 33)
+    assert _round_trip(rel) == rel and _round_trip(Release(5)) == Release(5, 0, 0)
+    r, w = multiprocessing.Pipe(duplex=False)
+    task = Task(9, 1 << 40, 3, 2, Place(FILE, "file:/a.rec"), array("q", [1, 2, 3, 4]), array("q", [5, 6, 7, 8]),
+                [("seg", 0, 1, 2)], False, True, 3)
+    for msg in (rel, task, Chunk(0, 0, 0, array("q"), array("q"), array("q"), 7)):
+        send_message(w.fileno(), msg)
+        assert r.recv() == msg
+    r.close()
+    w.close()

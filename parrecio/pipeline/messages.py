@@ -69,6 +69,23 @@ class Chunk:
     ring_end: int
     place: Place = IN_RING
 
+    def __reduce__(self):
+        # One per task, unpickled by the consumer on a cold wake-up: a plain tuple with the arrays as
+        # bytes (as Task), not a dataclass's generic reduce.
+        return _chunk, (self.first_seq, self.n, self.stream_id, self.ring_offs.tobytes(), self.lens.tobytes(),
+                        self.stream_offs.tobytes(), self.ring_end, self.place.kind, self.place.name)
+
+
+def _q(data: bytes) -> array:
+    a = array("q")
+    a.frombytes(data)
+    return a
+
+
+def _chunk(first_seq: int, n: int, stream_id: int, offs: bytes, lens: bytes, stream_offs: bytes, ring_end: int,
+           kind: int, name: str) -> Chunk:
+    return Chunk(first_seq, n, stream_id, _q(offs), _q(lens), _q(stream_offs), ring_end, Place(kind, name))
+
 
 @dataclass
 class Waiting:
@@ -94,6 +111,9 @@ class Release:
     pos: int
     oneoff_bytes: int = 0
     mapped_bytes: int = 0   # payload bytes of a delivered chunk read in place from a mapped file
+
+    def __reduce__(self):  # one per chunk, pickled by the consumer: a plain tuple
+        return Release, (self.pos, self.oneoff_bytes, self.mapped_bytes)
 
 
 @dataclass
@@ -131,10 +151,7 @@ class Task:
 
 def _task(task_id: int, chunk_seq: int, start: int, n: int, kind: int, name: str, offs: bytes, lens: bytes,
           dest: list, isolated: bool, split: bool, epoch: int) -> Task:
-    ring_offs, lengths = array("q"), array("q")
-    ring_offs.frombytes(offs)
-    lengths.frombytes(lens)
-    return Task(task_id, chunk_seq, start, n, Place(kind, name), ring_offs, lengths, dest, isolated, split, epoch)
+    return Task(task_id, chunk_seq, start, n, Place(kind, name), _q(offs), _q(lens), dest, isolated, split, epoch)
 
 
 @dataclass
