@@ -1,7 +1,7 @@
 """What each stage of the pipeline costs per sample, and the throughput that allows on bigger hosts.
 
     python -m bench.stages [--data bench/data] [--n 2000] [--workers 2] [--quick] [--json OUT]
-                           [--cases images,boxes16,tiny,pipe] [--cores 1,2,4,...]
+                           [--cases images,boxes16,tiny,pipe] [--cores 1,2,4,...] [--repeat K]
 
 Throughput with W decoder processes is at most ``min(W x worker rate, 1 / reader cost, 1 / consumer cost)``
 where a cost is the CPU seconds per sample of that one process (the reader process and the consumer are
@@ -18,8 +18,9 @@ JSON document:
 - ``boxes16``: the same stream with ``fields=[Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]``
   (every value fixed-shape, written into the output slots): the consumer's CPU per sample, against the
   target of 3 us (one consumer keeping up with 300k samples/s); the same with tasks of 256 groups
-  (``Tuning(chunk_groups=256, ring_bytes=128 << 20)``: four batches per task); and ``at_capacity``, the same output
-  shapes from stand-in decoders (:class:`SameShapes`), so that the consumer has to keep up.
+  (``Tuning(chunk_groups=256)``: four batches per task); and ``at_capacity``, the same output shapes from
+  stand-in decoders (:class:`SameShapes`), so that the consumer has to keep up.  ``--repeat K``: epochs of
+  K copies of the stream (the per-pass costs, such as starting the next pass's reader, spread further).
 - ``tiny``: 200k records of ~90 B JSON: a one-process ``RecordReader`` + ``orjson.loads`` loop against
   ``ParallelReader(fields=Json(), workers=2)`` and ``workers=0``, records/s and ratios.
 - ``pipe``: a SageMaker Pipe-mode channel (no RecordIO wrapper) whose FIFOs are fed by ``cat``: raw
@@ -62,7 +63,7 @@ def image_stream(data: str, tmp: str, n: int) -> Dict[str, Any]:
     """``[JPEG][boxes JSON]`` per sample: bench/data/aug.rec if built (real photographs), else the demo's."""
     path = os.path.join(data, "aug.rec")
     if os.path.exists(path):
-        return {"path": path, "origin": "bench/data/aug.rec (real photographs)"}
+        return {"path": path, "origin": f"{os.path.relpath(path)} (real photographs)"}
     from parrecio.tools.demo import build_demo_stream
     path = os.path.join(tmp, "aug.rec")
     build_demo_stream(path, n=n, seed=0)
@@ -196,9 +197,26 @@ class SameShapes:
         out.flat[0] = len(payload) & 127
 
 
-def case_boxes16(data: str, tmp: str, n: int, workers: int, passes: int) -> Dict[str, Any]:
+def _repeated(path: str, tmp: str, k: int) -> str:
+    """An epoch of ``k`` copies of the file ``path``: a directory of ``k`` links to it (copies where links
+    cannot be made), read in order as one stream."""
+    if k <= 1:
+        return path
+    out = os.path.join(tmp, f"x{k}")
+    os.makedirs(out, exist_ok=True)
+    for i in range(k):
+        link = os.path.join(out, f"part{i:03d}.rec")
+        try:
+            os.symlink(os.path.abspath(path), link)
+        except OSError:
+            shutil.copyfile(path, link)
+    return out
+
+
+def case_boxes16(data: str, tmp: str, n: int, workers: int, passes: int, repeat: int = 1) -> Dict[str, Any]:
     """The consumer's cost when every value is fixed-shape: ``[Image(224), BoundingBoxes(max_boxes=16)]``,
-    batches of 64 (the boxes padded into the slot too, nothing travels back but the task's frame).
+    batches of 64 (the boxes padded into the slot too, nothing travels back but the task's frame), over
+    epochs of ``repeat`` copies of the stream.
 
     Twice: with the real decoders (the consumer mostly sleeps between results, and each wake-up on a
     2-core host finds its caches cold: the per-sample figure is inflated by the waiting), and
@@ -208,14 +226,15 @@ def case_boxes16(data: str, tmp: str, n: int, workers: int, passes: int) -> Dict
     from parrecio.decoders import BoundingBoxes, Image
     src = image_stream(data, tmp, n)
     _warm(src["path"])
+    path = _repeated(src["path"], tmp, repeat)
     fields = [Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]
-    par = stage_costs(src["path"], fields, workers, 64, passes)
-    # tasks of four batches instead of two (a ring of 128 MiB, so that chunks of these ~50 KB photos are
-    # not cut at ring_bytes / 8): the consumer's cost is per task, so it halves; in-flight memory doubles
-    big = stage_costs(src["path"], fields, workers, 64, passes,
-                      tuning=Tuning(chunk_groups=256, ring_bytes=128 << 20))
-    cap = stage_costs(src["path"], [SameShapes(f) for f in fields], workers, 64, max(passes, 10))  # (short passes)
-    return {"data": src["origin"], "fields": "[Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]",
+    par = stage_costs(path, fields, workers, 64, passes)
+    # tasks of four batches instead of two: the consumer's cost is per task, so it halves; the output
+    # slots in flight double
+    big = stage_costs(path, fields, workers, 64, passes, tuning=Tuning(chunk_groups=256))
+    cap = stage_costs(path, [SameShapes(f) for f in fields], workers, 64, max(passes, 10))  # (short passes)
+    return {"data": src["origin"], "epoch": f"{repeat} x the stream",
+            "fields": "[Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]",
             "batch_size": 64, f"workers_{workers}": par,
             f"workers_{workers}_chunk_groups_256": big, f"workers_{workers}_at_capacity": cap,
             "consumer_target_us": 3.0}
@@ -372,6 +391,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--passes", type=int, default=2, help="timed passes after the warm-up pass")
     ap.add_argument("--cases", default="images,boxes16,tiny,pipe")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="boxes16: epochs of this many copies of the stream (3: 6000 samples of aug.rec)")
     ap.add_argument("--cores", default=",".join(map(str, CORES)))
     ap.add_argument("--quick", action="store_true", help="fewer samples: a smoke run")
     ap.add_argument("--json", help="also write the JSON here")
@@ -387,7 +408,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                                         1 if args.quick else args.passes, cores)
         if "boxes16" in cases:
             out["boxes16"] = case_boxes16(args.data, tmp, 300 if args.quick else args.n, args.workers,
-                                          1 if args.quick else args.passes)
+                                          1 if args.quick else args.passes, args.repeat)
         if "tiny" in cases:
             out["tiny"] = case_tiny(tmp, 20_000 if args.quick else 200_000, args.workers,
                                     1 if args.quick else args.passes)

@@ -54,7 +54,9 @@ class Tuning:
         chunk_groups: groups per task sent to a decoder process (amortizes the per-task cost of ~0.1-0.5
             ms in the consumer); ``None``: adaptive -- with fixed-shape outputs two output slots (two
             batches), else at least 64 groups and more for small records (up to 64 KiB of payload, 2048
-            groups); at least 1024 groups with ``fields=None``.
+            groups); at least 1024 groups with ``fields=None``.  A task also ends at a payload byte cap:
+            ``ring_bytes / 8`` for records that pass through the ring (streams), a share of the mapped
+            budget (``4 * ring_bytes / (workers * prefetch + 2)``) for files read in place.
         prefetch: tasks in flight per decoder process (one being decoded, the others queued).
         slot_samples: samples per output slot when ``batch_size`` is None; ``None`` (default): as many
             fixed-shape outputs as fill about 4 MiB, 8 to 256 samples (27 images of 224x224x3).
