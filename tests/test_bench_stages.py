@@ -1,0 +1,27 @@
+"""A smoke run of bench/stages.py's consumer case (the README's figures come from it): with --repeat K every
+epoch is K copies of the stream, each variant reads them all, and the figures are CPU costs of the three
+stages.  (On the built-in demo stream: bench/data is not part of a checkout.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_boxes16_reads_epochs_of_repeat_copies(tmp_path):
+    empty = tmp_path / "no-data"  # no aug.rec there: the demo stream of --quick's 300 samples
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "bench.stages", "--cases", "boxes16", "--quick", "--repeat", "2",
+                           "--data", str(empty)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)["boxes16"]
+    assert doc["epoch"] == "2 x the stream" and doc["data"].startswith("parrecio.tools.demo stream, 300")
+    for name in ("workers_2", "workers_2_chunk_groups_256", "workers_2_at_capacity"):
+        fig = doc[name]
+        assert fig["samples"] == 600, (name, fig)  # a whole epoch: both copies
+        assert fig["consumer_us"] > 0 and fig["reader_us"] > 0 and fig["workers_us"] >= 0, (name, fig)
+    assert doc["workers_2"]["workers_us"] > 0  # real decoders (the stand-ins at capacity may round to 0)
