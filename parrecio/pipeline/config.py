@@ -95,7 +95,7 @@ class PipelineConfig:
         the mapped budget when every worker holds ``prefetch`` chunks and two more wait (never less than
         ``chunk_bytes``).  A chunk in the ring is held to ``chunk_bytes`` (1/8 of the ring) so that the
         ring holds several; one read in place takes no ring space, and cutting it there too made tasks
-        of ~100 KB photos 73 groups instead of two batches' 128, at ~0.6 ms of the consumer's time each."""
+        of ~100 KB photos 73 groups instead of two batches' 128, at ~0.5 ms of the consumer's time each."""
         return max(self.chunk_bytes, self.mapped_budget // (self.workers * self.prefetch + 2))
 
     def reader_chunk_groups(self) -> Optional[int]:

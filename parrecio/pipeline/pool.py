@@ -41,7 +41,7 @@ class _Worker:
     proc: Any
     task_conn: Any
     result_conn: Any
-    task_fd: int
+    task_fd: int            # task_conn.fileno(), read once: a task is written to it per chunk
     inbox: FrameReader
     inflight: Dict[int, Task] = field(default_factory=dict)
     progress: float = 0.0   # pool clock at its last byte received, or when it got work while it had none

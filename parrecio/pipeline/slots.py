@@ -109,7 +109,7 @@ class SlotPool:
         self.prefix = prefix
         self.segments: List[Segment] = []
         self.free: Deque[int] = deque()
-        self._released: Deque[int] = deque()  # appended by lease finalizers, from any thread
+        self._released: Deque[int] = deque()  # appended by the leases' weakref callbacks, from any thread
         self._refs: Dict[int, tuple] = {}  # id of a lease's weak reference -> (it, its slot), until it fires
         self._leased = set()
         self._busy = set()  # acquired by a run, not yet finished
