@@ -311,6 +311,31 @@ def test_chunks_of_a_mapped_file_are_two_batches_of_large_records_those_in_the_r
         feeder.wait(30)
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_chunk_per_group_many_messages_per_read_same_samples_as_one_process(tmp_path, workers, no_leaks):
+    """One group per chunk and per task: the reader's Chunk messages and the workers' result frames pile up
+    in their pipes and are taken many per read (wire.MessageReader, wire.FrameReader); every sample comes
+    out once, in order, equal to workers=0 and to a plain reference, ragged values too."""
+    recs = payloads(4000, seed=9, max_len=300)
+    path = tmp_path / "many.rec"
+    write_rec(path, recs)
+    want = [(digest_array(a), digest_array(b), {"n": len(b)}) for a, b in zip(recs[0::2], recs[1::2])]
+    fields = [Fixed(), Pair()]
+
+    def flat(samples):
+        return [(x, arr, meta) for x, (arr, meta) in samples]
+
+    with ParallelReader(path, fields=fields, workers=0) as r:
+        inline = flat(r)
+    with ParallelReader(path, fields=fields, workers=workers, tuning=Tuning(chunk_groups=1)) as r:
+        got = flat(r)
+        assert r.stats.chunks == 2000
+    for run in (inline, got):
+        assert len(run) == 2000
+        assert all(np.array_equal(a, x) and np.array_equal(b, y) and m == meta
+                   for (a, b, m), (x, y, meta) in zip(run, want))
+
+
 def test_config_is_frozen_and_reader_cpu_is_counted(tmp_path, no_leaks):
     recs = payloads(3000, seed=2, max_len=2000)
     path = tmp_path / "c.rec"
