@@ -127,5 +127,9 @@ def test_a_waiting_spare_exits_with_its_killed_consumer(stream, tmp_path):
         while _alive(int(spare)) and time.monotonic() < deadline_s:
             time.sleep(0.05)
         assert not _alive(int(spare))
+        # and nothing of the dead consumer's is left in /dev/shm (its ring): the spare, its last child,
+        # swept it before leaving (returning from its wait raced the watchdog thread that sweeps)
+        left = [n for n in os.listdir("/dev/shm") if n.startswith(f"parrecio-{proc.pid}-")]
+        assert not left, left
     finally:
         proc.kill()

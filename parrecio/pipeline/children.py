@@ -44,7 +44,7 @@ CHILD_MODULES = ("parrecio.pipeline.worker", "parrecio.pipeline.reader_proc")
 
 TERMINATION_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
                             if s is not None)
-_CONSUMER_DEATH_GRACE = 1.0  # seconds a signalled child waits for its consumer's death to show
+CONSUMER_DEATH_GRACE = 1.0  # seconds a child that suspects its consumer's death waits for it to show
 
 
 def describe_exit(code: Optional[int]) -> str:
@@ -67,7 +67,7 @@ def child_entry(prefix: str, lifeline: Any, target: Callable[..., None], *args: 
     def on_termination(signum: int, frame: Any) -> None:
         # Sent to the whole process group, the signal killed the consumer too: its death shows on the
         # lifeline within moments.  Sent to this child alone, the consumer lives and replaces us.
-        if lifeline.poll(_CONSUMER_DEATH_GRACE):
+        if lifeline.poll(CONSUMER_DEATH_GRACE):
             sweep(prefix)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)  # die of the signal, so that the exit status says so
@@ -77,6 +77,18 @@ def child_entry(prefix: str, lifeline: Any, target: Callable[..., None], *args: 
     threading.Thread(target=_watchdog, args=(prefix, lifeline), name="parrecio-lifeline",
                      daemon=True).start()
     target(*args)
+    # A target that returned because its consumer died (a spare reader's wait sees the lifeline too) must
+    # not leave before the sweep: the watchdog thread that would do it dies with the process.
+    if _consumer_gone(lifeline):
+        sweep(prefix)
+
+
+def _consumer_gone(lifeline: Any) -> bool:
+    """Whether the lifeline shows the consumer's death (nothing is ever written to it: readable is EOF)."""
+    try:
+        return bool(lifeline.poll(0))
+    except (OSError, ValueError):
+        return False  # closed by this process: it is ending anyway
 
 
 def _watchdog(prefix: str, lifeline: Any) -> None:

@@ -50,6 +50,7 @@ from ..recordio import RecordReader
 from .config import PipelineConfig
 from .groups import GroupStream, Placement, open_indexed_all
 from .mapped import map_stream
+from .children import CONSUMER_DEATH_GRACE
 from .chunker import Chunker
 from .messages import FILE, IN_RING, Place, ReaderEnd, RemoteError, StreamStart
 from .placement import Mapped, Windows
@@ -358,12 +359,15 @@ def spare_main(cfg: PipelineConfig, data_conn, ctrl_conn, lifeline) -> None:
     while True:
         ready = wait([ctrl_conn, lifeline], cfg.poll_interval)
         if lifeline in ready:
-            return  # (child_entry's watchdog sweeps the run's shared memory)
+            return  # (child_entry sweeps the run's shared memory)
         if ctrl_conn not in ready:
             continue
         try:
             msg = ctrl_conn.recv()
         except (EOFError, OSError):
+            # Its end closed without a Stop: the consumer died, and its lifeline closes in the same
+            # moment, maybe a moment later; wait for that, so that child_entry sweeps what it left.
+            lifeline.poll(CONSUMER_DEATH_GRACE)
             return
         if isinstance(msg, ReaderJob):
             reader_main(cfg, msg, data_conn, ctrl_conn, lifeline)
