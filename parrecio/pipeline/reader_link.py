@@ -2,7 +2,8 @@
 
 Every wait of the reader process (for ring space, for the one-off or mapped budget, for data from a
 stalled FIFO) goes through :meth:`Link.watch`: while it waits it handles ``Release`` and ``Stop`` and
-notices the consumer's death (EOF on the lifeline; then it removes the run's shared memory).
+notices the consumer's death (EOF on the lifeline; then it stops, and child_entry removes the run's
+shared memory).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any, Callable, List
 
 from .messages import Release, Stop, Waiting
 from .poller import Poller
-from .shm import sweep
 
 __all__ = ["Link", "InFlight", "Stopped"]
 
@@ -35,10 +35,9 @@ class Link:
     ``release(pos)`` frees the input ring below ``pos``; ``stats.wait_consumer_time`` adds up the waits
     for the consumer (seconds)."""
 
-    def __init__(self, data: Any, ctrl: Any, lifeline: Any, prefix: str, poll_interval: float,
+    def __init__(self, data: Any, ctrl: Any, lifeline: Any, poll_interval: float,
                  release: Callable[[int], None], stats: Any) -> None:
         self.data, self.ctrl, self.lifeline = data, ctrl, lifeline
-        self.prefix = prefix              # the run's shared-memory names: swept when the consumer died
         self.poll_interval = poll_interval
         self.release = release
         self.stats = stats
@@ -68,8 +67,7 @@ class Link:
         # stream is slower than we are: multiprocessing's wait() would build a selector each time)
         self.poller.watch(tuple(extra), lambda: extra + [self.ctrl, self.lifeline])
         ready = self.poller.wait(timeout)
-        if self.lifeline in ready:
-            sweep(self.prefix)
+        if self.lifeline in ready:  # the consumer died: child_entry cleans up after it
             raise Stopped()
         if self.ctrl in ready:
             self.handle_ctrl()

@@ -57,7 +57,7 @@ from .placement import Mapped, Windows
 from .reader_link import Link, Stopped
 from .ring import GroupTooLarge, RingWriter
 from .ring_windows import RingWindows, window_bytes
-from .shm import Segment, sweep
+from .shm import Segment
 
 __all__ = ["ReaderJob", "reader_main"]
 
@@ -113,7 +113,7 @@ class _Reader:
             self.ring.max_span = 2 * self.window
             cfg = dataclasses.replace(cfg, chunk_bytes=min(cfg.chunk_bytes, self.window))
         self.cfg = cfg
-        self.link = Link(data_conn, ctrl_conn, lifeline, job.prefix, cfg.poll_interval, self.ring.release,
+        self.link = Link(data_conn, ctrl_conn, lifeline, cfg.poll_interval, self.ring.release,
                          self.stats)
         self.link.report_waits = job.views
         self.out = Chunker(cfg, self.link, self.ring, job.skip)
@@ -391,10 +391,10 @@ def reader_main(cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifel
     except Stopped:
         return
     except (EOFError, OSError) as exc:
-        # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after).
-        if lifeline.poll(cfg.poll_interval):
-            sweep(job.prefix)
-        else:  # or something failed before we could report it (attaching the ring): say what, if we can
+        # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after, and
+        # child_entry, seeing it, cleans up after it), or something failed before we could report it
+        # (attaching the ring): say what, if we can.
+        if not lifeline.poll(cfg.poll_interval):
             _report(data_conn, job.skip if r is None else r.out.seq, exc)
     finally:
         if r is not None:

@@ -37,7 +37,7 @@ from .mapped import MappedFiles
 from .messages import RemoteError, Stop, Task, TaskDone
 from .mismatch import field_note
 from .shipping import unship
-from .shm import Segment, sweep
+from .shm import Segment
 from .slots import SlotLayout
 from .wire import pack_column, send_result
 
@@ -83,8 +83,7 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
     try:
         while True:
             ready = wait([task_conn, lifeline], cfg.poll_interval)
-            if lifeline in ready:  # the consumer is gone: clean up after it
-                sweep(job.prefix)
+            if lifeline in ready:  # the consumer is gone: child_entry cleans up after it
                 return
             if task_conn not in ready:
                 continue
@@ -95,9 +94,9 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
             body, split = _pickled(done, msg.split, cfg.decoders)
             send_result(result_fd, done, body, split)
     except (EOFError, OSError):
-        # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after).
-        if lifeline.poll(cfg.poll_interval):
-            sweep(job.prefix)
+        # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after, and
+        # child_entry, seeing it, cleans up after it).
+        lifeline.poll(cfg.poll_interval)
     finally:
         for seg, _ in slots.values():
             seg.close()
