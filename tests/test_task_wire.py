@@ -38,9 +38,11 @@ def test_an_empty_task_comes_back():
 @settings(max_examples=60, deadline=None)
 @given(offs=st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=40),
        lens=st.lists(st.integers(0, (1 << 63) - 1), max_size=40),
-       name=st.text(max_size=30), kind=st.sampled_from([0, 1, 2]), epoch=st.integers(0, 1 << 31))
-def test_any_arrays_come_back(offs, lens, name, kind, epoch):
-    task = Task(1, 2, 0, len(offs), Place(kind, name), array("q", offs), array("q", lens), [], False, False, epoch)
+       name=st.text(max_size=30), kind=st.sampled_from([0, 1, 2]), epoch=st.integers(0, 1 << 31),
+       pair=st.integers(-1, 1 << 62))
+def test_any_arrays_come_back(offs, lens, name, kind, epoch, pair):
+    task = Task(1, 2, 0, len(offs), Place(kind, name), array("q", offs), array("q", lens), [], False, False, epoch,
+                pair)
     assert _round_trip(task) == task
 
 
@@ -65,7 +67,7 @@ def test_release_comes_back_and_send_message_is_what_connection_recv_reads():
     assert _round_trip(rel) == rel and _round_trip(Release(5)) == Release(5, 0, 0)
     r, w = multiprocessing.Pipe(duplex=False)
     task = Task(9, 1 << 40, 3, 2, Place(FILE, "file:/a.rec"), array("q", [1, 2, 3, 4]), array("q", [5, 6, 7, 8]),
-                [("seg", 0, 1, 2)], False, True, 3)
+                [("seg", 0, 1, 2)], False, True, 3, 17)
     for msg in (rel, task, Chunk(0, 0, 0, array("q"), array("q"), array("q"), 7)):
         send_message(w.fileno(), msg)
         assert r.recv() == msg

@@ -15,6 +15,7 @@ a training step longer than ``task_timeout`` is not a hung decoder.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import pickle
@@ -27,12 +28,16 @@ from ..errors import PipelineError
 from .children import child_entry, close_quietly, describe_exit, forget_processes, start
 from .config import PipelineConfig
 from .messages import Stop, Task
+from .pairing import Bell, Pairs, board_name
 from .wire import Frame, FrameReader, send_message
 from .worker import CANNOT_LOAD, WorkerJob, worker_main
 
 log = logging.getLogger("parrecio")
 
-__all__ = ["WorkerPool"]
+__all__ = ["WorkerPool", "ALL", "BELL"]
+
+ALL = -2   # waitables(): every result pipe
+BELL = -1  # waitables(): the bell, no result pipe (but those holding part of a frame)
 
 
 @dataclass
@@ -66,11 +71,19 @@ class WorkerPool:
         self._ids = itertools.count()
         self._turn = 0                    # where pick() starts looking: ties go round the workers
         self._generations = itertools.count()  # every worker ever started gets its own seed
+        self.bell: Optional[Bell] = None  # see start()
+        self.pairs = Pairs()
 
     def start(self) -> None:
         """Start the ``cfg.workers`` processes (one by one into ``workers``: when a start fails, those
         started before it are stopped with the pool)."""
         self.started = True
+        cfg = self.cfg
+        if cfg.prefetch >= 2 and not any(cfg.travels):
+            # Every value lands in a slot, so result frames are small: the consumer may wait for pairs
+            # of results on the bell instead of each result on its pipe (parrecio.pipeline.pairing).
+            self.bell = Bell(self.ctx, board_name(self.job.prefix))
+            self.job = dataclasses.replace(self.job, pairs=self.bell.name)
         for i in range(self.cfg.workers):
             self.workers.append(self._spawn(i))
 
@@ -81,7 +94,8 @@ class WorkerPool:
         try:
             proc = self.ctx.Process(target=child_entry, name=f"parrecio-worker-{index}", daemon=True,
                                     args=(self.job.prefix, self.lifeline_r, worker_main, self.cfg, self.job,
-                                          next(self._generations), task_r, res_w, self.lifeline_r))
+                                          next(self._generations), task_r, res_w, self.lifeline_r,
+                                          self.bell.w if self.bell is not None else None))
             start(proc)
         except BaseException:
             close_quietly(task_r, task_w, res_r, res_w)
@@ -129,21 +143,33 @@ class WorkerPool:
         except (BrokenPipeError, OSError):
             pass  # it died: its sentinel will fire and the task will be re-run
 
-    def waitables(self) -> List[Any]:
-        """Every result pipe and process sentinel, for ``multiprocessing.connection.wait``."""
+    def waitables(self, watch: int = ALL) -> List[Any]:
+        """What to wait on: every process sentinel, and ``watch``: the result pipes of all workers
+        (:data:`ALL`), of worker ``watch`` alone, or of none but those holding part of a frame
+        (:data:`BELL`); the bell's pipe unless ``ALL``."""
         objs: List[Any] = []
         for w in self.workers:
-            if not w.inbox.eof:
+            if not w.inbox.eof and (watch == ALL or w.index == watch or w.inbox.partial):
                 objs.append(w.result_conn)
             objs.append(w.sentinel)
+        if watch != ALL and self.bell is not None:
+            objs.append(self.bell.fd)
         return objs
 
-    def collect(self, ready: List[Any]) -> Tuple[List[Tuple[Task, Frame]], List[Task]]:
-        """Results from the ready workers, and the unfinished tasks of those that died."""
+    def partial(self) -> Tuple[int, ...]:
+        """The workers whose result pipe holds part of a frame (a ``waitables`` key)."""
+        return tuple(w.index for w in self.workers if w.inbox.partial)
+
+    def collect(self, ready: List[Any], every: bool = False) -> Tuple[List[Tuple[Task, Frame]], List[Task]]:
+        """Results from the ready workers (``every``: from every worker, when not all result pipes
+        were watched), and the unfinished tasks of those that died."""
         done: List[Tuple[Task, Frame]] = []
         orphans: List[Task] = []
+        bell = self.bell
+        if bell is not None and bell.fd in ready:
+            bell.drain()  # before the pipes: a ring is written after its frames
         for i, w in enumerate(self.workers):
-            if w.result_conn in ready:
+            if w.result_conn in ready or (every and not w.inbox.eof):
                 self._drain(w, done)
             if w.sentinel in ready and not w.proc.is_alive():
                 got = len(done)
@@ -230,6 +256,9 @@ class WorkerPool:
                 w.proc.join(1.0)
             self._discard(w)
         self.workers = []
+        if self.bell is not None:
+            self.bell.close()
+            self.bell = None
 
     def forget_after_fork(self) -> None:
         """In the child of an ``os.fork()`` of the consumer: let go of the workers without a word."""
@@ -237,3 +266,8 @@ class WorkerPool:
         for w in self.workers:
             close_quietly(w.task_conn, w.result_conn)
         self.workers = []
+        if self.bell is not None:
+            # Its read end is the parent's; its write end stays open: a decoder process started by the
+            # fork start method is such a child too, and rings with it.  The board is the parent's to remove.
+            close_quietly(self.bell.r)
+            self.bell = None

@@ -41,6 +41,7 @@ from .feed import CopyOut, Feed
 from .messages import Chunk, RemoteError, Task
 from .passes import Pass, Span, ended
 from .poller import Poller
+from .pool import ALL, BELL
 from .reader_handle import ReaderHandle
 from .reader_proc import ReaderJob
 from .recovery import Recovery, unsplit
@@ -64,6 +65,8 @@ class _ChunkState:
     missing: int
     pos0: Optional[int] = None          # output position of the first group (fixed-shape outputs)
     dispatched: bool = False
+    worker: int = -1                    # the worker it was dispatched to whole
+    pair: int = -1                      # its number among the pairs (parrecio.pipeline.pairing), -1: none
     errors: Dict[int, RemoteError] = field(default_factory=dict)   # group -> why it failed
     attempts: Dict[int, int] = field(default_factory=dict)   # group -> times its worker died
 
@@ -86,6 +89,12 @@ class Run(Pass):
         self.in_pipeline = 0        # chunks dispatched and not yet delivered
         self.poller = Poller()
         self._watch_data = True     # whether the wait includes the reader's data pipe (see _step)
+        self._watch = ALL           # which result pipes the wait watches (see _watching)
+        self._prev_pair = -1        # the pair number of the last chunk delivered
+        self._pairing = True        # whether results may be waited for in pairs: off once a worker dies
+        self._replaced = res.pool.replaced if res.pool is not None else 0
+        if res.pool is not None:
+            res.pool.pairs.align()  # the pass's first chunk starts a pair
         self.copy = CopyOut(cfg.passthrough, res.ring.buf)  # the payloads the consumer copies
         self.lazy = False           # whether payloads are copied as the user takes them (see spans())
         # a lazy chunk out and not yet released: (chunk, its one-off segment, its views' weak references)
@@ -122,6 +131,7 @@ class Run(Pass):
         a span before it asks for the next (one at a time, unbatched), never holding a span back."""
         st = self.stats
         self.lazy = lazy and bool(self.copy)
+        woke = False
         try:
             while True:
                 while self.chunks and self.chunks[0].complete:
@@ -134,7 +144,9 @@ class Run(Pass):
                         raise err
                     if self.aborted:
                         raise ended()
-                    self._step(0.0)
+                    if self.chunks and self.chunks[0].complete and not woke:
+                        self._step(0.0)
+                    woke = False
                 if self.feed.end is not None and not self.chunks:
                     self._finish()
                     return
@@ -145,6 +157,7 @@ class Run(Pass):
                 t0 = time.perf_counter()
                 self._step(self.cfg.poll_interval)
                 st.wait_workers_time += time.perf_counter() - t0
+                woke = True
         finally:
             self.shutdown()
 
@@ -155,9 +168,11 @@ class Run(Pass):
         # While chunks wait for a worker, more of them are of no use: leave the reader's messages in
         # their pipe (its sentinel stays watched) instead of waking up for each one.
         self._watch_data = pool is None or not self.undispatched
+        self._watch = watch = (self._watching() if timeout and self._pairing and self.delivered
+                               and pool is not None and pool.bell is not None else ALL)
         end, reader = self.feed.end, self.feed.reader
-        self.poller.watch((pool.version if pool is not None else -1, end is None, self._watch_data),
-                          self._waitables)
+        self.poller.watch((pool.version if pool is not None else -1, end is None, self._watch_data, watch,
+                           pool.partial() if watch != ALL else ()), self._waitables)
         t0 = time.monotonic()
         ready = self.poller.wait(timeout)
         if self.res.closing:  # close() from another thread: leave the pipeline to it
@@ -172,12 +187,17 @@ class Run(Pass):
         # The pool's clock runs only while we wait here, and at most as long as we meant to wait (a
         # consumer stopped inside wait() does not make its decoders look stuck).
         pool.clock += min(time.monotonic() - t0, timeout)
-        done, orphans = pool.collect(ready)
+        done, orphans = pool.collect(ready, watch != ALL)
         for task, frame in done:
             self._store(task, frame)
+        if pool.replaced != self._replaced:
+            # A worker died, perhaps between its result and its mark on the board: its partner's worker
+            # would not ring.  Results are waited for one by one for the rest of the pass.
+            self._pairing = False
         for task in orphans:
             cs = self.tasks.pop(task.task_id, None)
             if cs is not None:
+                cs.pair = -1
                 self.recovery.orphaned(cs, task)
         if self.cfg.task_timeout is not None:
             pool.kill_stuck(self.cfg.task_timeout)
@@ -185,8 +205,26 @@ class Run(Pass):
         if done or orphans:
             self._dispatch()
 
+    def _watching(self) -> int:
+        """What the next wait watches (:meth:`WorkerPool.waitables`): the bell while the oldest chunk
+        and its partner were both dispatched whole (the pair's second result wakes the consumer, not
+        each one); the oldest chunk's worker while it was dispatched whole without its partner; else
+        every result pipe."""
+        chunks = self.chunks
+        if not chunks:
+            return ALL
+        c0 = chunks[0]
+        p = c0.pair
+        if p < 0 or not c0.missing:
+            return ALL
+        if p & 1:
+            partnered = self._prev_pair == p - 1  # delivered just before it
+        else:
+            partnered = len(chunks) > 1 and chunks[1].pair == p + 1
+        return BELL if partnered else c0.worker
+
     def _waitables(self) -> List[Any]:
-        objs: List[Any] = self.res.pool.waitables() if self.res.pool is not None else []
+        objs: List[Any] = self.res.pool.waitables(self._watch) if self.res.pool is not None else []
         return objs + self.feed.reader.waitables(self._watch_data)
 
     def _received(self, msg: Chunk) -> None:
@@ -231,15 +269,16 @@ class Run(Pass):
             self.undispatched.popleft()
             cs.dispatched = True
             self.in_pipeline += 1
-            self._submit(w, cs, 0, cs.chunk.n)
+            cs.worker, cs.pair = w.index, pool.pairs.next()
+            self._submit(w, cs, 0, cs.chunk.n, pair=cs.pair)
 
     def _submit(self, worker: Any, cs: _ChunkState, start: int, n: int, isolated: bool = False,
-                split: bool = False) -> None:
+                split: bool = False, pair: int = -1) -> None:
         c, nf = cs.chunk, self.cfg.nfields
         dest = self.slots.dest(cs.pos0 + start, n) if cs.pos0 is not None else []
         task = Task(self.res.pool.next_id(), c.first_seq, start, n, c.place,
                     c.ring_offs[start * nf:(start + n) * nf], c.lens[start * nf:(start + n) * nf], dest,
-                    isolated, split, self.epoch)
+                    isolated, split, self.epoch, pair)
         self.tasks[task.task_id] = cs
         self.res.pool.submit(worker, task)
 
@@ -256,6 +295,7 @@ class Run(Pass):
                 columns, errors = frame.values()
             except Exception:  # some value does not unpickle here: re-run, each value pickled alone
                 self.recovery.resplit.append((cs, task.start, task.n))
+                cs.pair = -1  # (completed in parts: no pair's worker rings for it)
                 return
         lo, hi = task.start, task.start + task.n
         for dst, col in zip(cs.columns, columns):
@@ -270,6 +310,7 @@ class Run(Pass):
         """The spans of a complete chunk, and the error to raise after them (if any); then release its
         ring space."""
         c = cs.chunk
+        self._prev_pair = cs.pair
         ok = False
         try:
             spans, err = self._spans(cs)

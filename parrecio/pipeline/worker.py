@@ -36,6 +36,7 @@ from .decode import DecodePlan, FieldFailed
 from .mapped import MappedFiles
 from .messages import RemoteError, Stop, Task, TaskDone
 from .mismatch import field_note
+from .pairing import RING_FIRST_BYTES, Ringer
 from .shipping import unship
 from .shm import Segment
 from .slots import SlotLayout
@@ -52,6 +53,7 @@ class WorkerJob:
     start: decoders are pickled there, never per task)."""
     ring_name: str              # the input ring's shared-memory segment
     prefix: str                 # shm name prefix of this reader, swept if the consumer dies
+    pairs: str = ""             # the pairing board's segment (parrecio.pipeline.pairing), "" without one
 
 
 def seed_worker(seed: int, generation: int) -> None:
@@ -64,8 +66,9 @@ def seed_worker(seed: int, generation: int) -> None:
 
 
 def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn, result_conn,
-                lifeline) -> None:
-    """Entry point of a decoder process (``generation`` numbers it among all workers of the reader)."""
+                lifeline, bell: Any = None) -> None:
+    """Entry point of a decoder process (``generation`` numbers it among all workers of the reader;
+    ``bell``: the write end of the pairing bell, with ``job.pairs``)."""
     seed_worker(cfg.seed, generation)
     try:
         cfg = dataclasses.replace(cfg, decoders=unship(cfg.decoders))
@@ -80,6 +83,7 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
     slots: Dict[str, tuple] = {}
     mapped = MappedFiles()
     result_fd = result_conn.fileno()
+    ringer = Ringer(job.pairs, bell) if job.pairs else None
     try:
         while True:
             ready = wait([task_conn, lifeline], cfg.poll_interval)
@@ -92,7 +96,11 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
                 return
             done = _run_task(cfg, job, msg, ring, slots, mapped, plan)
             body, split = _pickled(done, msg.split, cfg.decoders)
+            if ringer is not None and len(body) > RING_FIRST_BYTES:
+                ringer.ring()  # it may not fit the pipe: the consumer, waiting on the bell, comes to read it
             send_result(result_fd, done, body, split)
+            if ringer is not None and msg.pair >= 0:
+                ringer.done(msg.pair)
     except (EOFError, OSError):
         # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after, and
         # child_entry, seeing it, cleans up after it).
@@ -102,6 +110,8 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
             seg.close()
         mapped.close()
         ring.close()
+        if ringer is not None:
+            ringer.close()
 
 
 _NO_OUTS: List[Any] = []
