@@ -207,3 +207,22 @@ def test_result_frames_larger_than_the_pipe_are_read_without_a_stall(tmp_path, m
     assert all(np.array_equal(a, digest_array(b)) for a, b in zip(got, [r for r, f in zip(recs, fails) if not f]))
     assert waits.by_mode.get(BELL, 0) > 0
     assert waits.timeouts == 0, waits.by_mode
+
+
+def test_without_a_bell_results_are_waited_for_one_by_one(tmp_path, monkeypatch, no_leaks):
+    """When the bell cannot be made (no room for its 8 KiB board, no pipe), the pipeline runs without it:
+    every result pipe is watched, the samples are the same."""
+    from parrecio.pipeline import pool as pool_mod
+
+    def no_bell(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pool_mod, "Bell", no_bell)
+    recs = payloads(200, seed=4)
+    path = tmp_path / "n.rec"
+    write_rec(path, recs)
+    waits = _Waits(monkeypatch)
+    with ParallelReader(path, fields=Sleepy(max_ms=1.0), workers=2, tuning=Tuning(chunk_groups=8)) as r:
+        got = [x.copy() for x in r]
+    assert len(got) == 200 and all(np.array_equal(a, digest_array(b)) for a, b in zip(got, recs))
+    assert set(waits.by_mode) == {ALL}

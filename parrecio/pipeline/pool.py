@@ -82,8 +82,12 @@ class WorkerPool:
         if cfg.prefetch >= 2 and not any(cfg.travels):
             # Every value lands in a slot, so result frames are small: the consumer may wait for pairs
             # of results on the bell instead of each result on its pipe (parrecio.pipeline.pairing).
-            self.bell = Bell(self.ctx, board_name(self.job.prefix))
-            self.job = dataclasses.replace(self.job, pairs=self.bell.name)
+            try:
+                self.bell = Bell(self.ctx, board_name(self.job.prefix))
+            except OSError:  # (8 KiB of /dev/shm, or a pipe, not to be had: results are waited for one by one)
+                log.debug("parrecio: no pairing bell", exc_info=True)
+            else:
+                self.job = dataclasses.replace(self.job, pairs=self.bell.name)
         for i in range(self.cfg.workers):
             self.workers.append(self._spawn(i))
 
