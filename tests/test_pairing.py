@@ -36,9 +36,10 @@ def test_the_second_of_each_pair_rings_in_any_order_and_old_flags_never_count(da
     """Pair members finish in any order (within a window of pairs in flight, far past the board's size):
     the one that finishes second rings, the first does not, whichever of two workers ran each."""
     b = Bell(multiprocessing.get_context(), new_prefix() + "pairs")
-    ringers = [Ringer(b.name, b.w), Ringer(b.name, b.w)]
+    ringers = []
     rnd = random.Random(data.draw(st.integers(0, 2**32 - 1)))
     try:
+        ringers += [Ringer(b.name, b.w, -1, 2), Ringer(b.name, b.w, -1, 2)]
         numbers = list(range(2 * pairs))
         order = []
         for lo in range(0, len(numbers), 2 * window):  # shuffled within each window of pairs
@@ -66,7 +67,7 @@ def test_pairs_number_from_an_even_start():
 
 
 def _racer(name, w, side, rounds, barrier):
-    ringer = Ringer(name, w)
+    ringer = Ringer(name, w, -1, 2)
     for k in range(rounds):
         barrier.wait()
         ringer.done(2 * k + side)
@@ -75,7 +76,7 @@ def _racer(name, w, side, rounds, barrier):
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_two_workers_finishing_a_pair_at_once_never_lose_the_ring(method):
+def test_two_workers_finishing_a_pair_at_once_never_lose_the_ring(method, no_leaks):
     """Two processes finish the two halves of each pair at the same moment (released by a barrier),
     thousands of times: every pair rings at least once (the FIONREAD through the bell pipe's mutex
     orders their marks), and no more than twice."""
@@ -130,39 +131,56 @@ class _Waits:
         return sum(self.by_mode.values())
 
 
-class Ragged:
-    """A value that travels back in the result frame: no pairing."""
+class SleepyRagged(Sleepy):
+    """Sleepy's digest, and a ragged value that travels back in the result frame: its first 8 bytes
+    (small frames), or with ``size``, that many bytes (frames larger than a pipe holds)."""
+
+    def __init__(self, max_ms=2.0, size=0):
+        super().__init__(max_ms)
+        self.output_spec = (self.output_spec, None)
+        self.size = size
+
+    def tail(self, payload):
+        return bytes(payload[:8]) * (self.size // 8 if self.size else 1)
 
     def __call__(self, payload):
-        time.sleep(0.001)
-        return bytes(payload[:8])
+        return digest_array(payload), self.tail(payload)
+
+    def decode_into(self, payload, out):
+        Sleepy.decode_into(self, payload, out[0])
+        return (None, self.tail(payload))
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
-def test_a_pipeline_wakes_about_once_per_pair_of_chunks_with_the_same_samples(tmp_path, workers, monkeypatch,
+@pytest.mark.parametrize("ragged", [False, True])
+def test_a_pipeline_wakes_about_once_per_pair_of_chunks_with_the_same_samples(tmp_path, workers, ragged, monkeypatch,
                                                                               no_leaks):
-    """Decoders slower than the consumer: it waits for nearly every chunk.  With every value in a slot it
-    waits on the bell, about once per two chunks (at most 0.75 per chunk over 80 chunks, against about
-    one per chunk for values that travel back), and the samples are those of workers=0, in order."""
+    """Decoders slower than the consumer: it waits for nearly every chunk.  On the bell it waits about once
+    per two chunks (at most 0.75 per chunk over 80 chunks, against about one per chunk before), whether
+    every value lands in a slot or small ones travel back, and the samples are those of workers=0."""
     recs = payloads(640, seed=5)
     path = tmp_path / "p.rec"
     write_rec(path, recs)
-    want = [digest_array(r) for r in recs]
+    fields = SleepyRagged() if ragged else Sleepy(max_ms=2.0)
+
+    def flat(batches):  # (copies: views would keep every slot)
+        if not ragged:
+            return [(x.copy(), None) for batch in batches for x in batch]
+        return [(x.copy(), t) for arr, tails in batches for x, t in zip(arr, tails)]
+
+    with ParallelReader(path, fields=fields, workers=0, batch_size=4) as r:
+        want = flat(r)
     waits = _Waits(monkeypatch)
-    tuning = Tuning(chunk_groups=8)
-    with ParallelReader(path, fields=Sleepy(max_ms=2.0), workers=workers, batch_size=4, tuning=tuning) as r:
-        got = [x.copy() for batch in r for x in batch]  # (copies: views would keep every slot)
+    with ParallelReader(path, fields=fields, workers=workers, batch_size=4, tuning=Tuning(chunk_groups=8)) as r:
+        got = flat(r)
         chunks = r.stats.chunks
     assert chunks == 80
-    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert len(got) == len(want) == 640
+    assert all(np.array_equal(a, digest_array(rec)) and np.array_equal(a, b) and t == u
+               for (a, t), (b, u), rec in zip(got, want, recs))
     assert waits.by_mode.get(BELL, 0) >= 25, waits.by_mode
     assert waits.total <= 0.75 * chunks, waits.by_mode
     assert waits.timeouts == 0
-
-    travel = _Waits(monkeypatch)
-    with ParallelReader(path, fields=Ragged(), workers=workers, tuning=tuning) as r:
-        assert [bytes(x) for x in r] == [rec[:8] for rec in recs]
-    assert set(travel.by_mode) == {ALL}  # (frames may be large: every pipe is watched)
 
 
 def test_a_worker_killed_mid_pair_loses_nothing_and_the_rest_waits_per_result(tmp_path, monkeypatch, no_leaks):
@@ -226,3 +244,21 @@ def test_without_a_bell_results_are_waited_for_one_by_one(tmp_path, monkeypatch,
         got = [x.copy() for x in r]
     assert len(got) == 200 and all(np.array_equal(a, digest_array(b)) for a, b in zip(got, recs))
     assert set(waits.by_mode) == {ALL}
+
+
+def test_values_larger_than_the_pipe_travel_back_without_a_stall(tmp_path, monkeypatch, no_leaks):
+    """Ragged values of 24 KB: every task's frame (~200 KB) is larger than its pipe holds, so each worker
+    rings before it writes and the consumer reads the frame as it comes; the values are byte-exact and no
+    wait runs into its timeout."""
+    recs = payloads(160, seed=6)
+    path = tmp_path / "big.rec"
+    write_rec(path, recs)
+    fields = SleepyRagged(max_ms=1.0, size=24_000)
+    waits = _Waits(monkeypatch)
+    with ParallelReader(path, fields=fields, workers=2, tuning=Tuning(chunk_groups=8)) as r:
+        got = [(a.copy(), t) for a, t in r]
+    assert len(got) == 160
+    assert all(np.array_equal(a, digest_array(rec)) and t == fields.tail(rec) for (a, t), rec in zip(got, recs))
+    assert sum(len(t) for _, t in got) > 100 * 24_000
+    assert waits.by_mode.get(BELL, 0) > 0
+    assert waits.timeouts == 0, waits.by_mode

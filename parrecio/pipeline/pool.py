@@ -79,9 +79,9 @@ class WorkerPool:
         started before it are stopped with the pool)."""
         self.started = True
         cfg = self.cfg
-        if cfg.prefetch >= 2 and not any(cfg.travels):
-            # Every value lands in a slot, so result frames are small: the consumer may wait for pairs
-            # of results on the bell instead of each result on its pipe (parrecio.pipeline.pairing).
+        if cfg.prefetch >= 2:
+            # The consumer may wait for pairs of results on the bell instead of each result on its pipe
+            # (parrecio.pipeline.pairing); with one task per worker, a pair would keep one idle.
             try:
                 self.bell = Bell(self.ctx, board_name(self.job.prefix))
             except OSError:  # (8 KiB of /dev/shm, or a pipe, not to be had: results are waited for one by one)

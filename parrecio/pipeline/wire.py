@@ -26,10 +26,11 @@ import numpy as np
 
 from .messages import TaskDone
 
-__all__ = ["send_message", "send_result", "FrameReader", "MessageReader", "Frame", "pack_column", "unpack_column"]
+__all__ = ["send_message", "send_result", "FrameReader", "MessageReader", "Frame", "pack_column", "unpack_column",
+           "HEADER_SIZE"]
 
 _HEADER = struct.Struct("<QqdqB")  # body length, task id, cpu seconds, pid, split
-_HEADER_SIZE = _HEADER.size
+_HEADER_SIZE = HEADER_SIZE = _HEADER.size  # (bytes of a result frame before its body)
 
 
 class Frame:
