@@ -131,7 +131,7 @@ class Run(Pass):
         a span before it asks for the next (one at a time, unbatched), never holding a span back."""
         st = self.stats
         self.lazy = lazy and bool(self.copy)
-        woke = False
+        woke = False  # whether the chunks being delivered were collected by a wait just now
         try:
             while True:
                 while self.chunks and self.chunks[0].complete:
@@ -144,6 +144,8 @@ class Run(Pass):
                         raise err
                     if self.aborted:
                         raise ended()
+                    # Look for more results before the next complete chunk -- except right after a wait,
+                    # whose step has just collected and dispatched: a pair's second chunk goes out at once.
                     if self.chunks and self.chunks[0].complete and not woke:
                         self._step(0.0)
                     woke = False
