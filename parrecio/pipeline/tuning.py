@@ -57,7 +57,8 @@ class Tuning:
             groups); at least 1024 groups with ``fields=None``.  A task also ends at a payload byte cap:
             ``ring_bytes / 8`` for records that pass through the ring (streams), a share of the mapped
             budget (``4 * ring_bytes / (workers * prefetch + 2)``) for files read in place.
-        prefetch: tasks in flight per decoder process (one being decoded, the others queued).
+        prefetch: tasks in flight per decoder process (one being decoded, the others queued).  With 2 or
+            more the consumer waits for results two at a time (``parrecio.pipeline.pairing``).
         slot_samples: samples per output slot when ``batch_size`` is None; ``None`` (default): as many
             fixed-shape outputs as fill about 4 MiB, 8 to 256 samples (27 images of 224x224x3).
         max_record_bytes: larger records are refused as corrupt (a hostile length word), in bytes.
