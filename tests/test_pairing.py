@@ -7,14 +7,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
-import time
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from parrecio import ParallelReader, Tuning
-from parrecio.decoders import ArraySpec
 from parrecio.pipeline import run as run_mod
 from parrecio.pipeline.pairing import BOARD_ENTRIES, Bell, Pairs, Ringer
 from parrecio.pipeline.poller import Poller
