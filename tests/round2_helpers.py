@@ -81,8 +81,10 @@ def big_value(payload) -> bytes:
     return hashlib.sha256(bytes(payload)).digest() * (BIG // 32)
 
 
-# write(2) and writev(2) numbers, as /proc/<pid>/task/<tid>/syscall shows them
-_WRITE_SYSCALLS = {"x86_64": {"1", "20"}, "aarch64": {"64", "66"}}
+# write(2) and writev(2) numbers, as /proc/<pid>/task/<tid>/syscall shows them, and poll(2)/ppoll(2): a
+# decoder process whose result pipe is full waits for room there (its writes do not block, so that it can
+# ring the consumer's bell: parrecio.pipeline.pairing); the first poll after the decode is that wait
+_WRITE_SYSCALLS = {"x86_64": {"1", "20", "7", "271"}, "aarch64": {"64", "66", "73"}}
 
 
 def _in_syscall(path: str) -> str:
@@ -97,8 +99,9 @@ def _stop_me_while_sending() -> None:
     The brief's way is ``threading.Timer(0.02, os.kill, (pid, SIGSTOP))``, but 20 ms after the decoder
     returns the 64 MiB value may still be being pickled (nothing sent yet, which any liveness check
     handles).  So a watcher thread looks at what the main thread does (``/proc/self/task/<tid>/syscall``)
-    and stops the process once it has been blocked in write()/writev() for a few milliseconds: part of
-    the result is in the pipe, the rest cannot follow until the consumer reads.  Where that file is not
+    and stops the process once it has been blocked in write()/writev() (or in the poll() that waits for
+    room in the full pipe) for a few milliseconds: part of the result is in the pipe, the rest cannot
+    follow until the consumer reads.  Where that file is not
     available, the Timer it is.
     """
     import platform

@@ -24,13 +24,12 @@ longer waits for) costs one wake-up.  A worker that dies mid-pair wakes the cons
 process sentinel, and the consumer stops pairing for the rest of the pass; the consumer's regular
 timeout (``poll_interval``) bounds every wait besides.
 
-A result frame that the pipe might not hold would block its worker until the consumer reads it: a
-worker holds at most ``prefetch`` results the consumer has not read, so a frame larger than the pipe's
-capacity / (``prefetch`` + 1) is rung for *before* it is written (:meth:`Ringer.before`), and the
-consumer, woken, reads it as it comes (it watches the pipes that hold part of a frame).  Frames are
-small when every value lands in a slot (a few hundred bytes) or the values that travel back are small
-(ragged boxes, labels); large ones (long JSON, many failed samples) wake the consumer per task, as
-before pairing.
+A worker whose pipe is full would wait for a consumer that is not watching that pipe: it writes its
+frames without blocking, and when the pipe is full it rings (after the bytes that filled it, so the
+consumer, woken, finds part of a frame and watches that pipe until the frame is whole; or reads the
+earlier frames that filled it), then waits for room, and rings again if the pipe fills again.  Small
+frames (values in slots, ragged boxes, labels) never fill it; large ones (long JSON, many failed
+samples) wake the consumer per task, as before pairing.
 """
 
 from __future__ import annotations
@@ -42,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
+from .children import close_quietly
 from .shm import Segment
 
 __all__ = ["Pairs", "Bell", "Ringer", "board_name", "BOARD_ENTRIES"]
 
 BOARD_ENTRIES = 1024  # flags of pairs in flight (far fewer than this are: workers x prefetch)
-PIPE_BUF = 4096  # the least a pipe holds (its capacity when it cannot be asked)
 _NONE = -1
 _FIONREAD_ARG = bytes(4)
 
@@ -97,36 +96,21 @@ class Bell:
             pass
 
     def close(self) -> None:
-        for conn in (self.r, self.w):
-            try:
-                conn.close()
-            except OSError:
-                pass
+        close_quietly(self.r, self.w)
         self.segment.unlink()
         self.segment.close()
 
 
 class Ringer:
-    """A worker's side: marks its pairs done on the board and rings the bell when it finished a pair.
-    ``result_fd``: the worker's result pipe, of which ``unread`` frames (its ``prefetch``) may wait
-    unread while the consumer sleeps on the bell."""
+    """A worker's side: marks its pairs done on the board and rings the bell when it finished a pair, or
+    when its result pipe is full (:func:`~parrecio.pipeline.wire.send_result`)."""
 
-    def __init__(self, board_name: str, bell_w: Any, result_fd: int, unread: int) -> None:
+    def __init__(self, board_name: str, bell_w: Any) -> None:
         self.segment = Segment.attach(board_name)
         self.flags = np.ndarray((BOARD_ENTRIES,), np.int64, self.segment.buf)
         self.fd = bell_w.fileno()
         self._conn = bell_w  # (keeps the descriptor open)
         os.set_blocking(self.fd, False)
-        try:
-            capacity = fcntl.fcntl(result_fd, fcntl.F_GETPIPE_SZ)
-        except (AttributeError, OSError, ValueError):  # (not Linux, or not a pipe)
-            capacity = PIPE_BUF
-        self.ring_first = max(capacity // (unread + 1), 1)
-
-    def before(self, nbytes: int) -> None:
-        """A frame of ``nbytes`` is about to be written: ring first when the pipe might not hold it."""
-        if nbytes > self.ring_first:
-            self.ring()
 
     def done(self, pair: int) -> None:
         """The result frame of the task numbered ``pair`` is written: ring if its partner's is too."""

@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import struct
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
 from .messages import TaskDone
 
-__all__ = ["send_message", "send_result", "FrameReader", "MessageReader", "Frame", "pack_column", "unpack_column",
-           "HEADER_SIZE"]
+__all__ = ["send_message", "send_result", "FrameReader", "MessageReader", "Frame", "pack_column", "unpack_column"]
 
 _HEADER = struct.Struct("<QqdqB")  # body length, task id, cpu seconds, pid, split
-_HEADER_SIZE = HEADER_SIZE = _HEADER.size  # (bytes of a result frame before its body)
+_HEADER_SIZE = _HEADER.size
 
 
 class Frame:
@@ -104,12 +104,25 @@ def send_message(fd: int, msg: Any) -> None:
         data = data[n:]
 
 
-def send_result(fd: int, msg: TaskDone, body: bytes, split: bool) -> None:
-    """Write one frame (``body`` is the pickled ``msg.values``) to the blocking file descriptor ``fd``."""
+def send_result(fd: int, msg: TaskDone, body: bytes, split: bool,
+                full: Optional[Callable[[], None]] = None) -> None:
+    """Write one frame (``body`` is the pickled ``msg.values``) to the pipe ``fd``: a blocking one, or,
+    with ``full``, a non-blocking one -- each time the pipe is full, ``full()`` is called (the pairing
+    bell: the consumer may not be watching this pipe), then the write waits for room."""
     header = _HEADER.pack(len(body), msg.task_id, msg.cpu, msg.pid, split)
     views = [memoryview(header), memoryview(body)]
+    room = None
     while views:
-        n = os.writev(fd, views)
+        try:
+            n = os.writev(fd, views)
+        except BlockingIOError:
+            assert full is not None  # (only a caller that set the pipe non-blocking gets here)
+            full()  # after the bytes that filled the pipe: the consumer, woken, finds the frame begun
+            if room is None:
+                room = select.poll()
+                room.register(fd, select.POLLOUT)
+            room.poll()
+            continue
         while views and n >= len(views[0]):
             n -= len(views[0])
             views.pop(0)

@@ -40,7 +40,7 @@ from .pairing import Ringer
 from .shipping import unship
 from .shm import Segment
 from .slots import SlotLayout
-from .wire import HEADER_SIZE, pack_column, send_result
+from .wire import pack_column, send_result
 
 __all__ = ["WorkerJob", "worker_main", "seed_worker", "CANNOT_LOAD"]
 
@@ -83,7 +83,9 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
     slots: Dict[str, tuple] = {}
     mapped = MappedFiles()
     result_fd = result_conn.fileno()
-    ringer = Ringer(job.pairs, bell, result_fd, cfg.prefetch) if job.pairs else None
+    ringer = Ringer(job.pairs, bell) if job.pairs else None
+    if ringer is not None:
+        os.set_blocking(result_fd, False)  # a full pipe rings the bell (send_result), then waits
     try:
         while True:
             ready = wait([task_conn, lifeline], cfg.poll_interval)
@@ -96,9 +98,7 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
                 return
             done = _run_task(cfg, job, msg, ring, slots, mapped, plan)
             body, split = _pickled(done, msg.split, cfg.decoders)
-            if ringer is not None:
-                ringer.before(len(body) + HEADER_SIZE)  # (the consumer, on the bell, comes to read a large one)
-            send_result(result_fd, done, body, split)
+            send_result(result_fd, done, body, split, ringer.ring if ringer is not None else None)
             if ringer is not None and msg.pair >= 0:
                 ringer.done(msg.pair)
     except (EOFError, OSError):
