@@ -33,14 +33,16 @@ class Feed:
         # where the chunks that views still pin leave it: ReaderJob.ring_pos)
         self.released_pos, self.received_pos = ring_pos
         self.waiting = -1                   # the Releases the reader had seen when it last said Waiting
+        self.kept = False                   # the reader ended cleanly and waits for the next pass's job
 
     def receive(self) -> List[Chunk]:
         """The chunks that are there now (never blocks); raises PipelineError if the reader died."""
         return self._take(self.reader.receive())
 
     def stop(self) -> List[Chunk]:
-        """Stop the reader; the chunks it sent meanwhile (their one-off segments are ours to remove)."""
-        return self._take(self.reader.stop())
+        """Stop the reader -- unless it was kept for the next pass: then it sends nothing more --; the
+        chunks it sent meanwhile (their one-off segments are ours to remove)."""
+        return [] if self.kept else self._take(self.reader.stop())
 
     def _take(self, msgs: List[Any]) -> List[Chunk]:
         chunks = []
@@ -71,12 +73,14 @@ class Feed:
             self.released_pos = max(self.released_pos, c.ring_end)
         elif not oneoff and not mapped:
             return
-        self.reader.release(self.released_pos, oneoff, mapped)
+        if self.end is None:  # (after its end, nothing: a kept reader may be reading the next pass)
+            self.reader.release(self.released_pos, oneoff, mapped)
 
     def release_ring(self, pos: int) -> None:
         """Ring space below ``pos`` goes back (chunks that views pinned)."""
         self.released_pos = max(self.released_pos, pos)
-        self.reader.release(self.released_pos)
+        if self.end is None:
+            self.reader.release(self.released_pos)
 
     def reader_stuck(self) -> bool:
         """Whether the reader waits for space and has seen every release sent: only a release frees it."""

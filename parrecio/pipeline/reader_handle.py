@@ -8,9 +8,9 @@ space, stop it.  (:mod:`parrecio.pipeline.pool` is the same for the decoder proc
     ReaderHandle.release()   ---ctrl pipe-->   Release(ring position, one-off bytes, mapped bytes)
     ReaderHandle.stop()      ---ctrl pipe-->   Stop; then join, or SIGKILL after a second
 
-The reader process is started per pass (an epoch of a SageMaker Pipe-mode channel is a new FIFO, read by
-a new process); the next pass's is started ahead, as a spare that waits for its job, once the current
-one has ended (:meth:`parrecio.pipeline.resources.Resources.prepare_spare`).  Its death is noticed
+One reader process reads a pass at a time.  When a pass's reader ends cleanly it waits for the next
+pass's job and is kept for it; otherwise the next pass's is started ahead, as a spare that waits for its
+job, once the current one has ended (:meth:`parrecio.pipeline.resources.Resources.prepare_spare`).  Its death is noticed
 through its sentinel, which the consumer waits on beside the data pipe (:meth:`waitables`); a reader
 that died before its ``ReaderEnd`` is a :class:`PipelineError` naming how it died.
 """
@@ -18,14 +18,14 @@ that died before its ``ReaderEnd`` is a :class:`PipelineError` naming how it die
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, List, Optional
 
 from ..errors import PipelineError
 from .children import child_entry, close_quietly, describe_exit, forget_processes, start
 from .messages import ReaderEnd, Release, Stop
 from .poller import ReadyCheck
 from .config import PipelineConfig
-from .reader_proc import ReaderJob, reader_main, spare_main
+from .reader_proc import ReaderJob, serve_main
 from .shm import sweep
 from .wire import MessageReader, send_message
 
@@ -36,7 +36,8 @@ class ReaderHandle:
     """A started reader process for one pass, and the two pipes to it.
 
     With ``job=None`` the process is a *spare*, started ahead of its pass (``prefix``: the run's shared
-    memory prefix): it waits until :meth:`begin` sends it its job (:func:`reader_proc.spare_main`)."""
+    memory prefix): it waits until :meth:`begin` sends it its job (:func:`reader_proc.serve_main`), as
+    does a reader kept after a pass that ended cleanly."""
 
     def __init__(self, ctx: Any, cfg: PipelineConfig, job: Optional[ReaderJob], lifeline_r: Any,
                  prefix: str = "") -> None:
@@ -47,15 +48,9 @@ class ReaderHandle:
         self.source_name = job.source.name if job is not None else ""
         self.ended = False  # its ReaderEnd was received: it sends nothing more
         self.releases_sent = 0  # Release messages sent (its Waiting says how many it has seen)
-        args: Tuple[Any, ...]
-        target: Callable[..., None]
-        if job is None:
-            target, args = spare_main, (cfg, data_w, ctrl_r, lifeline_r)
-        else:
-            target, args = reader_main, (cfg, job, data_w, ctrl_r, lifeline_r)
         try:
             self.proc = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
-                                    args=(self.prefix, lifeline_r, target, *args))
+                                    args=(self.prefix, lifeline_r, serve_main, cfg, data_w, ctrl_r, lifeline_r, job))
             start(self.proc)
         except BaseException:
             close_quietly(data_r, data_w, ctrl_r, ctrl_w)
@@ -70,12 +65,15 @@ class ReaderHandle:
         self._exited = ReadyCheck(self.sentinel)
 
     def begin(self, job: ReaderJob) -> bool:
-        """Give a spare its pass's job; False when it can no longer take one (it died)."""
+        """Give a waiting process (a spare, or the last pass's reader kept) its pass's job; False when it
+        can no longer take one (it died)."""
         try:
             self.ctrl.send(job)
         except (BrokenPipeError, OSError):
             return False
         self.source_name = job.source.name
+        self.ended = False
+        self.releases_sent = 0
         return self.proc.is_alive()
 
     @property

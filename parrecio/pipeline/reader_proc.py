@@ -36,6 +36,7 @@ watch itself, such as opening a FIFO that has no writer yet.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import select
 import stat
@@ -52,14 +53,16 @@ from .groups import GroupStream, Placement, open_indexed_all
 from .mapped import map_stream
 from .children import CONSUMER_DEATH_GRACE
 from .chunker import Chunker
-from .messages import FILE, IN_RING, Place, ReaderEnd, RemoteError, StreamStart
+from .messages import FILE, IN_RING, Place, ReaderEnd, Release, RemoteError, StreamStart
 from .placement import Mapped, Windows
 from .reader_link import Link, Stopped
 from .ring import GroupTooLarge, RingWriter
 from .ring_windows import RingWindows, window_bytes
 from .shm import Segment
 
-__all__ = ["ReaderJob", "reader_main"]
+__all__ = ["ReaderJob", "reader_main", "serve_main"]
+
+_ONEOFF_SERIAL = itertools.count()  # one-off segments this process made (their names' counter)
 
 @dataclass(frozen=True)
 class ReaderJob:
@@ -72,6 +75,9 @@ class ReaderJob:
     # (tail, head) ring positions to start from: the space between is pinned by views of an earlier pass
     ring_pos: Tuple[int, int] = (0, 0)
     views: bool = False         # views of the ring are handed out, or still held (views.py)
+    # after a clean end (its ReaderEnd, no error), wait for the next pass's job instead of exiting: the
+    # consumer keeps the process as that pass's reader (see serve_main)
+    serve_on: bool = False
 
 
 @dataclass
@@ -148,8 +154,9 @@ class _Reader:
         self.out.flush()
         total, flight, budget = sum(map(len, payloads)), self.link.flight, self.cfg.oneoff_budget
         self.link.wait_while(lambda: bool(flight.oneoff) and flight.oneoff + total > budget)
-        seg = Segment.create(f"{self.job.prefix}r{os.getpid()}x{flight.made}", total)
-        flight.made += 1
+        # (named by a counter of the process, not of the pass: a process that serves several passes must
+        # not reuse the name of a segment an earlier pass's consumer still holds)
+        seg = Segment.create(f"{self.job.prefix}r{os.getpid()}x{next(_ONEOFF_SERIAL)}", total)
         offs, lens, pos = array("q"), array("q"), 0
         for b in payloads:
             seg.buf[pos:pos + len(b)] = b
@@ -172,7 +179,7 @@ class _Reader:
             try:
                 readers = open_indexed_all(cfg, self.job.source, opened)
                 names = [str(rec) for rec, _ in cfg.index_paths]
-                for g in gs.indexed(readers, names, lambda i, name: self.link.send(StreamStart(i, name))):
+                for g in gs.indexed(readers, names, lambda i, name: self.link.announce(StreamStart(i, name))):
                     if g.parts is None:
                         out.unreadable()
                     else:
@@ -201,7 +208,7 @@ class _Reader:
         held = self.groups.holds
         for stream_id, stream in enumerate(self.job.source.streams(self.job.epoch)):
             self.out.flush()
-            self.link.send(StreamStart(stream_id, stream.name))
+            self.link.announce(StreamStart(stream_id, stream.name))
             try:
                 mapped = map_stream(stream.file)
                 if mapped is None:
@@ -351,15 +358,32 @@ def _report(data_conn: Any, n_groups: int, exc: BaseException) -> None:
         pass
 
 
-def spare_main(cfg: PipelineConfig, data_conn, ctrl_conn, lifeline) -> None:
-    """Entry point of a reader process started ahead of its pass (a *spare*, see
-    :meth:`parrecio.pipeline.resources.Resources.prepare_spare`): it waits for its :class:`ReaderJob` on
-    the control pipe, then is that pass's reader.  A ``Stop``, a closed pipe or its consumer's death
-    (the lifeline, watched in the same wait) end it before it has opened anything."""
+def serve_main(cfg: PipelineConfig, data_conn, ctrl_conn, lifeline, job: Optional[ReaderJob] = None) -> None:
+    """Entry point of the reader process (started through :func:`parrecio.pipeline.children.child_entry`):
+    it reads ``job``'s pass, or, without one (a *spare* started ahead of its pass, see
+    :meth:`parrecio.pipeline.resources.Resources.prepare_spare`), waits for its :class:`ReaderJob` on the
+    control pipe first.  A pass that ended cleanly with ``job.serve_on`` leaves the process waiting for
+    the next pass's job: the consumer keeps it as that pass's reader instead of starting another.  A
+    ``Stop``, a closed pipe or its consumer's death (the lifeline, watched in the same wait) end a
+    waiting process; it holds nothing of its last pass then (every stream closed, the ring detached)."""
+    while True:
+        if job is None:
+            job = _next_job(cfg, ctrl_conn, lifeline)
+            if job is None:
+                return
+        if not reader_main(cfg, job, data_conn, ctrl_conn, lifeline) or not job.serve_on:
+            return
+        job = None
+
+
+def _next_job(cfg: PipelineConfig, ctrl_conn, lifeline) -> Optional[ReaderJob]:
+    """The next pass's job, or None when the process is to end.  Releases the consumer sent for the last
+    pass before it saw that pass's end are read and dropped: that pass's ring space is the next job's
+    to describe (``ring_pos``)."""
     while True:
         ready = wait([ctrl_conn, lifeline], cfg.poll_interval)
         if lifeline in ready:
-            return  # (child_entry sweeps the run's shared memory)
+            return None  # (child_entry sweeps the run's shared memory)
         if ctrl_conn not in ready:
             continue
         try:
@@ -368,28 +392,31 @@ def spare_main(cfg: PipelineConfig, data_conn, ctrl_conn, lifeline) -> None:
             # Its end closed without a Stop: the consumer died, and its lifeline closes in the same
             # moment, maybe a moment later; wait for that, so that child_entry sweeps what it left.
             lifeline.poll(CONSUMER_DEATH_GRACE)
-            return
+            return None
         if isinstance(msg, ReaderJob):
-            reader_main(cfg, msg, data_conn, ctrl_conn, lifeline)
-        return
+            return msg
+        if not isinstance(msg, Release):
+            return None  # Stop
 
 
-def reader_main(cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifeline) -> None:
-    """Entry point of the reader process (started through :func:`parrecio.pipeline.children.child_entry`)."""
+def reader_main(cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifeline) -> bool:
+    """Read one pass: ``job``'s groups to the consumer, then its ``ReaderEnd``.  True when the pass
+    ended cleanly (every group sent, no error): the process may serve another."""
     r = None
     try:
         r = _Reader(cfg, job, data_conn, ctrl_conn, lifeline)
         try:
             r.run()
             r.finish(None)
+            return True
         except Stopped:
-            return
+            return False
         except ParrecioError as exc:
             r.finish(exc)
         except Exception as exc:
             r.finish(RemoteError(exc))
     except Stopped:
-        return
+        return False
     except (EOFError, OSError) as exc:
         # Our pipes broke: the consumer closed them, or died (then its lifeline says so soon after, and
         # child_entry, seeing it, cleans up after it), or something failed before we could report it
@@ -399,3 +426,4 @@ def reader_main(cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifel
     finally:
         if r is not None:
             r.seg.close()  # (and its memoryview)
+    return False

@@ -109,7 +109,7 @@ class Run(Pass):
         ring_pos = (self.pinned.tail, self.pinned.head) if self.pinned is not None else (0, 0)
         try:
             job = ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip, ring_pos,
-                            views=self.pinned is not None)
+                            views=self.pinned is not None, serve_on=res.serves_on())
             reader = res.take_spare(job) or ReaderHandle(res.ctx, cfg, job, res.lifeline.r)
             self.feed = Feed(reader, self.stats, epoch, ring_pos)  # its chunks, its end, the ring's accounting
         except BaseException:
@@ -182,8 +182,9 @@ class Run(Pass):
         if end is None and (reader.data in ready or reader.sentinel in ready):
             for c in self.feed.receive():
                 self._received(c)
-            if self.feed.end is not None:  # the reader is done: the next pass's may start now
-                self.res.prepare_spare()
+            feed = self.feed
+            if feed.end is not None:  # the reader is done: it serves the next pass, or a new one starts now
+                feed.kept = self.res.prepare_spare(reader if feed.end.error is None else None)
         if pool is None:
             return
         # The pool's clock runs only while we wait here, and at most as long as we meant to wait (a

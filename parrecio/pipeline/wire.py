@@ -97,8 +97,18 @@ def send_message(fd: int, msg: Any) -> None:
     pickle), for the peer's ``Connection.recv``: one ``write`` of a ready buffer instead of the dozen
     Python calls of ``send`` (the consumer sends a task per chunk, each on a wake-up with cold caches).
     Only for messages that need no ``ForkingPickler`` reducer (no connections or descriptors inside)."""
-    body = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
-    data = memoryview(_CONN_HEADER.pack(len(body)) + body)
+    send_messages(fd, [msg])
+
+
+def send_messages(fd: int, msgs: List[Any]) -> None:
+    """:func:`send_message` of each of ``msgs``, in one ``write``: the peer finds them all at once."""
+    parts = []
+    for msg in msgs:
+        body = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
+        parts.append(_CONN_HEADER.pack(len(body)) if len(body) < 0x7FFFFFFF
+                     else _CONN_HEADER.pack(-1) + _CONN_LONG.pack(len(body)))
+        parts.append(body)
+    data = memoryview(b"".join(parts))
     while data:
         n = os.write(fd, data)
         data = data[n:]
