@@ -73,13 +73,17 @@ class Feed:
             self.released_pos = max(self.released_pos, c.ring_end)
         elif not oneoff and not mapped:
             return
-        if self.end is None:  # (after its end, nothing: a kept reader may be reading the next pass)
+        # Nothing is sent once the reader has ended (its ReaderEnd was its last act of this pass): a
+        # regular file is often framed whole long before its chunks are delivered, and each send to a
+        # process that is gone costs a failed write, a SIGPIPE and an exception -- and a kept reader
+        # may be reading the next pass.
+        if self.end is None:
             self.reader.release(self.released_pos, oneoff, mapped)
 
     def release_ring(self, pos: int) -> None:
         """Ring space below ``pos`` goes back (chunks that views pinned)."""
         self.released_pos = max(self.released_pos, pos)
-        if self.end is None:
+        if self.end is None:  # (see release)
             self.reader.release(self.released_pos)
 
     def reader_stuck(self) -> bool:

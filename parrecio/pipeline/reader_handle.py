@@ -117,11 +117,8 @@ class ReaderHandle:
 
     def release(self, pos: int, oneoff_bytes: int = 0, mapped_bytes: int = 0) -> None:
         """Everything before ring position ``pos`` was delivered (plus a one-off segment's or a mapped
-        chunk's bytes): the reader may reuse it.  Nothing is sent once it has ended (its ReaderEnd was
-        its last act): a regular file is often framed whole long before its chunks are delivered, and
-        each send to a process that is gone costs a failed write, a SIGPIPE and an exception."""
-        if self.ended:
-            return
+        chunk's bytes): the reader may reuse it.  (Only while the pass has not ended: see
+        :meth:`Feed.release <parrecio.pipeline.feed.Feed.release>`.)"""
         try:
             send_message(self._ctrl_fd, Release(pos, oneoff_bytes, mapped_bytes))
             self.releases_sent += 1
