@@ -7,10 +7,10 @@ The consumer is one process whatever ``workers`` is, so its CPU per sample caps 
 epoch that is its steady cost per sample plus what each pass costs it once (starting the pass's reader,
 its first chunks, ending it) spread over the epoch's samples.  This script times whole passes of
 ``ParallelReader(path, fields=[Image(size=(224, 224)), BoundingBoxes(max_boxes=16)], workers=2,
-batch_size=64)`` over files of each size in ``--sizes`` (samples: the first groups of ``aug.rec``, cycled;
-written to a temp dir), by the consumer's CPU time (``time.process_time`` of the iterating process; never
-wall time: the machine is shared), and fits ``cpu = per_pass + n x per_sample`` through the sizes: the
-intercept is the pass's own cost.
+batch_size=64)`` over files of each size in ``--sizes`` (samples: the groups of ``aug.rec``, cycled, or of
+the demo's photo-like stream when ``--data`` has none; written to a temp dir), by the consumer's CPU
+time (``time.process_time`` of the iterating process; never wall time: the machine is shared), and fits
+``cpu = per_pass + n x per_sample`` through the sizes: the intercept is the pass's own cost.
 
 Each run is a fresh interpreter (one untimed pass first, then ``--passes`` timed ones); ``--baseline
 PATH`` runs the checkout at PATH (an earlier commit, its C extensions copied in) through ``PYTHONPATH``
@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 from typing import Any, Dict, List
+
+from bench.stages import image_stream
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -54,7 +56,6 @@ print(json.dumps(out))
 
 def write_sizes(src: str, tmp: str, sizes: List[int]) -> Dict[int, str]:
     """Files of the first groups of ``src`` (pairs of records), cycled up to each size."""
-    sys.path.insert(0, ROOT)
     from parrecio.recordio import RecordReader, RecordWriter
     with RecordReader(src) as rd:
         recs = [rec[1] for rec in rd]
@@ -116,13 +117,14 @@ def main(argv: Any = None) -> None:
         checkouts["baseline"] = os.path.abspath(args.baseline)
     runs: Dict[str, Dict[int, list]] = {name: {s: [] for s in sizes} for name in checkouts}
     with tempfile.TemporaryDirectory(prefix="parrecio-pass-cost-") as tmp:
-        paths = write_sizes(os.path.join(args.data, "aug.rec"), tmp, sizes)
+        src = image_stream(args.data, tmp, 300)  # (the demo's photo-like stream when aug.rec is not built)
+        paths = write_sizes(src["path"], tmp, sizes)
         for _ in range(args.rounds):
             for name, checkout in sorted(checkouts.items()):
                 for size in sizes:
                     runs[name][size] += run_once(checkout, paths[size], args.passes, tmp)
     result = {"workload": "[Image((224, 224)), BoundingBoxes(max_boxes=16)], workers=2, batch_size=64",
-              "data": os.path.join(args.data, "aug.rec"), "rounds": args.rounds,
+              "data": src["origin"], "rounds": args.rounds,
               **{name: summarize(r) for name, r in runs.items()}}
     text = json.dumps(result, indent=1)
     print(text)

@@ -167,6 +167,12 @@ NOT_RUN = {
     ("The serial stages, and what they allow on large hosts", 1): "the consumer's benchmark, minutes with "
                                                                   "bench/data; a smoke run of boxes16 with "
                                                                   "--repeat: tests/test_bench_stages.py",
+    ("The serial stages, and what they allow on large hosts", 2): "the per-pass benchmark against an older "
+                                                                  "checkout, a minute with 98 KB photos; a "
+                                                                  "smoke run: tests/test_bench_pass_cost.py",
+    ("Performance round 3 in one run", 0): "every benchmark of the round against a checkout from before it "
+                                           "(~12 min); its parts have smoke runs (tests/test_bench_stages.py, "
+                                           "tests/test_bench_pass_cost.py)",
     ("ParallelReader", 0): "a signature: compared with the real ones by test_the_signatures_are_the_real_ones",
     ("Command line", 0): "an example of inspect's output: its lines checked by test_inspect_prints_what_the_"
                          "readme_shows",
@@ -292,8 +298,9 @@ def test_every_block_has_a_case():
     stale = [k for k in list(CASES) + list(NOT_RUN) if k not in keys]
     assert not stale, f"cases for blocks the README no longer has: {stale}"
     assert set(CASES).isdisjoint(NOT_RUN)
-    # 13 and 20 in the closing note of #24; + RecordIO-protobuf (#26), iter_views and bench.stages boxes16 (#27)
-    assert len(CASES) == 15 and len(found) == 23
+    # 13 and 20 in the closing note of #24; + RecordIO-protobuf (#26), iter_views, bench.stages boxes16,
+    # bench.pass_cost and bench.round3 (#27)
+    assert len(CASES) == 15 and len(found) == 25
 
 
 @pytest.mark.parametrize("key", list(CASES), ids=[f"{h}-{n}" for h, n in CASES])
