@@ -60,7 +60,16 @@ def test_fork_server_boots_at_construction_with_the_fields_modules(tmp_path):
         before = len(servers())
         fields = [Image(size=(32, 24)), BoundingBoxes(max_boxes=4)]
         r = ParallelReader({str(path)!r}, fields=fields, workers=2, batch_size=8)
-        booted = len(servers())                          # at construction, not at the first pass
+        # At construction, not at the first pass: a child of ours whose pid multiprocessing recorded as
+        # the server's.  (Its command line says "forkserver" only once its exec is done, which may be a
+        # moment after ensure_running() returned: counting servers() at once raced with it.)
+        server = forkserver._forkserver._forkserver_pid
+        booted = int(server in [p.pid for p in psutil.Process().children()])
+        import time
+        t0 = time.monotonic()
+        while [p.pid for p in servers()] != [server] and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        booted *= int([p.pid for p in servers()] == [server])
         preload = list(forkserver._forkserver._preload_modules)
         got = [[a.tobytes() for a in batch] for batch in r]
         r.close()
