@@ -208,7 +208,7 @@ class Resources:
         failure to start one is left to the next pass, which starts its reader as usual.
 
         Returns True when ``ended`` was kept: its pass must not stop it."""
-        if self.spare is not None or self.closing or self.lifeline is None or not self._spare_allowed():
+        if self.spare is not None or self.closing or not self.serves_on():
             return False
         if ended is not None and ended.is_alive():
             self.spare = ended
