@@ -125,7 +125,10 @@ def test_map_stream_and_a_file_that_changed(tmp_path):
         MappedFiles().get(name)
 
 
-def test_fifo_gets_the_largest_pipe_buffer(tmp_path, no_leaks):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_fifo_gets_the_largest_pipe_buffer(tmp_path, no_leaks, workers):
+    """Whoever reads the FIFO -- the reader process, or the consumer itself with ``workers=0`` -- grows
+    its kernel buffer (with 64 KiB, ``workers=0`` read Pipe mode at 0.37-0.40x a plain loop)."""
     recs = payloads(100, seed=11)
     src = tmp_path / "src.rec"
     write_rec(src, recs)
@@ -134,12 +137,12 @@ def test_fifo_gets_the_largest_pipe_buffer(tmp_path, no_leaks):
     with open("/proc/sys/fs/pipe-max-size") as f:
         biggest = int(f.read())
     got = []
-    reader = ParallelReader(str(fifo), fields=None, workers=1)
+    reader = ParallelReader(str(fifo), fields=None, workers=workers)
     t = threading.Thread(target=lambda: got.extend(reader))
     t.start()
     fd = os.open(fifo, os.O_WRONLY)
     try:
-        deadline = time.monotonic() + 30  # the reader process enlarges the pipe once it has it open
+        deadline = time.monotonic() + 30  # its reader enlarges the pipe once it has it open
         while fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < biggest and time.monotonic() < deadline:
             time.sleep(0.02)
         assert fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) == biggest

@@ -48,6 +48,7 @@ from typing import Any, Iterator, Optional, Tuple
 
 from ..errors import ParrecioError
 from ..recordio import RecordReader
+from ..sources.fifo import enlarge_pipe
 from .config import PipelineConfig
 from .groups import GroupStream, Placement, open_indexed_all
 from .mapped import map_stream
@@ -285,7 +286,7 @@ class _Watched:
         except (AttributeError, OSError, ValueError):
             self._fd, self._regular = None, True
         if self._fd is not None and not self._regular:
-            _enlarge_pipe(self._fd)
+            enlarge_pipe(self._fd)
         self.name = getattr(file, "name", None)
         # Bytes the raw reader holds above the fd (a stream whose first bytes were read to check them)
         self._pending = getattr(self._file, "pending", _nothing_pending)
@@ -323,22 +324,6 @@ class _Watched:
 
     def close(self) -> None:
         pass  # the reader process closes the stream itself
-
-
-def _enlarge_pipe(fd: int) -> None:
-    """Grow a pipe's (FIFO's) kernel buffer to the largest an unprivileged process may set
-    (``/proc/sys/fs/pipe-max-size``, 1 MiB by default): with the default 64 KiB the writer and this
-    process take turns every 64 KiB, and a FIFO loop reads at about half the speed."""
-    try:
-        import fcntl
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return
-        with open("/proc/sys/fs/pipe-max-size") as f:
-            size = int(f.read())
-        if fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < size:
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
-    except (ImportError, AttributeError, OSError, ValueError):
-        pass  # not Linux, or the limit is lower for us (the other end set it, or a per-user quota)
 
 
 def _nothing_pending() -> int:

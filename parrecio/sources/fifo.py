@@ -42,7 +42,7 @@ from typing import BinaryIO, Callable, Dict, Iterable, List, NamedTuple, Optiona
 
 from ..errors import SourceError
 
-__all__ = ["open_fifo", "open_plain", "FifoWait", "fifo_readers", "Holder", "PrefixedRaw", "is_fifo",
+__all__ = ["open_fifo", "open_plain", "enlarge_pipe", "FifoWait", "fifo_readers", "Holder", "PrefixedRaw", "is_fifo",
            "GRACE_S", "REPEAT_S", "MISSING", "NO_WRITER", "HELD", "GONE"]
 
 log = logging.getLogger("parrecio")
@@ -388,3 +388,20 @@ class PrefixedRaw(io.RawIOBase):
                 self._raw.close()
             finally:
                 super().close()
+
+
+def enlarge_pipe(fd: int) -> None:
+    """Grow a pipe's (FIFO's) kernel buffer to the largest an unprivileged process may set
+    (``/proc/sys/fs/pipe-max-size``, 1 MiB by default): with the default 64 KiB the writer and this
+    process take turns every 64 KiB, and a FIFO loop reads at about half the speed.  Whoever reads
+    the stream calls it: the reader process, and the consumer itself with ``workers=0``."""
+    try:
+        import fcntl
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            size = int(f.read())
+        if fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) < size:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (ImportError, AttributeError, OSError, ValueError):
+        pass  # not Linux, or the limit is lower for us (the other end set it, or a per-user quota)
