@@ -62,11 +62,14 @@ def _raw(doc: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
 def _pipe(doc: Dict[str, Any]) -> Dict[str, Any]:
     p = doc.get("pipe", doc)
     if "bytes" in p:  # per-round ratios (this checkout): as bytes, and as views (iter_views())
-        return {"ratio_by_round": p["bytes"]["ratio_by_round"], "gb_s": p["bytes"]["gb_s"],
-                "plain_gb_s": p["plain_fifo_loop_gb_s"],
-                "views_ratio_by_round": p["views"]["ratio_by_round"],
-                "reader_cpu_s_per_gb": p["bytes"]["reader_process_cpu_s_per_gb"],
-                "views_reader_cpu_s_per_gb": p["views"]["reader_process_cpu_s_per_gb"]}
+        out = {"ratio_by_round": p["bytes"]["ratio_by_round"], "gb_s": p["bytes"]["gb_s"],
+               "plain_gb_s": p["plain_fifo_loop_gb_s"],
+               "views_ratio_by_round": p["views"]["ratio_by_round"],
+               "reader_cpu_s_per_gb": p["bytes"]["reader_process_cpu_s_per_gb"],
+               "views_reader_cpu_s_per_gb": p["views"]["reader_process_cpu_s_per_gb"]}
+        if "inline" in p:  # as bytes with workers=0
+            out["workers_0_ratio_by_round"] = p["inline"]["ratio_by_round"]
+        return out
     return {"ratio_by_round": [p["ratio"]], "gb_s": [p["parallel_reader_raw_gb_s"]],
             "plain_gb_s": [p["plain_fifo_loop_gb_s"]]}
 

@@ -28,7 +28,8 @@ JSON document:
   views (``reader.iter_views()``), against a plain loop on the same kind of FIFO (``F_SETPIPE_SZ`` to the
   maximum, ``readv`` 1 MiB into one buffer), interleaved round by round: the ratio of each round, and
   the CPU seconds per GB of the reader process, of the consumer and of the plain loop -- also filling a
-  64 MiB buffer part by part, the floor of a reader that fills a ring.
+  64 MiB buffer part by part, the floor of a reader that fills a ring; and ``inline``, ``bytes`` with
+  ``workers=0`` (the consumer reads the FIFO itself: two busy processes, as the plain loop).
 
 Run it on a quiet machine (``uptime`` load < 1); every figure is the best of the timed passes.
 """
@@ -302,8 +303,9 @@ def _plain_fifo_loop(fifo: str, sweep: int = 0) -> float:
 
 def case_pipe(tmp: str, size: int, count: int, passes: int) -> Dict[str, Any]:
     """Raw passthrough of a Pipe-mode channel fed by ``cat``: ``for rec in reader`` (bytes, copied by the
-    consumer) and ``reader.iter_views()`` (views of the ring, no copy), each round against a plain FIFO
-    loop in the same round; and the CPU seconds per GB of each process."""
+    consumer) and ``reader.iter_views()`` (views of the ring, no copy), and ``for rec in reader`` with
+    ``workers=0`` (``inline``), each round against a plain FIFO loop in the same round; and the CPU
+    seconds per GB of each process."""
     import numpy as np
     from parrecio import ParallelReader, RecordWriter
     from parrecio.tools.emulate import write_channel_config
@@ -315,20 +317,23 @@ def case_pipe(tmp: str, size: int, count: int, passes: int) -> Dict[str, Any]:
             w.write(blobs[i % 8])
     nbytes = os.path.getsize(path)
     _warm(path)
-    root = os.path.join(tmp, "sm")
-    write_channel_config(root, "train", settings={"TrainingInputMode": "Pipe", "RecordWrapperType": "None"})
-    data = os.path.join(root, "data")
-    os.makedirs(data, exist_ok=True)
-    figs: Dict[str, List[float]] = {k: [] for k in (
-        "plain", "plain_cpu", "sweep", "sweep_cpu", "bytes", "bytes_ratio", "bytes_reader_cpu",
-        "bytes_consumer_cpu", "views", "views_ratio", "views_reader_cpu", "views_consumer_cpu")}
-    epoch = 0
+    # Two channels: one for the pipeline with a reader process, one for workers=0 (each reader counts
+    # its own epochs, FIFO train_<epoch>).
+    datas = {}
+    for workers in (1, 0):
+        root = os.path.join(tmp, f"sm{workers}")
+        write_channel_config(root, "train", settings={"TrainingInputMode": "Pipe", "RecordWrapperType": "None"})
+        datas[workers] = os.path.join(root, "data")
+        os.makedirs(datas[workers], exist_ok=True)
+    modes = ("bytes", "views", "inline")  # inline: `for rec in reader` with workers=0
+    figs: Dict[str, List[float]] = {k: [] for k in ["plain", "plain_cpu", "sweep", "sweep_cpu"] + [
+        m + suffix for m in modes for suffix in ("", "_ratio", "_reader_cpu", "_consumer_cpu")]}
+    epochs = {1: 0, 0: 0}
 
-    def timed(reader: Any, mode: str) -> None:
-        nonlocal epoch
+    def timed(reader: Any, mode: str, workers: int) -> None:
         st = reader.stats
-        feeder = _feed(os.path.join(data, f"train_{epoch}"), path)
-        epoch += 1
+        feeder = _feed(os.path.join(datas[workers], f"train_{epochs[workers]}"), path)
+        epochs[workers] += 1
         got, first = 0, None
         r0, c0 = st.reader_cpu, time.process_time()
         items = reader.iter_views() if mode == "views" else iter(reader)
@@ -345,13 +350,15 @@ def case_pipe(tmp: str, size: int, count: int, passes: int) -> Dict[str, Any]:
             figs[mode + "_reader_cpu"].append((st.reader_cpu - r0) / nbytes * 1e9)
             figs[mode + "_consumer_cpu"].append((time.process_time() - c0) / nbytes * 1e9)
 
-    with ParallelReader("train", fields=None, workers=1, sm_input_dir=root) as reader:
+    root1, root0 = (os.path.dirname(datas[w]) for w in (1, 0))
+    with ParallelReader("train", fields=None, workers=1, sm_input_dir=root1) as reader, \
+            ParallelReader("train", fields=None, workers=0, sm_input_dir=root0) as inline:
         # Interleaved, round by round: the FIFO's rate swings with the machine's moment (1.5-4.4 GB/s here),
         # and only a ratio within a round compares the two at the same moment.
         for e in range(passes + 1):
             record = e > 0  # (round 0 starts the reader's processes)
             for loop, sweep in (("plain", 0), ("sweep", 64 << 20)):
-                fifo = os.path.join(data, f"{loop}_{e}")
+                fifo = os.path.join(datas[1], f"{loop}_{e}")
                 feeder = _feed(fifo, path)
                 c0 = time.process_time()
                 rate = _plain_fifo_loop(fifo, sweep)
@@ -360,8 +367,9 @@ def case_pipe(tmp: str, size: int, count: int, passes: int) -> Dict[str, Any]:
                 if record:
                     figs[loop].append(rate)
                     figs[loop + "_cpu"].append(cpu / nbytes * 1e9)
-            timed(reader, "bytes")
-            timed(reader, "views")
+            timed(reader, "bytes", 1)
+            timed(reader, "views", 1)
+            timed(inline, "inline", 0)
 
     def gb(xs: List[float]) -> List[float]:
         return [round(x / 1e9, 3) for x in xs]
@@ -374,7 +382,7 @@ def case_pipe(tmp: str, size: int, count: int, passes: int) -> Dict[str, Any]:
                            "plain_loop_cpu_s_per_gb": r3(figs["plain_cpu"]),
                            # the reader's floor: the same loop filling a 64 MiB buffer part by part
                            "sweeping_loop_cpu_s_per_gb": r3(figs["sweep_cpu"])}
-    for mode in ("bytes", "views"):
+    for mode in modes:
         ratios = figs[mode + "_ratio"]
         out[mode] = {"gb_s": gb(figs[mode]), "ratio_by_round": r3(ratios),
                      "ratio_median": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),

@@ -25,3 +25,20 @@ def test_boxes16_reads_epochs_of_repeat_copies(tmp_path):
         assert fig["samples"] == 600, (name, fig)  # a whole epoch: both copies
         assert fig["consumer_us"] > 0 and fig["reader_us"] > 0 and fig["workers_us"] >= 0, (name, fig)
     assert doc["workers_2"]["workers_us"] > 0  # real decoders (the stand-ins at capacity may round to 0)
+
+
+def test_pipe_case_measures_each_reader_against_the_plain_loop_round_by_round():
+    """The Pipe-mode case (README "The serial stages"): the pipeline as ``bytes`` and as views, and
+    ``workers=0`` (``inline``), each with one ratio per round to the plain FIFO loop of that round."""
+    proc = subprocess.run([sys.executable, "-m", "bench.stages", "--cases", "pipe", "--quick"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)["pipe"]
+    assert doc["records"] == 300 and len(doc["plain_fifo_loop_gb_s"]) == 1
+    for mode in ("bytes", "views", "inline"):
+        fig = doc[mode]
+        assert len(fig["gb_s"]) == len(fig["ratio_by_round"]) == 1, (mode, fig)
+        assert fig["gb_s"][0] > 0 and fig["consumer_cpu_s_per_gb"][0] > 0, (mode, fig)
+        assert abs(fig["ratio_by_round"][0] - fig["gb_s"][0] / doc["plain_fifo_loop_gb_s"][0]) < 0.01, (mode, fig)
+    assert doc["bytes"]["reader_process_cpu_s_per_gb"][0] > 0  # a reader process; workers=0 has none
+    assert doc["inline"]["reader_process_cpu_s_per_gb"][0] == 0
