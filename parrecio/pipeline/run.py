@@ -111,7 +111,10 @@ class Run(Pass):
             job = ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip, ring_pos,
                             views=self.pinned is not None, serve_on=res.serves_on())
             reader = res.take_spare(job) or ReaderHandle(res.ctx, cfg, job, res.lifeline.r)
-            self.feed = Feed(reader, self.stats, epoch, ring_pos)  # its chunks, its end, the ring's accounting
+            # its chunks, its end, the ring's accounting (releases of groups read in place held back up
+            # to a quarter of their budget, but not while views may pin chunks: see _unpin)
+            hold = 0 if self.pinned is not None else cfg.mapped_budget // 4
+            self.feed = Feed(reader, self.stats, epoch, ring_pos, hold)
         except BaseException:
             self.closed = True
             self.slots.close()
@@ -156,6 +159,8 @@ class Run(Pass):
                     raise ended()
                 if self.pinned is not None:
                     self._unpin()
+                if not self.chunks:  # waiting for the reader: it gets every release first
+                    self.feed.flush()
                 t0 = time.perf_counter()
                 self._step(self.cfg.poll_interval)
                 st.wait_workers_time += time.perf_counter() - t0
