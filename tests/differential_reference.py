@@ -360,6 +360,7 @@ def _damage(ds: Dataset, cfg: Any) -> None:
     for df, buf in zip(ds.files, datas):
         df.data = bytes(buf)
     ds.damage.sort(key=lambda d: (d.file, d.offset))
+    hit = {(d.file, d.index) for d in ds.damage}
     for d in ds.damage:
         last = ds.regions[-1] if ds.regions else None
         if (last is not None and last.file == d.file and prev.index == d.index - 1
@@ -367,7 +368,10 @@ def _damage(ds: Dataset, cfg: Any) -> None:
             last.groups.append(d.group)
         else:
             ds.regions.append(Region(d.file, d.record, [d.group], True))
-        ds.regions[-1].followed = d.index < len(ds.files[d.file].records) - 1
+        # followed: a record RecordReader reads comes after it in its file (a damaged one does not:
+        # damage that runs on to the end of the file is followed by nothing)
+        ds.regions[-1].followed = any(r.index > d.index and (d.file, r.index) not in hit
+                                      for r in ds.files[d.file].records)
         prev = d
 
 

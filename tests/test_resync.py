@@ -146,6 +146,59 @@ def test_kinds_that_overlap_the_first_field_stop(tmp_path, image, no_leaks):
     assert f"the record at byte {offsets[hit + 1]} is JSON text" in str(err)
 
 
+def _damage_both(path, offsets, magic_at, length_at):
+    """A run of damage: record ``magic_at``'s magic destroyed, the next one's length word too -- two
+    regions for RecordReader, one right after the other, no record between them."""
+    data = bytearray(path.read_bytes())
+    data[offsets[magic_at]] ^= 0xFF
+    struct.pack_into("<I", data, offsets[length_at] + 4, (1 << 29) - 1)
+    path.write_bytes(bytes(data))
+
+
+def test_a_run_of_damage_is_named_by_its_first_region(tmp_path, no_leaks):
+    """[Raw] x 3, group 0's middle record has no magic and its last one a broken length word: the resync
+    past the first lands on the second.  The stop names where the damage began (the differential test's
+    find: it named the second region's byte, 3584 instead of 1752)."""
+    groups = _raw_groups(4, 3)
+    path = tmp_path / "run.rec"
+    offsets = _write(path, groups, index=False)
+    _damage_both(path, offsets, 1, 2)
+    out, err, _ = _both(path, [Raw()] * 3)
+    assert out == []
+    assert isinstance(err, CorruptRecordError) and (err.offset, err.index) == (offsets[1], 0)
+    assert f"after the corrupt region at byte {offsets[1]}: the record at byte {offsets[3]} is" in str(err)
+
+
+def test_a_run_of_damage_that_ends_the_file_loses_its_group_and_nothing_else(tmp_path, no_leaks):
+    """The same run in the file's last group: no record follows it, so none can be mispaired: the group
+    is lost, the pass ends without an error (the differential reference called the first region
+    "followed" by the broken record after it, and expected a stop)."""
+    groups = _raw_groups(3, 3)
+    path = tmp_path / "end.rec"
+    offsets = _write(path, groups, index=False)
+    _damage_both(path, offsets, 7, 8)
+    out, err, skipped = _both(path, [Raw()] * 3)
+    assert err is None and out == [tuple(g) for g in groups[:2]]
+    assert skipped == 1
+
+
+def test_recordreader_says_where_a_run_of_damage_began(tmp_path):
+    from parrecio import RecordReader
+    recs = [b"r%d" % i * 5 for i in range(8)]
+    path = tmp_path / "rr.rec"
+    offsets = _write(path, [[r] for r in recs], index=False)
+    _damage_both(path, offsets, 1, 2)        # one run: two regions back to back
+    _damage(path, offsets, [5])              # another, after records 3 and 4
+    with RecordReader(str(path), on_corrupt="skip") as r:
+        seen = []
+        for rec in r:
+            seen.append((rec.payload, r.last_corrupt, r.corrupt_run))
+    assert [p for p, _, _ in seen] == [recs[i] for i in (0, 3, 4, 6, 7)]
+    assert [(lc, run) for _, lc, run in seen] == [(None, None), (offsets[2], offsets[1]), (offsets[2], offsets[1]),
+                                                  (offsets[5], offsets[5]), (offsets[5], offsets[5])]
+    assert r.skipped_records == 3
+
+
 def test_groups_of_one_skip_the_damage(tmp_path, no_leaks):
     recs = [[b"r%d" % i] for i in range(10)]
     path = tmp_path / "one.rec"

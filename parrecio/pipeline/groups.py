@@ -265,7 +265,8 @@ class GroupStream:
                     kinds.append(sniff(view))
                 if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
                     skipped_seen = reader.skipped_records
-                    realign.damaged(reader.last_corrupt, bool(parts))
+                    # (several regions since the last record are one run: the error names its start)
+                    realign.damaged(reader.corrupt_run, bool(parts))
                     if parts:
                         parts, held = [], hold_all
                         place.broken()

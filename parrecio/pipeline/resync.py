@@ -58,7 +58,7 @@ class Realigner:
         self._starts: Optional[List[int]] = None  # group starts from the .idx, once read
         self.aligning = False      # records are being dropped until a group start
         self.skipped_groups = 0    # groups known broken by damage
-        self._region = 0           # offset of the last corrupt region
+        self._region = 0           # offset of the corrupt region that began the realignment
         self._next_start: Optional[int] = None
         self._broken = False       # the group at the damage lost records already
         self._dropped = 0
@@ -68,11 +68,11 @@ class Realigner:
         group were read before it (that group is broken)."""
         if self.nf == 1:
             return
-        if self.aligning:
+        if self.aligning:  # more damage before a group start was found: the error names the first
             self._broken = self._broken or open_group
         else:
             self.aligning, self._broken, self._dropped = True, open_group, 0
-        self._region = region
+            self._region = region
         self._next_start = None
         if self._index is not None:
             if self._starts is None:

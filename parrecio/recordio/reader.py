@@ -141,6 +141,10 @@ class RecordReader:
         self.corrupt_regions: List[Tuple[int, int]] = []
         #: Offset of the last dropped region (None before any).
         self.last_corrupt: Optional[int] = None
+        #: Offset of the first region of the last run of damage: dropped regions one right after another,
+        #: with no record between them (a broken record whose resync lands on another broken one).
+        self.corrupt_run: Optional[int] = None
+        self._run_end = -1  # where the last dropped region ended (the next head found, or end of stream)
         #: ``join="auto"``: what the stream has shown of its multipart convention (``.join`` once decided).
         self.guess = JoinGuess()
         self._max_single = 0
@@ -172,7 +176,8 @@ class RecordReader:
         self._error = None
         self.skipped_records = self.skipped_bytes = 0
         self.corrupt_regions = []
-        self.last_corrupt = None
+        self.last_corrupt = self.corrupt_run = None
+        self._run_end = -1
         self.guess = JoinGuess()
         self._max_single = 0
         return self
@@ -389,6 +394,9 @@ class RecordReader:
         self.skipped_records += 1
         self.skipped_bytes += nbytes
         self.last_corrupt = record_start
+        if record_start != self._run_end:  # a record came between: a new run of damage
+            self.corrupt_run = record_start
+        self._run_end = stop
         if len(self.corrupt_regions) < MAX_CORRUPT_REGIONS:
             self.corrupt_regions.append((record_start, nbytes))
         return nxt
