@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ..decoders.base import ArraySpec, is_passthrough, payload_kinds, spec_of
 from ..errors import PipelineError
@@ -322,10 +322,11 @@ class ParallelReader:
                 items = padded(items, run, self.batch_size, self.drop_last, st)
             if views:  # (a padded pass's payloads are copies: views of those)
                 items = as_views(items, cfg.passthrough, cfg.kind, cfg.names)
-            blocks = ((item,) for item in items)
+            blocks = _singles(items)
         clock = run.copy.clock  # the consumer's time taking large payloads, inside the blocks
         last = start = time.perf_counter()
         first = True
+        item = block = None
         try:
             while True:
                 with res.lock:  # inside the pipeline; released while the user's loop body runs
@@ -356,6 +357,9 @@ class ParallelReader:
                     st.wall_time += now - last  # kept current: telemetry() mid-pass has a verdict
                     last = now
         finally:
+            # An error's traceback keeps this frame (until the garbage collector breaks the cycle it is
+            # part of): the last batch in its locals would keep its output slot leased that long.
+            item = block = None
             with res.lock:
                 st.wall_time += time.perf_counter() - last
                 blocks.close()  # type: ignore[attr-defined]
@@ -676,3 +680,13 @@ def _index_paths(source: Any) -> tuple:
     return tuple(out)
 
 
+def _singles(items: Iterator[Any]) -> Iterator[Tuple[Any]]:
+    """Each item as a block of one; the last one let go of when an error comes through (see
+    ``ParallelReader._iterate``: a generator expression's frame would keep it in the traceback)."""
+    item = None
+    try:
+        for item in items:
+            yield (item,)
+    except BaseException:
+        item = None
+        raise
