@@ -88,13 +88,11 @@ def unbatched_blocks(spans: Iterator[Span], layout: SlotLayout, kind: str,
     before the next one is asked for.  Only asking for the next one drives the pipeline; taking the
     samples of one needs no lock (:meth:`ParallelReader._iterate`)."""
     shape = shaper(kind, names)
-    sp = None
     try:
         for sp in spans:
             yield _samples(sp, layout, shape, cursor)
-    except BaseException:
-        sp = None  # (see batches: the span's slot must not stay leased through the error's traceback)
-        raise
+    finally:
+        sp = None  # (see batches: the span's slot must not stay leased through an error's traceback)
 
 
 def _samples(sp: Span, layout: SlotLayout, shape: Callable[[tuple], Any], cursor: Cursor) -> Iterator[Any]:
@@ -210,26 +208,24 @@ def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: Slo
                     cols = _columns(ready, layout, nfields)
                     cursor.pos = ready[-1].seq + ready[-1].n
                     yield shape(tuple(cols))
+        if buf and not drop_last:
+            cols = _columns(buf, layout, nfields)
+            cursor.pos = buf[-1].seq + buf[-1].n
+            buf = []
+            yield shape(tuple(cols))
     except (DecodeError, CorruptRecordError):
         if buf:
             cols = _columns(buf, layout, nfields)
             cursor.pos = buf[-1].seq + buf[-1].n
             buf = []
             yield shape(tuple(cols))
-        buf = ready = head = sp = cols = None  # (see below)
         raise
-    except BaseException:
-        # The error's traceback keeps this frame, and the frame (its exception in a local of a frame
+    finally:
+        # An error's traceback keeps this frame, and the frame (its exception in a local of a frame
         # below: a reference cycle) lives until the garbage collector runs: the spans left in its
         # locals would keep their output slots leased that long, and the next pass would grow the
         # pool by a slot for each.
         buf = ready = head = sp = cols = None
-        raise
-    if buf and not drop_last:
-        cols = _columns(buf, layout, nfields)
-        cursor.pos = buf[-1].seq + buf[-1].n
-        buf = []
-        yield shape(tuple(cols))
 
 
 def deliver(spans: Iterator[Span], cfg: Any, batch_size: Optional[int], drop_last: bool,

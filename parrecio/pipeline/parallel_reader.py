@@ -683,10 +683,8 @@ def _index_paths(source: Any) -> tuple:
 def _singles(items: Iterator[Any]) -> Iterator[Tuple[Any]]:
     """Each item as a block of one; the last one let go of when an error comes through (see
     ``ParallelReader._iterate``: a generator expression's frame would keep it in the traceback)."""
-    item = None
     try:
         for item in items:
             yield (item,)
-    except BaseException:
+    finally:
         item = None
-        raise
