@@ -276,11 +276,14 @@ class _FifoFeeder(threading.Thread):
                         raise
                     time.sleep(0.002)
             view = memoryview(self.data)
+            writable = select.poll()  # (not select.select: a long run's descriptors may number over 1024)
+            if fd is not None:
+                writable.register(fd, select.POLLOUT)
             while fd is not None and view and not self.stopping.is_set():
                 try:
                     view = view[os.write(fd, view[:1 << 20]):]
                 except BlockingIOError:
-                    select.select([], [fd], [], 0.05)
+                    writable.poll(50)
                 except BrokenPipeError:  # the pass ended before the stream did (an error, a break)
                     break
         except BaseException as exc:  # pragma: no cover - reported by the test
@@ -362,6 +365,14 @@ class Materialized:
     def close(self) -> None:
         for f in self.opened:
             f.close()
+        if self.cfg.source == "s3":  # moto keeps each object (big ones in an open temporary file) until deleted
+            import boto3 as _boto3
+            client = _boto3.client("s3", endpoint_url=_moto_endpoint(), region_name="us-east-1",
+                                   aws_access_key_id="testing", aws_secret_access_key="testing")
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+                for obj in page.get("Contents", []):
+                    client.delete_object(Bucket=self.bucket, Key=obj["Key"])
+            client.delete_bucket(Bucket=self.bucket)
 
 
 # -- running a reader -------------------------------------------------------------------------------

@@ -222,3 +222,53 @@ def test_stdin_via_a_pipe_is_read_in_a_child(method):
 
 def test_summarize_reports_errors_as_data(tmp_path):
     assert summarize(resolve(io.BytesIO(b"")), [1])[0] == "error"
+
+
+def _open_fds() -> dict:
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # (the listing's own descriptor)
+            pass
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_readers_of_file_objects_leave_no_descriptor_open(rec, method):
+    """Each ParallelReader over an open file or a BytesIO used to leave two descriptors open for good:
+    the fork server's module list pickled the source, and reducing a descriptor's carrier outside a
+    child's start hands a duplicate to multiprocessing's resource sharer, kept until someone asks."""
+    from parrecio import ParallelReader, Tuning
+    path, data = rec
+    want = make_payloads(300, seed=3, hi=2000)
+    tuning = Tuning(start_method=method)
+
+    def read(obj) -> list:
+        with ParallelReader(obj, workers=2, tuning=tuning) as reader:
+            return [bytes(p) for p in reader]
+
+    with open(path, "rb") as f:
+        assert read(f) == want  # the first: the fork server starts (its pipes stay, as they should)
+    before = _open_fds()
+    for _ in range(3):
+        with open(path, "rb") as f:
+            assert read(f) == want
+        assert read(io.BytesIO(data)) == want
+    after = _open_fds()
+    assert {fd: what for fd, what in after.items() if before.get(fd) != what} == {}
+
+
+def test_plain_picklable_tells_descriptors_apart_without_side_effects(rec, tmp_path):
+    from parrecio.pipeline.children import plain_picklable
+    path, _ = rec
+    before = _open_fds() if os.path.isdir("/proc/self/fd") else {}
+    with open(path, "rb") as f:
+        source = resolve(f)
+        assert plain_picklable(source) is False  # a descriptor inside: not for a process started earlier
+        source.release()
+    assert plain_picklable(resolve(str(tmp_path))) is True
+    assert plain_picklable(lambda: 0) is False  # (does not pickle)
+    if before:
+        assert _open_fds() == before

@@ -35,6 +35,7 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
+from ..sources.fds import FdCarrier
 from .shm import sweep
 
 __all__ = ["child_entry", "start", "start_forkserver", "describe_exit", "register_for_fork", "close_quietly"]
@@ -154,19 +155,39 @@ class _Nowhere:
 
 class _ModuleLister(pickle.Pickler):
     """Pickles to nowhere (nothing is kept: a decoder holding a large table costs no memory here),
-    noting the module of every object, class and function on the way."""
+    noting the module of every object, class and function on the way.
+
+    A descriptor's carrier (:class:`~parrecio.sources.fds.FdCarrier`: an open file object or stdin as the
+    source) is noted, not reduced: reducing it outside a child's start hands a duplicate of the
+    descriptor to ``multiprocessing``'s resource sharer, which keeps it open until some process asks for
+    it -- none ever does for a pickle to nowhere (two descriptors leaked per reader)."""
 
     def __init__(self) -> None:
         super().__init__(_Nowhere(), protocol=pickle.HIGHEST_PROTOCOL)
         self.modules: Dict[str, None] = {}  # (ordered)
+        self.carriers = 0  # descriptors' carriers met
 
-    def persistent_id(self, obj: Any) -> None:
+    def persistent_id(self, obj: Any) -> Optional[str]:
         self.modules[type(obj).__module__] = None
+        if isinstance(obj, FdCarrier):
+            self.carriers += 1
+            return "fd"
         if isinstance(obj, type) or callable(obj):
             name = getattr(obj, "__module__", None)
             if isinstance(name, str):
                 self.modules[name] = None
         return None
+
+
+def plain_picklable(obj: Any) -> bool:
+    """Whether ``obj`` pickles, with no descriptor inside (one that could go to a process started earlier,
+    by a pipe, as a spare reader's job does); tried without side effects (see :class:`_ModuleLister`)."""
+    lister = _ModuleLister()
+    try:
+        lister.dump(obj)
+    except Exception:
+        return False
+    return lister.carriers == 0
 
 
 def library_modules(objs: Iterable[Any]) -> List[str]:

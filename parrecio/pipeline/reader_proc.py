@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import select
 import stat
 import time
 from array import array
@@ -56,6 +55,7 @@ from .children import CONSUMER_DEATH_GRACE
 from .chunker import Chunker
 from .messages import FILE, IN_RING, Place, ReaderEnd, Release, RemoteError, StreamStart
 from .placement import Mapped, Windows
+from .poller import ReadyCheck
 from .reader_link import Link, Stopped
 from .ring import GroupTooLarge, RingWriter
 from .ring_windows import RingWindows, window_bytes
@@ -276,7 +276,7 @@ class _Watched:
 
     def __init__(self, file, link: Link, out: Chunker) -> None:
         # Read below any Python-level buffer: data waiting in a BufferedReader would be invisible to
-        # select(), and we would wait for bytes we already have.
+        # poll(), and we would wait for bytes we already have.
         raw = getattr(file, "raw", None)
         self._file = raw if raw is not None and hasattr(raw, "readinto") else file
         self._link, self._out = link, out
@@ -285,8 +285,11 @@ class _Watched:
             self._regular = _is_regular(self._fd)
         except (AttributeError, OSError, ValueError):
             self._fd, self._regular = None, True
+        # (poll, not select: a child forked from a process with over 1024 descriptors gets high numbers)
+        self._readable: Optional[ReadyCheck] = None
         if self._fd is not None and not self._regular:
             enlarge_pipe(self._fd)
+            self._readable = ReadyCheck(self._fd)
         self.name = getattr(file, "name", None)
         # Bytes the raw reader holds above the fd (a stream whose first bytes were read to check them)
         self._pending = getattr(self._file, "pending", _nothing_pending)
@@ -295,7 +298,8 @@ class _Watched:
         if self._regular or self._pending():
             return
         link = self._link
-        if not select.select([self._fd], [], [], 0)[0]:
+        assert self._readable is not None
+        if not self._readable.ready():
             self._out.flush()  # the next read would block: let the decoders have what we hold
             t0 = time.perf_counter()
             while self._fd not in link.watch([self._fd], link.poll_interval):

@@ -20,11 +20,10 @@ import logging
 import math
 import multiprocessing
 import os
-import pickle
 import threading
 from typing import Any, NamedTuple, Optional, Tuple
 
-from .children import close_quietly, register_for_fork, start_forkserver
+from .children import close_quietly, plain_picklable, register_for_fork, start_forkserver
 from .config import PipelineConfig
 from .pool import WorkerPool
 from .reader_handle import ReaderHandle
@@ -230,10 +229,7 @@ class Resources:
             epochs = getattr(source, "epochs_supported", 1)
             ok = source is not None and (epochs is None or epochs > 1)
             if ok:
-                try:
-                    pickle.dumps(source)
-                except Exception:
-                    ok = False
+                ok = plain_picklable(source)
             self._spare_ok = bool(ok)
         return self._spare_ok
 
