@@ -123,6 +123,20 @@ class KillOnceOn(Fixed):
         super().decode_into(payload, out)
 
 
+class KillOnceSlowStart(KillOnceOn):
+    """:class:`KillOnceOn` whose process, once the flag file exists, takes ``delay`` s to load it (a
+    replacement worker that is still starting when it is given its first task)."""
+
+    def __init__(self, marker: bytes, flag_path: str, delay: float):
+        super().__init__(marker, flag_path)
+        self.delay = delay
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if os.path.exists(self.flag_path):
+            time.sleep(self.delay)
+
+
 def payloads(n: int, seed: int = 0, max_len: int = 200) -> List[bytes]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, int(rng.integers(0, max_len)), dtype=np.uint8).tobytes() for _ in range(n)]

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -15,8 +16,8 @@ import pytest
 
 from parrecio import DecodeError, ParallelReader, Tuning
 from parrecio.pipeline.shm import leftover
-from pipeline_helpers import (KillOn, KillOnceOn, Sleepy, digest_array, is_blocked, payloads, wait_until,
-                              write_rec)
+from pipeline_helpers import (KillOn, KillOnceOn, KillOnceSlowStart, Sleepy, digest_array, is_blocked, payloads,
+                              wait_until, write_rec)
 from round2_helpers import Lines, alive, wait_gone
 from test_pipeline import flatten
 
@@ -68,6 +69,41 @@ def test_worker_killed_once_by_a_record_rerun_identically(stream, tmp_path, no_l
         assert (reader.stats.workers_replaced, reader.stats.reruns) == (1, 1)
     assert all(np.array_equal(a, digest_array(r)) for a, r in zip(got, marked))
     assert len(got) == len(marked)
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_replacement_killed_before_it_takes_a_rerun_is_no_poison_verdict(stream, tmp_path, method, no_leaks):
+    """The worker dies on record 123 (once); its replacement is killed from outside while it still loads
+    its decoders, with the first group of the orphaned task queued to it: that death says nothing of the
+    group, which was taken for a poison record ("died twice while decoding this sample") and lost.  A
+    worker now says when it takes an isolated re-run; one it never took is re-run again."""
+    path, recs, _ = stream
+    marked = list(recs)
+    marked[123] = b"OOM!" + recs[123]
+    p2 = tmp_path / "m.rec"
+    write_rec(p2, marked)
+    flag = str(tmp_path / "flag")
+    killed: list = []
+    with ParallelReader(p2, fields=KillOnceSlowStart(b"OOM!", flag, 1.5), workers=1, batch_size=16,
+                        tuning=Tuning(prefetch=1, start_method=method)) as reader:
+        def kill_the_replacement(first: int) -> None:
+            wait_until(lambda: os.path.exists(flag), what="the worker to die on record 123")
+            wait_until(lambda: reader.worker_pids and reader.worker_pids[0] != first, what="a replacement")
+            time.sleep(0.3)  # (well inside its 1.5 s start)
+            victim = reader.worker_pids[0]
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+        out, killer = [], None
+        for batch in reader:
+            out.append(batch.copy())
+            if killer is None:
+                killer = threading.Thread(target=kill_the_replacement, args=(reader.worker_pids[0],))
+                killer.start()
+        killer.join(30)
+        assert len(killed) == 1 and reader.stats.workers_replaced == 2 and reader.stats.skipped == 0
+    got = flatten(out)
+    assert len(got) == len(marked)
+    assert all(np.array_equal(a, digest_array(r)) for a, r in zip(got, marked))
 
 
 def test_poison_record_becomes_a_decode_error(stream, tmp_path, no_leaks):

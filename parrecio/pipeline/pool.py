@@ -22,7 +22,7 @@ import pickle
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..errors import PipelineError
 from .children import child_entry, close_quietly, describe_exit, forget_processes, start
@@ -30,7 +30,7 @@ from .config import PipelineConfig
 from .messages import Stop, Task
 from .pairing import Bell, Pairs, board_name
 from .wire import Frame, FrameReader, send_message
-from .worker import CANNOT_LOAD, WorkerJob, worker_main
+from .worker import CANNOT_LOAD, TAKEN, WorkerJob, worker_main
 
 log = logging.getLogger("parrecio")
 
@@ -51,6 +51,7 @@ class _Worker:
     inflight: Dict[int, Task] = field(default_factory=dict)
     progress: float = 0.0   # pool clock at its last byte received, or when it got work while it had none
     killing: bool = False   # judged stuck and killed; its death is yet to be collected
+    taken: Set[int] = field(default_factory=set)  # isolated tasks it said it began (worker.TAKEN)
     sentinel: int = -1      # proc.sentinel, read once (the property checks the process is open)
 
 
@@ -164,11 +165,13 @@ class WorkerPool:
         """The workers whose result pipe holds part of a frame (a ``waitables`` key)."""
         return tuple(w.index for w in self.workers if w.inbox.partial)
 
-    def collect(self, ready: List[Any], every: bool = False) -> Tuple[List[Tuple[Task, Frame]], List[Task]]:
+    def collect(self, ready: List[Any], every: bool = False
+                ) -> Tuple[List[Tuple[Task, Frame]], List[Tuple[Task, bool]]]:
         """Results from the ready workers (``every``: from every worker, when not all result pipes
-        were watched), and the unfinished tasks of those that died."""
+        were watched), and the unfinished tasks of those that died, each with whether its worker had
+        begun it (known of isolated tasks, which their worker says it takes: others count as begun)."""
         done: List[Tuple[Task, Frame]] = []
-        orphans: List[Task] = []
+        orphans: List[Tuple[Task, bool]] = []
         bell = self.bell
         if bell is not None and bell.fd in ready:
             bell.drain()  # before the pipes: a ring is written after its frames
@@ -185,7 +188,7 @@ class WorkerPool:
                         f"{describe_exit(w.proc.exitcode)}); see their output above -- a decoder that "
                         f"cannot be unpickled or imported in a new process, or a script without "
                         f"`if __name__ == '__main__':` under the spawn/forkserver start methods")
-                orphans.extend(w.inflight.values())
+                orphans.extend((t, not t.isolated or t.task_id in w.taken) for t in w.inflight.values())
                 log.warning("parrecio: decoder process %d (pid %d) died (%s); "
                             "re-running its %d task(s) in a new one",
                             w.index, w.proc.pid, describe_exit(w.proc.exitcode), len(w.inflight))
@@ -201,7 +204,11 @@ class WorkerPool:
                 raise PipelineError(f"decoder process {w.index} cannot load the decoders it was sent: "
                                     f"{pickle.loads(frame.body)} (a decoder shipped by value needs what "
                                     f"it uses to be importable in a new process too)")
+            if frame.body == TAKEN:  # (not progress: a worker that dies at once keeps saying it)
+                w.taken.add(frame.task_id)
+                continue
             self.deaths_without_progress = 0
+            w.taken.discard(frame.task_id)
             task = w.inflight.pop(frame.task_id, None)
             if task is not None:
                 done.append((task, frame))

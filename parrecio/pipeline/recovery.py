@@ -31,10 +31,15 @@ class Recovery:
         self.retry: Deque[Tuple[Any, int, int]] = deque()
         self.resplit: Deque[Tuple[Any, int, int]] = deque()
 
-    def orphaned(self, cs: Any, task: Task) -> None:
+    def orphaned(self, cs: Any, task: Task, taken: bool = True) -> None:
         """The worker running ``task`` (of the chunk state ``cs``) died: re-run its groups, each alone.  A
-        group whose isolated re-run kills its worker too has killed two: it is a poison record."""
+        group whose isolated re-run kills its worker too has killed two: it is a poison record -- unless
+        that worker died before it took the group (``taken`` False: killed from outside while it started,
+        or while it waited), which says nothing about the group: it is re-run again."""
         self.stats.reruns += 1
+        if task.isolated and not taken:
+            self.retry.append((cs, task.start, task.n))
+            return
         for j in range(task.start, task.start + task.n):
             tries = cs.attempts.get(j, 0) + 1
             cs.attempts[j] = tries

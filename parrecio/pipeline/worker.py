@@ -42,9 +42,10 @@ from .shm import Segment
 from .slots import SlotLayout
 from .wire import pack_column, send_result
 
-__all__ = ["WorkerJob", "worker_main", "seed_worker", "CANNOT_LOAD"]
+__all__ = ["WorkerJob", "worker_main", "seed_worker", "CANNOT_LOAD", "TAKEN"]
 
 CANNOT_LOAD = -1  # the task id of the one frame a worker sends when its decoders do not load
+TAKEN = b""  # the body of the frame that says a worker took an isolated task (a result's is never empty)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
             msg = task_conn.recv()
             if isinstance(msg, Stop):
                 return
+            if msg.isolated:  # a re-run judging a poison record: say that its group is being decoded now
+                send_result(result_fd, TaskDone(msg.task_id, None, 0.0, os.getpid()), TAKEN, False,
+                            ringer.ring if ringer is not None else None)
             done = _run_task(cfg, job, msg, ring, slots, mapped, plan)
             body, split = _pickled(done, msg.split, cfg.decoders)
             send_result(result_fd, done, body, split, ringer.ring if ringer is not None else None)
