@@ -170,3 +170,39 @@ def test_len_of_a_resumed_pass_is_what_it_yields(tmp_path, workers, batch_size, 
         assert seen == batches(120 - position)
         assert len(r) == batches(120)  # the following epochs are whole
         assert sum(1 for _ in r) == batches(120)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("batch_size,drop_last,stop", [(None, False, 7), (4, False, 3), (4, True, 3)])
+@pytest.mark.parametrize("even_shards,num_shards", [("pad", 2), ("drop", 3)])
+def test_a_resumed_epoch_pads_for_the_samples_skipped_before_it(tmp_path, workers, batch_size, drop_last, stop,
+                                                                even_shards, num_shards, no_leaks):
+    """With equal shards and on_error="skip", a rank pads its pass for the samples it skipped.  A resumed
+    pass padded only for its own: the samples skipped before the saved position were lost for good, and
+    the resumed rank yielded fewer samples and batches than the others (45 batches against 50: DDP waits
+    forever).  The state holds the samples delivered; the epoch's counts are those of an uninterrupted
+    run, every rank's, and so is len() of the resumed pass."""
+    path = str(tmp_path / "p.rec")
+    _write(path, 240, bad=set(range(0, 240, 7)), index=str(tmp_path / "p.idx"))  # on every rank, early
+    batched = batch_size is not None
+    for rank in range(num_shards):
+        kw = dict(fields={"i": Json()}, workers=workers, batch_size=batch_size, drop_last=drop_last,
+                  on_error="skip", num_shards=num_shards, shard_index=rank, even_shards=even_shards)
+        with warnings.catch_warnings(), ParallelReader(path, **kw) as r:
+            whole = [_ids(item, batched) for item in r]
+            padded = r.stats.padded
+        assert padded > 0
+        with ParallelReader(path, **kw) as r:
+            it = iter(r)
+            first = [_ids(next(it), batched) for _ in range(stop)]
+            state = r.state_dict()
+            it.close()
+        assert state["delivered"] == sum(map(len, first)) < state["position"]  # skipped ones before it
+        with ParallelReader(path, **kw) as r:
+            r.load_state_dict(state)
+            n = len(r)
+            rest = [_ids(item, batched) for item in r]
+        assert len(first) + len(rest) == len(whole) and n == len(rest)
+        assert list(map(len, first + rest)) == list(map(len, whole))
+        real = sum(map(len, whole)) - padded  # the samples that are not copies: the same, in the same order
+        assert sum(first + rest, [])[:real] == sum(whole, [])[:real]

@@ -9,8 +9,9 @@ repeated samples):
 
     positions of the pass  P (the reader's count: ReaderEnd.n_groups, InlineRun.positions)
     delivered              D (samples handed out, counted here)
-    resumed at             skip
-    padded                 P - skip - D    (stats.padded)
+    resumed at             skip, after B samples of the epoch were delivered (B = skip - those lost before:
+                           state_dict()'s "delivered"; the cursor's ``handed`` counts them on)
+    padded                 P - B - D    (stats.padded)
 
 Batched, the copies first fill the pass's short last batch, then make whole batches (the last one
 shorter), so that the rank yields as many batches as one that skipped nothing; with ``drop_last`` as
@@ -89,10 +90,12 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
            on_end: Optional[Callable[[], None]] = None) -> Iterator[Any]:
     """``items`` (one pass's samples or batches), then the copies that bring it to its share.
 
-    ``run`` gives ``skip`` (the resumed position), ``cursor`` (set to each item's position as it is handed
-    out) and, once the pass has completed, ``completed`` and ``positions``.  ``on_end`` is called when
-    the pass ends, after the last copy or on any exit."""
+    ``run`` gives ``before`` (the samples of the epoch delivered before the pass), ``cursor`` (set to each
+    item's position as it is handed out, its ``handed`` to the samples of the epoch delivered by then)
+    and, once the pass has completed, ``completed`` and ``positions``.  ``on_end`` is called when the
+    pass ends, after the last copy or on any exit."""
     cursor = run.cursor
+    before = run.before   # samples of the epoch delivered before this pass (a resumed one)
     delivered = 0         # samples handed out, not counting `held`
     first: Any = None     # a copy of the pass's first sample (a one-row batch when batched)
     held: Any = None      # the last batch, held back until the count is known
@@ -105,22 +108,23 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
                     first = take_rows(item, 0, 1) if batch_size else copy.deepcopy(item)
                 if batch_size is None:
                     delivered += 1
+                    cursor.handed = before + delivered
                     yield item
                     continue
                 if held is not None:
                     delivered += rows_of(held)
-                    cursor.pos = held_pos
+                    cursor.pos, cursor.handed = held_pos, before + delivered
                     yield held
                     cursor.pos = pos
                 held, held_pos = item, pos
         except Exception:  # a stop (a corrupt stream): the batch before it still comes out first
             if held is not None:
-                cursor.pos = held_pos
+                cursor.pos, cursor.handed = held_pos, before + delivered + rows_of(held)
                 yield held
             raise
         if not run.completed:
             return
-        missing, held = _missing(run.positions - run.skip, delivered, held, batch_size, drop_last)
+        missing, held = _missing(run.positions - before, delivered, held, batch_size, drop_last)
         if missing > 0 and first is None:
             raise PipelineError(f"every sample of shard {run.cfg.shard_index} in epoch {run.epoch} was "
                                 f"skipped: nothing to pad its {missing} positions with (even_shards="

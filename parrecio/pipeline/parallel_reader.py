@@ -198,7 +198,9 @@ class ParallelReader:
         self._state = State.NEW
         self._epoch = 0           # the next pass's epoch
         self._skip = 0            # groups the next pass leaves out first (load_state_dict)
-        self._progress = (0, 0, False)  # (epoch, position, completed) where the last pass stopped
+        self._handed = 0          # samples of its epoch delivered before them (fewer if some were skipped)
+        # (epoch, position, completed, samples handed out) where the last pass stopped
+        self._progress = (0, 0, False, 0)
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
         self._pass_samples: Optional[int] = None  # samples of the last complete pass
         self._indexed_groups: Optional[int] = None  # groups the .idx files list (read once, by __len__)
@@ -273,14 +275,15 @@ class ParallelReader:
                 run = res.run = InlineRun(res, self._epoch, self._skip)
             else:
                 run = res.run = Run(res, self._epoch, self._skip, views=views)
+            run.before = run.cursor.handed = self._handed
             try:
                 res.start_workers()
             except BaseException:
                 self._state = State.CLOSED
                 raise
-            self._progress = (self._epoch, self._skip, False)
+            self._progress = (self._epoch, self._skip, False, self._handed)
             self._epoch += 1
-            self._skip = 0
+            self._skip = self._handed = 0
             res.stats.epochs += 1
             self._state = State.RUNNING
         if self.workers == 0:  # decoded in this process; no lock or clock per item: run checks run.aborted
@@ -373,11 +376,11 @@ class ParallelReader:
     def _pass_ended(self, run: Any, pos: int) -> None:
         """Bookkeeping at the end of a pass: where it stopped, and its length when it was complete."""
         if run.completed:
-            self._progress = (run.epoch, 0, True)
+            self._progress = (run.epoch, 0, True, 0)
             if not run.skip:
                 self._pass_samples = run.delivered
         else:
-            self._progress = (run.epoch, pos, False)
+            self._progress = (run.epoch, pos, False, run.cursor.handed)
 
     # -- epochs and resuming -------------------------------------------------------------------------
     @property
@@ -400,9 +403,9 @@ class ParallelReader:
                           f"beginning (call set_epoch({self._epoch}) to resume the saved epoch)",
                           UserWarning, stacklevel=2)
         if epoch != self._epoch:
-            self._skip = 0
+            self._skip = self._handed = 0
         self._epoch = epoch
-        self._progress = (self._epoch, self._skip, False)
+        self._progress = (self._epoch, self._skip, False, self._handed)
 
     def state_dict(self) -> dict:
         """Where the data stream stands, as a small picklable dict: the epoch and the position in this
@@ -414,16 +417,19 @@ class ParallelReader:
         cfg = self._res.cfg
         run = self._res.run
         if run is not None:  # mid-pass: after the last item handed out
-            epoch, pos, done = run.epoch, run.cursor.pos, False
+            epoch, pos, done, handed = run.epoch, run.cursor.pos, False, run.cursor.handed
         else:  # where the last pass stopped (or what set_epoch/load_state_dict set)
-            epoch, pos, done = self._progress
+            epoch, pos, done, handed = self._progress
         if done:
-            epoch, pos = epoch + 1, 0
-        return {"version": 2, "epoch": epoch, "position": pos, "seed": cfg.seed,
-                "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
-                "even_shards": cfg.even_shards, "shuffle": cfg.shuffle_mode is not None,
-                "nfields": cfg.nfields, "source": str(self._res.source.name),
-                "data": _fingerprint(self._res.source)}
+            epoch, pos, handed = epoch + 1, 0, 0
+        state = {"version": 2, "epoch": epoch, "position": pos, "seed": cfg.seed,
+                 "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
+                 "even_shards": cfg.even_shards, "shuffle": cfg.shuffle_mode is not None,
+                 "nfields": cfg.nfields, "source": str(self._res.source.name),
+                 "data": _fingerprint(self._res.source)}
+        if pads(cfg):  # the samples delivered up to there: those skipped before it are padded too
+            state["delivered"] = handed
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next pass is the rest of that epoch, in the same order as
@@ -453,8 +459,13 @@ class ParallelReader:
             if pos > n:
                 raise ValueError(f"state_dict position {pos} is past the end of epoch {epoch}: this "
                                  f"shard's order has {n} samples (the data changed since it was saved?)")
-        self._epoch, self._skip = epoch, pos
-        self._progress = (self._epoch, self._skip, False)
+        handed = pos
+        if pads(cfg) and "delivered" in state:
+            handed = count("delivered", state["delivered"], minimum=0)
+            if handed > pos:
+                raise ValueError(f"state_dict delivered={handed} is more than its position {pos}")
+        self._epoch, self._skip, self._handed = epoch, pos, handed
+        self._progress = (self._epoch, self._skip, False, self._handed)
 
     def _groups_listed(self) -> int:
         """Groups the ``.idx`` files list (read once)."""
@@ -478,8 +489,11 @@ class ParallelReader:
         if n is None:
             raise TypeError("the number of samples is not known before a first complete pass "
                             "(no .idx file next to every .rec file)")
-        run = self._res.run
-        n = max(0, n - (run.skip if run is not None else self._skip))
+        run, cfg = self._res.run, self._res.cfg
+        if pads(cfg):  # a resumed pass pads up to the share: what remains of it after the samples delivered
+            n = max(0, n - (run.before if run is not None else self._handed))
+        else:
+            n = max(0, n - (run.skip if run is not None else self._skip))
         if self.batch_size is None:
             return n
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)

@@ -24,10 +24,11 @@ class Cursor:
     :mod:`parrecio.pipeline.batching` set it before each item they yield, so it stays right after an
     error ends them: the samples delivered, in every mode."""
 
-    __slots__ = ("pos",)
+    __slots__ = ("pos", "handed")
 
-    def __init__(self, pos: int) -> None:
+    def __init__(self, pos: int, handed: int = 0) -> None:
         self.pos = pos
+        self.handed = handed  # samples of the epoch handed out by then (kept where a pass pads: padding)
 
 
 class Span(NamedTuple):
@@ -59,7 +60,8 @@ class Pass:
         self.stats = res.stats      # the ParallelReader's counters (parrecio.pipeline.stats.Stats)
         self.epoch = epoch
         self.skip = skip            # groups of this shard's order already delivered (a resumed epoch)
-        self.cursor = Cursor(skip)  # where the user stands (set by batching's generators)
+        self.before = skip          # samples of the epoch handed out before it (fewer if some were skipped)
+        self.cursor = Cursor(skip, skip)  # where the user stands (set by batching's generators)
         self.owner_pid = os.getpid()
         self.thread = threading.current_thread()  # the thread that iterates this pass
         self.closed = False
