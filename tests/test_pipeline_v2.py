@@ -106,23 +106,30 @@ def test_stdin_from_a_regular_file(tmp_path):
 def test_map_stream_and_a_file_that_changed(tmp_path):
     path = tmp_path / "x.rec"
     write_rec(path, [b"a" * 100, b"b" * 100])
-    with open(path, "rb") as f:
-        mm, name, start = map_stream(f)
-        assert name.startswith(PREFIX) and name.endswith(str(path)) and start == 0
-        assert bytes(mm[8:12]) == b"aaaa"
-        maps = MappedFiles()
-        assert bytes(maps.get(name)[8:12]) == b"aaaa"
-        mm.close()
-        maps.close()
+    f = open(path, "rb")
+    mm, name, start, check = map_stream(f)
+    assert name.startswith(PREFIX) and name.endswith(str(path)) and start == 0
+    assert bytes(mm[8:12]) == b"aaaa"
+    check()
+    maps = MappedFiles()
+    assert bytes(maps.get(name)[8:12]) == b"aaaa"
+    mm.close()
     assert map_stream(io.BytesIO(b"xyz")) is None  # not a file descriptor
     r, w = os.pipe()
     with os.fdopen(r, "rb") as pipe_r:
         assert map_stream(pipe_r) is None           # a pipe is read through the ring
     os.close(w)
     time.sleep(0.01)
-    write_rec(path, [b"c" * 100])                   # rewritten: another size and mtime
-    with pytest.raises(PipelineError, match=rf"{path}.*changed while it was being read"):
+    write_rec(path, [b"c" * 100])                   # rewritten in place: shorter, a new mtime
+    changed = rf"{path} changed while it was being read: it was truncated from 216 to 108 bytes"
+    with pytest.raises(PipelineError, match=changed):
+        check()                                     # the reader process's check, before each chunk
+    with pytest.raises(PipelineError, match=changed):
+        maps.get(name)                              # a mapping kept by a worker is checked at each task
+    with pytest.raises(PipelineError, match=changed):
         MappedFiles().get(name)
+    f.close()
+    maps.close()
 
 
 @pytest.mark.parametrize("workers", [0, 1])

@@ -51,6 +51,9 @@ CONSUMER_DEATH_GRACE = 1.0  # seconds a child that suspects its consumer's death
 def describe_exit(code: Optional[int]) -> str:
     """'exit code 1' or 'killed by SIGKILL'."""
     if code is not None and code < 0:
+        if -code == getattr(signal, "SIGBUS", None):  # a read of a mapping past the end of its file
+            return ("killed by SIGBUS: a file read in place that shrank while it was read, or shared memory "
+                    "(/dev/shm) that ran out")
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:

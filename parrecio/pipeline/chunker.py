@@ -79,6 +79,9 @@ class Chunker:
         self.watermark: Optional[Callable[[], int]] = None  # the ring windows' (a stream read into them)
         self.size = ChunkSize(cfg)
         self._mapped_cap = cfg.mapped_chunk_bytes  # (a property: worked out once, asked per group)
+        # the file read in place, checked before a chunk of it goes out and after each wait: one that
+        # changed is an error, never a chunk of other bytes (parrecio.pipeline.mapped)
+        self.check: Optional[Callable[[], None]] = None
 
     def flush(self, release: bool = False) -> None:
         """Send the pending chunk.  With ``release``, send an empty one when nothing is pending but the
@@ -86,6 +89,8 @@ class Chunker:
         :mod:`parrecio.pipeline.ring_windows`): the consumer releases it in order."""
         p = self.pending
         if p.n or (release and self.group_end > self.sent_end):
+            if self.check is not None:
+                self.check()
             self.link.send(Chunk(p.first_seq if p.n else self.seq, p.n, p.stream_id, p.ring_offs, p.lens,
                                  p.stream_offs, self.group_end, p.place))
             self.sent_end = self.group_end
@@ -145,6 +150,8 @@ class Chunker:
             return
         self.flush()
         self.link.wait_while(lambda: bool(flight.mapped) and flight.mapped + nbytes > budget)
+        if self.check is not None:  # (the reader is ahead: a change is most likely made while it waits)
+            self.check()
 
     def add_flat(self, stream_id: int, reader: Any, mm: Any, in_file: Place, start: int,
                  copied: Callable[[int, list, int], None]) -> Tuple[int, int]:

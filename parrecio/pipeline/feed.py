@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..errors import PipelineError
-from .mapped import MappedFiles
+from ..errors import PipelineError, SourceError
+from .mapped import FileCheck, MappedFiles, changed_since
 from .messages import Chunk, ReaderEnd, StreamStart, Waiting
 from .reader_handle import ReaderHandle
 from .shm import Segment, unlink
@@ -39,10 +40,25 @@ class Feed:
         self.released_pos, self.received_pos = ring_pos
         self.waiting = -1                   # the Releases the reader had seen when it last said Waiting
         self.kept = False                   # the reader ended cleanly and waits for the next pass's job
+        self.file: Optional[str] = None     # the mapped file of the last chunk read in place
 
     def receive(self) -> List[Chunk]:
-        """The chunks that are there now (never blocks); raises PipelineError if the reader died."""
-        return self._take(self.reader.receive())
+        """The chunks that are there now (never blocks); raises PipelineError if the reader died (the
+        file it read in place changed, when that is why)."""
+        try:
+            msgs = self.reader.receive()
+        except PipelineError as exc:
+            why = self._file_changed()
+            if why is None:
+                raise
+            raise SourceError(f"{why} (the reader process died of SIGBUS reading it)") from exc
+        return self._take(msgs)
+
+    def _file_changed(self) -> Optional[SourceError]:
+        """Why a reader killed by SIGBUS died, if the file it last sent a chunk of changed."""
+        if self.file is None or self.reader.proc.exitcode != -getattr(signal, "SIGBUS", 0):
+            return None
+        return changed_since(self.file)
 
     def stop(self) -> List[Chunk]:
         """Stop the reader -- unless it was kept for the next pass: then it sends nothing more --; the
@@ -55,6 +71,8 @@ class Feed:
             if isinstance(msg, Chunk):
                 self.received_pos = msg.ring_end
                 chunks.append(msg)
+                if msg.place.is_file:
+                    self.file = msg.place.name
             elif isinstance(msg, StreamStart):
                 self.streams[msg.stream_id] = msg.name
                 log.info("parrecio: epoch %d: reading %s", self.epoch, msg.name)
@@ -120,21 +138,27 @@ class Feed:
 
 class Payloads:
     """A passthrough field's column of one chunk, copied lazily: ``bytes`` of each payload made as it is
-    taken (by index or iteration) straight out of the mapping ``mm`` where it lies; a slice is another
-    lazy column.  Unbatched passes hand these out, so that each payload is copied just before the user
-    gets it -- one allocation of its size at a time, reused by the allocator like a plain read loop's --
-    instead of a whole chunk's (~100 MB of 100 KB records) at once, which glibc trims and faults in
-    again.  Valid while its chunk is not released (see :meth:`Run.spans`); an ``mmap`` closed under
-    it (the reader closed from another thread) raises ``ValueError``, never reads freed memory.
+    taken (by index or iteration) out of where it lies; a slice is another lazy column.  Unbatched passes
+    hand these out, so that each payload is copied just before the user gets it -- one allocation of its
+    size at a time, reused by the allocator like a plain read loop's -- instead of a whole chunk's
+    (~100 MB of 100 KB records) at once, which glibc trims and faults in again.  Valid while its chunk
+    is not released (see :meth:`Run.spans`); an ``mmap`` closed under it (the reader closed from another
+    thread) raises ``ValueError``, never reads freed memory.
+
+    Payloads in the input ring or a one-off segment are sliced out of the mapping ``mm``.  A file's
+    (``file``: its :class:`~parrecio.pipeline.mapped.FileCheck`) are read with ``pread``, never through
+    its mapping: a file truncated under this process would be a SIGBUS in the user's process, where
+    ``pread`` returns short (a SourceError naming the file); small ones by blocks (:data:`BLOCK_BYTES`),
+    sliced from there, each block followed by a check that the file did not change.
 
     With ``refs`` (a list), payloads are not copied: each is a read-only memoryview of the mapping
     (:func:`~parrecio.pipeline.views.exported`), its weak reference appended to ``refs``."""
 
-    __slots__ = ("mm", "fd", "offs", "lens", "clock", "refs")
+    __slots__ = ("mm", "file", "offs", "lens", "clock", "refs")
 
-    def __init__(self, mm: Any, fd: Optional[int], offs: Sequence[int], lens: Sequence[int],
+    def __init__(self, mm: Any, file: Optional[FileCheck], offs: Sequence[int], lens: Sequence[int],
                  clock: Optional[List[float]] = None, refs: Optional[List[Any]] = None) -> None:
-        self.mm, self.fd, self.offs, self.lens = mm, fd, offs, lens  # fd: of the mapped file, or None
+        self.mm, self.file, self.offs, self.lens = mm, file, offs, lens
         self.clock = clock if clock is not None else [0.0]  # seconds spent in pread() (added up)
         self.refs = refs
 
@@ -143,50 +167,59 @@ class Payloads:
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return Payloads(self.mm, self.fd, self.offs[i], self.lens[i], self.clock, self.refs)
+            return Payloads(self.mm, self.file, self.offs[i], self.lens[i], self.clock, self.refs)
         if self.refs is not None:
             return exported(self.mm, self.offs[i], self.lens[i], self.refs)
-        return _copy(self.mm, self.fd, self.offs[i], self.lens[i])
+        if self.file is None:
+            o = self.offs[i]
+            return self.mm[o:o + self.lens[i]]
+        return next(self._reads([self.offs[i]], [self.lens[i]]))
 
     def __iter__(self) -> Iterator[Any]:
-        mm, fd, refs = self.mm, self.fd, self.refs
+        mm, refs = self.mm, self.refs
         if refs is not None:
             return (exported(mm, o, k, refs) for o, k in zip(self.offs, self.lens))
-        if fd is None or max(self.lens, default=0) < PREAD_BYTES:
+        if self.file is None:
             return (mm[o:o + k] for o, k in zip(self.offs, self.lens))
-        return self._reads()
+        return self._reads(self.offs, self.lens)
 
-    def _reads(self) -> Iterator[bytes]:
-        mm, fd, clock, now = self.mm, self.fd, self.clock, time.perf_counter
-        assert fd is not None  # (__iter__ sends only a file's payloads here)
-        for o, k in zip(self.offs, self.lens):
-            if k < PREAD_BYTES:
-                yield mm[o:o + k]
-            else:
+    def _reads(self, offs: Sequence[int], lens: Sequence[int]) -> Iterator[bytes]:
+        file = self.file
+        assert file is not None  # (only a file's payloads are read here)
+        clock, now = self.clock, time.perf_counter
+        last = max((o + k for o, k in zip(offs, lens)), default=0)  # (the column's end in the file)
+        block, b0, b1 = b"", 0, 0  # the block read last: file bytes b0..b1
+        for o, k in zip(offs, lens):
+            if k >= PREAD_BYTES:
                 t0 = now()
-                b = _pread(fd, o, k)
+                b = _read(file, o, k)
                 clock[0] += now() - t0  # the consumer's time, not the user's (ParallelReader._iterate)
                 yield b
+                continue
+            if o < b0 or o + k > b1:
+                t0 = now()
+                b0 = o
+                block = _read(file, o, max(k, min(BLOCK_BYTES, last - o)))
+                b1 = o + len(block)
+                clock[0] += now() - t0
+            yield block[o - b0:o - b0 + k]
 
 
-# A payload of a mapped file this large is read with pread(): a fresh mapping faults its pages in at about
-# 0.25 us a page (6 us of kernel time per 100 KB record, more than pread's whole copy); smaller ones share
-# their faults with their neighbours and are sliced out of the mapping.
+# A file's payload this large is read alone; smaller ones are read by blocks of BLOCK_BYTES (or up to the
+# end of their column) and sliced from the block: one pread() and one fstat() per block, and a second
+# copy of the bytes that costs less than a system call per payload would.
 PREAD_BYTES = 32 << 10
+BLOCK_BYTES = 1 << 20
 
 
-def _copy(mm: Any, fd: Optional[int], o: int, k: int) -> bytes:
-    """Payload ``mm[o:o + k]`` as ``bytes``; from a file (``fd``) with ``os.pread`` when it is large."""
-    if fd is None or k < PREAD_BYTES:
-        return mm[o:o + k]
-    return _pread(fd, o, k)
-
-
-def _pread(fd: int, o: int, k: int) -> bytes:
-    b = os.pread(fd, k, o)
-    if len(b) != k:
-        raise PipelineError(f"a file read in place was truncated while it was being read: {k} bytes at "
-                            f"offset {o} expected, {len(b)} there")
+def _read(file: FileCheck, o: int, k: int) -> bytes:
+    """``k`` bytes at offset ``o`` of the file checked by ``file``, and a check that it did not change
+    (before these bytes are handed out); SourceError where the file ends short of them."""
+    b = os.pread(file.fd, k, o)
+    file()
+    if len(b) != k:  # (a change that the check did not tell: the same size and time, but not the bytes)
+        raise SourceError(f"{file.path} was truncated while it was being read: {k} bytes at offset {o} "
+                          f"expected, {len(b)} there")
     return b
 
 
@@ -214,11 +247,11 @@ class CopyOut:
         nf, place = self.nf, c.place
         seg = Segment.attach(place.name) if place.is_oneoff else None
         mm = seg.buf if seg is not None else self.mapped.get(place.name) if place.is_file else self.ring_buf
-        fd = self.mapped.fd(place.name) if place.is_file else None
+        file = self.mapped.check(place.name) if place.is_file else None  # (checked by get() just now)
         try:
             offs, lens = c.ring_offs, c.lens
             for f in self.fields:
-                col = Payloads(mm, fd, offs[f::nf], lens[f::nf], self.clock, refs)
+                col = Payloads(mm, file, offs[f::nf], lens[f::nf], self.clock, refs)
                 columns[f] = col if lazy else list(col)
         except BaseException:
             if seg is not None:

@@ -6,6 +6,8 @@ shared memory: streams opened here (:func:`local_streams`), output slots of plai
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import time
 from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple
 
@@ -17,6 +19,7 @@ from ..recordio import RecordReader
 from ..sources.fifo import enlarge_pipe
 from .decode import FieldFailed, failure_error
 from .groups import CONTEXT, Group, GroupStream, Placement
+from .mapped import FileCheck
 from .passes import Cursor, Span, ended
 
 __all__ = ["LocalSlot", "SpanBuilder", "OpenFiles", "local_streams", "flat_values", "local_failure"]
@@ -206,23 +209,40 @@ class _Timed:
         self._file, self._stats = file, stats
         self._readinto = getattr(file, "readinto1", None) or getattr(file, "readinto", None)
         self.name = getattr(file, "name", None)
+        # A regular file is checked after each read: one replaced, truncated or rewritten meanwhile is a
+        # SourceError, as when the reader process reads it in place (parrecio.pipeline.mapped.FileCheck).
+        # One that grows is read up to its size when opened, as a mapped one is.
+        self._check: Optional[FileCheck] = None
+        self._left: Optional[int] = None  # bytes up to that size
         try:
             fd = file.fileno()
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                self._check = FileCheck.of(fd, str(self.name))
+                self._left = max(0, self._check.size - file.tell())
         except (AttributeError, OSError, ValueError):
             fd = None
-        if fd is not None:
+        if fd is not None and self._check is None:
             enlarge_pipe(fd)  # (a FIFO read in 64 KiB turns with its writer: 0.37-0.40x a plain loop)
 
     def readinto(self, buf: Any) -> Optional[int]:
         t0 = time.perf_counter()
         try:
+            left = self._left
+            if left is not None and left < len(buf):
+                buf = memoryview(buf).cast("B")[:left]
             if self._readinto is not None:
-                return self._readinto(buf)
-            data = (getattr(self._file, "read1", None) or self._file.read)(len(buf))
-            if data is None:
-                return None
-            buf[:len(data)] = data
-            return len(data)
+                n = self._readinto(buf)
+            else:
+                data = (getattr(self._file, "read1", None) or self._file.read)(len(buf))
+                if data is None:
+                    return None
+                buf[:len(data)] = data
+                n = len(data)
+            if self._check is not None:
+                self._check()
+                if left is not None and n:
+                    self._left = left - n
+            return n
         finally:
             self._stats.read_time += time.perf_counter() - t0
 

@@ -11,10 +11,21 @@ The page cache is shared memory already: the reader process only reads each reco
 Streams (FIFOs, stdin from a pipe, sockets) cannot be mapped; their payloads still go through the ring.
 
 A mapped segment's name identifies the file *and its version*: device, inode, size and modification
-time.  A process that maps it checks them, so a file replaced or rewritten between the reader's framing
-and a worker's decode is an error that says so, not silently different bytes.  A file truncated while a
-worker reads it ends that worker with SIGBUS: it is re-run like any crashed worker, and a sample that
-crashes two workers is reported as a poison record.
+time.  Every process checks them again (one ``fstat``, ~1 us) whenever it takes up the file: the reader
+process before each chunk it sends and after each wait for the consumer, a worker before and after each
+task, the consumer at each chunk and after each read it copies.  A writer changes the file's time before
+its bytes, so a check after a read sees any change that the read could have seen.  So a file replaced,
+rewritten or truncated while it is read is an error that says so (:class:`FileCheck`: a
+:class:`~parrecio.errors.SourceError`, which ends the pass whatever ``on_error`` says: it is not one bad
+sample), not silently different bytes; one that grows is read as it was when the reader process opened it.
+
+Touching a page of a mapping past the end of a file that shrank is a SIGBUS, which kills the process.
+The consumer -- the user's own process -- therefore never reads a file's payloads through its mapping:
+it copies them with ``pread`` (:class:`~parrecio.pipeline.feed.Payloads`), which returns short instead.
+What remains is a truncation between a check and a read of the reader process or a worker: that process
+dies.  A worker's task is re-run, and the re-run's check says what happened; the reader's death is an
+error that says so too (the consumer looks at the file: :func:`changed_since`).  Views of a mapped file
+that the user holds (``iter_views``) are a mapping like ``numpy.memmap``'s.
 """
 
 from __future__ import annotations
@@ -25,9 +36,9 @@ import stat
 from collections import OrderedDict
 from typing import Dict, Optional, Tuple
 
-from ..errors import PipelineError
+from ..errors import SourceError
 
-__all__ = ["PREFIX", "map_stream", "MappedFiles"]
+__all__ = ["PREFIX", "map_stream", "MappedFiles", "FileCheck", "changed_since"]
 
 PREFIX = "file:"
 
@@ -36,10 +47,62 @@ def _identity(st: os.stat_result) -> str:
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def map_stream(file) -> Optional[Tuple[mmap.mmap, str, int]]:
-    """``(mapping, segment name, start)`` for a stream that is a regular file of a path the other
-    processes can open, read from ``start``; None for anything else (a pipe, a socket, a file with
-    bytes already buffered above its descriptor, an empty file)."""
+class FileCheck:
+    """``check()``: raise a :class:`~parrecio.errors.SourceError` if the open file ``fd``, read as
+    version ``ident`` (:func:`_identity`), changed in a way that can change the bytes read: replaced (not
+    the same inode any more), truncated below its size then, or rewritten (its size as last seen, its
+    modification time not).  A file that grows (appended to) is read as it was: its first bytes are the
+    same, and the mapping covers only those -- a rewrite after an append is still told by its time."""
+
+    __slots__ = ("fd", "path", "dev", "ino", "size", "last")
+
+    def __init__(self, fd: int, ident: str, path: str) -> None:
+        dev, ino, size, mtime = map(int, ident.split(":"))
+        self.fd, self.path, self.dev, self.ino, self.size = fd, path, dev, ino, size
+        self.last = (size, mtime)  # (size, modification time) as last seen
+
+    @classmethod
+    def of(cls, fd: int, path: str) -> "FileCheck":
+        """The check of the regular file open as ``fd``, as it is now."""
+        return cls(fd, _identity(os.fstat(fd)), path)
+
+    def __call__(self) -> None:
+        st = os.fstat(self.fd)
+        if (st.st_size, st.st_mtime_ns) != self.last:
+            why = self.changed(st)
+            if why is not None:
+                raise why
+            self.last = (st.st_size, st.st_mtime_ns)
+
+    def changed(self, st: os.stat_result) -> Optional[SourceError]:
+        """The error for the file found as ``st``, or None if what is read of it cannot have changed."""
+        if (st.st_dev, st.st_ino) != (self.dev, self.ino):
+            how = "it was replaced by another file"
+        elif st.st_size < self.size:
+            how = f"it was truncated from {self.size} to {st.st_size} bytes"
+        elif st.st_size == self.last[0] and st.st_mtime_ns != self.last[1]:
+            how = "it was rewritten (its modification time changed)"
+        else:
+            return None  # appended to
+        return SourceError(f"{self.path} changed while it was being read: {how} since the reader process "
+                           f"opened it")
+
+
+def changed_since(name: str) -> Optional[SourceError]:
+    """The error of the file that segment ``name`` maps if it changed since (asked after a process died of
+    SIGBUS); None if it did not, or cannot be looked at."""
+    *version, path = name[len(PREFIX):].split(":", 4)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return FileCheck(-1, ":".join(version), path).changed(st)
+
+
+def map_stream(file) -> Optional[Tuple[mmap.mmap, str, int, FileCheck]]:
+    """``(mapping, segment name, start, check)`` for a stream that is a regular file of a path the other
+    processes can open, read from ``start`` (``check()`` raises once the file changed); None for anything
+    else (a pipe, a socket, a file with bytes already buffered above its descriptor, an empty file)."""
     if hasattr(getattr(file, "raw", file), "pending"):  # bytes read ahead to sniff the stream: not plain
         return None
     try:
@@ -64,49 +127,53 @@ def map_stream(file) -> Optional[Tuple[mmap.mmap, str, int]]:
         return None
     if hasattr(mm, "madvise"):
         mm.madvise(mmap.MADV_SEQUENTIAL)
-    return mm, f"{PREFIX}{_identity(st)}:{path}", start
+    return mm, f"{PREFIX}{_identity(st)}:{path}", start, FileCheck(fd, _identity(st), path)
 
 
 class MappedFiles:
     """The mapped files of one process, by segment name (the ``capacity`` most recent stay mapped, each
-    with a descriptor open on it: :meth:`fd`)."""
+    with a descriptor open on it: :meth:`fd`, and its :class:`FileCheck`: :meth:`check`)."""
 
     def __init__(self, capacity: int = 16) -> None:
         self.capacity = capacity
         self._maps: "OrderedDict[str, mmap.mmap]" = OrderedDict()
-        self._fds: Dict[str, int] = {}
+        self._checks: Dict[str, FileCheck] = {}
 
     def fd(self, name: str) -> int:
         """A descriptor of the file :meth:`get` mapped for ``name`` (call that first): large payloads are
         cheaper to ``os.pread`` than to fault in page by page through a fresh mapping."""
-        return self._fds[name]
+        return self._checks[name].fd
+
+    def check(self, name: str) -> FileCheck:
+        """The check of the file :meth:`get` mapped for ``name`` (call that first)."""
+        return self._checks[name]
 
     def get(self, name: str) -> mmap.mmap:
-        """The read-only mapping of the file that ``name`` identifies; PipelineError if that file
-        changed since the reader process framed it."""
+        """The read-only mapping of the file that ``name`` identifies; SourceError if that file changed
+        since the reader process framed it (checked at every call)."""
         mm = self._maps.get(name)
         if mm is not None:
             self._maps.move_to_end(name)
+            self._checks[name]()
             return mm
-        *ident, path = name[len(PREFIX):].split(":", 4)
+        *version, path = name[len(PREFIX):].split(":", 4)
+        ident = ":".join(version)
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as err:
-            raise PipelineError(f"cannot open {path} again to read it in place: {err}") from err
+            raise SourceError(f"cannot open {path} again to read it in place: {err}") from err
         try:
-            st = os.fstat(fd)
-            if _identity(st) != ":".join(ident):
-                raise PipelineError(f"{path} changed while it was being read (size, inode or modification "
-                                    f"time differ from when the reader process opened it)")
-            mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
+            check = FileCheck(fd, ident, path)
+            check()
+            mm = mmap.mmap(fd, int(version[2]), prot=mmap.PROT_READ)
         except BaseException:
             os.close(fd)
             raise
-        self._maps[name], self._fds[name] = mm, fd
+        self._maps[name], self._checks[name] = mm, check
         while len(self._maps) > self.capacity:
             old, omm = self._maps.popitem(last=False)
             self._close(omm)
-            os.close(self._fds.pop(old))
+            os.close(self._checks.pop(old).fd)
         return mm
 
     @staticmethod
@@ -119,5 +186,5 @@ class MappedFiles:
     def close(self) -> None:
         while self._maps:
             self._close(self._maps.popitem()[1])
-        while self._fds:
-            os.close(self._fds.popitem()[1])
+        while self._checks:
+            os.close(self._checks.popitem()[1].fd)

@@ -215,7 +215,8 @@ class _Reader:
                 if mapped is None:
                     yield from self._streamed(stream_id, stream, held)
                     continue
-                mm, segment, start = mapped
+                mm, segment, start, check = mapped
+                self.out.check = check  # (before each chunk it sends, and after each wait for releases)
                 reader = RecordReader.over(mm, start, join=cfg.join, on_corrupt=cfg.on_error,
                                            max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
                 in_file = self.place = Place(FILE, segment)
@@ -229,6 +230,7 @@ class _Reader:
                 try:
                     yield stream_id, stream.name, reader, place
                 finally:
+                    self.out.check = None
                     self.stats.read_time += time.perf_counter() - t0
                     reader.close()
                     try:

@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
-from ..errors import CorruptRecordError, PipelineError
+from ..errors import CorruptRecordError, PipelineError, SourceError
 from .feed import CopyOut, Feed
 from .messages import Chunk, RemoteError, Task
 from .passes import Pass, Span, ended
@@ -365,7 +365,7 @@ class Run(Pass):
             if e == n:
                 break
             err = self._error_at(cs, e)
-            if self.cfg.on_error == "raise":
+            if self.cfg.on_error == "raise" or isinstance(err, SourceError):  # (not a bad sample: see _error_at)
                 if pos0 is not None:
                     self.slots.give_up(pos0 + e, n - e)
                 return spans, err
@@ -420,8 +420,13 @@ class Run(Pass):
             f"arrays) is gone: copy what you keep (bytes(view)), or give the reader a larger ring")
 
     def _error_at(self, cs: _ChunkState, j: int) -> BaseException:
-        """The DecodeError of group ``j`` of the chunk, naming the sample, its offset and its stream."""
+        """The DecodeError of group ``j`` of the chunk, naming the sample, its offset and its stream -- or
+        the SourceError of a worker that found the file it reads in place changed (the pass ends there)."""
         cfg, c, r = self.cfg, cs.chunk, cs.errors[j]
+        if r.type_name == "SourceError" and r.field < 0:  # the worker found its file changed, or gone
+            orig = r.original()
+            if isinstance(orig, SourceError):
+                return orig
         source = self.feed.streams.get(c.stream_id, self.res.source.name)
         what = (f"field {cfg.names[r.field]!r} ({cfg.decoders[r.field]!r})" if 0 <= r.field < self.cfg.nfields
                 else "decoder process")

@@ -175,6 +175,13 @@ def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, sl
         mem.release()
         if seg is not ring:
             seg.close()
+    if place.is_file:
+        try:  # checked again: a writer changes the file's time before its bytes, so values that any changed
+            mapped.check(place.name)()  # bytes went into are never sent as good ones
+        except Exception as exc:
+            err = RemoteError(exc)
+            columns = [None if c is None else [None] * n for c in columns]
+            errors = {j: err for j in range(n)}
     return TaskDone(task.task_id, (columns, errors), time.process_time() - cpu0, os.getpid())
 
 
