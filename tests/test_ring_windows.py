@@ -150,6 +150,23 @@ def test_fifo_multipart_groups_are_copied_whole_and_exact(tmp_path, no_leaks):
     feeder.wait()
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_large_record_of_many_small_parts_is_joined_in_linear_time(tmp_path, no_leaks, workers):
+    """A 6 MiB record split into 100-byte parts (SageMaker's --split-bytes, or a writer's): the reader
+    joins it as it reads, asking for ~100 bytes more at a time.  Its private buffer was reallocated to
+    exactly that size and the record copied once per part: ~63,000 copies of up to 6 MiB, a reader
+    process busy for hours (found by the long differential run: 32 MiB in 97-byte parts).  Read from a
+    file object (through the ring windows), between small records, in seconds."""
+    rng = np.random.default_rng(5)
+    recs = [b"a" * 10, rng.integers(0, 256, 6 << 20, dtype=np.uint8).tobytes(), b"", b"b" * 1000]
+    path = tmp_path / "split.rec"
+    with open(path, "wb") as f:
+        write_sagemaker_recordio(recs, f, split_bytes=100)
+    with deadline(60), open(path, "rb") as f, ParallelReader(
+            f, join="concat", workers=workers, tuning=Tuning(ring_bytes=16 << 20)) as r:
+        assert [bytes(p) for p in r] == recs
+
+
 def test_tiny_ring_records_larger_than_a_window_and_half_the_ring(tmp_path, no_leaks):
     """64 KiB ring: 8 KiB windows; records of up to 40 KiB go through private buffers, groups of
     three such records outgrow half the ring and take one-off segments."""

@@ -110,6 +110,11 @@ class RingWindows(Buffers):
                 return self.obj, self.mem, off, off + size
         # A record larger than a window, or a group that would outgrow half the ring: a private
         # buffer; what is read there is copied into the ring (or a one-off segment) group by group.
+        # It grows by a quarter at least: a record of many small parts is joined as it is read, ~100
+        # bytes more asked for at a time, and a buffer of just the size asked for copied the record
+        # once per part (a 32 MiB record in 97-byte parts: hours).
         self.active = False
+        if mv is not None and mv is not self.mem:
+            size = max(size, len(mv) + len(mv) // 4)
         private = bytearray(size)
         return private, memoryview(private), 0, size
