@@ -2,7 +2,7 @@
 appended to.  The pass ends with a SourceError that names the file and what happened -- whatever
 ``on_error`` says, with or without worker processes, batched or not -- after samples that are all exact;
 never a SIGBUS in the user's process (its payloads come from the file with ``pread``, not through the
-mapping), never a sample of other bytes.  A file that grows is read as it was opened.
+mapping), never a sample of other bytes.
 
 The change is made from the loop body, after the third sample: the reader process is then ahead, waiting
 for the consumer (a 1 MiB ring bounds what is in flight to 4 MiB of the 9 MB file), or framing.
@@ -107,14 +107,30 @@ def test_rewritten_in_place_while_read(rec, no_leaks, workers, mode, on_error):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_appended_while_read_is_read_as_opened(rec, tmp_path, no_leaks, workers):
+def test_grown_while_read_is_a_change_too(rec, tmp_path, no_leaks, workers):
+    """Appended to, or rewritten whole with more bytes (``open(path, "wb")``): the file's size and time
+    cannot tell the two apart, so a file that grows is a change as well."""
     path, payloads = rec
     more = tmp_path / "more.rec"
     write_rec(more, [b"appended"])
+    size = os.path.getsize(path)
 
     def append(p):
         with open(p, "ab") as f:
             f.write(more.read_bytes())
-    assert len(_read(path, payloads, append, workers=workers)) == N
+    with pytest.raises(SourceError, match=rf"{path} changed while it was being read: it grew from {size} to "
+                                          rf"{size + 16} bytes"):
+        _read(path, payloads, append, workers=workers)
     with ParallelReader(path, workers=workers) as reader:  # the next reader reads it all
         assert [bytes(x) for x in reader][N:] == [b"appended"]
+
+
+def test_rewritten_whole_with_more_bytes_while_read(rec, no_leaks):
+    path, payloads = rec
+    rng = random.Random(8)
+    other = [rng.randbytes(rng.randint(0, 6000)) for _ in range(N + 100)]
+
+    def rewrite(p):
+        write_rec(p, other)  # (open(path, "wb"): the same inode, truncated, then written longer)
+    with pytest.raises(SourceError, match=rf"{path} changed while it was being read: it grew"):
+        _read(path, payloads, rewrite)

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from parrecio import IRHeader, pack, ParallelReader, PipelineError, RecordReader, Tuning
+from parrecio import IRHeader, pack, ParallelReader, RecordReader, SourceError, Tuning
 from parrecio.decoders import Image, ImageRecord, Json
 from parrecio.pipeline.config import PipelineConfig
 from parrecio.pipeline.mapped import PREFIX, MappedFiles, map_stream
@@ -122,11 +122,11 @@ def test_map_stream_and_a_file_that_changed(tmp_path):
     time.sleep(0.01)
     write_rec(path, [b"c" * 100])                   # rewritten in place: shorter, a new mtime
     changed = rf"{path} changed while it was being read: it was truncated from 216 to 108 bytes"
-    with pytest.raises(PipelineError, match=changed):
+    with pytest.raises(SourceError, match=changed):
         check()                                     # the reader process's check, before each chunk
-    with pytest.raises(PipelineError, match=changed):
+    with pytest.raises(SourceError, match=changed):
         maps.get(name)                              # a mapping kept by a worker is checked at each task
-    with pytest.raises(PipelineError, match=changed):
+    with pytest.raises(SourceError, match=changed):
         MappedFiles().get(name)
     f.close()
     maps.close()

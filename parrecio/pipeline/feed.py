@@ -217,7 +217,7 @@ def _read(file: FileCheck, o: int, k: int) -> bytes:
     (before these bytes are handed out); SourceError where the file ends short of them."""
     b = os.pread(file.fd, k, o)
     file()
-    if len(b) != k:  # (a change that the check did not tell: the same size and time, but not the bytes)
+    if len(b) != k:  # (the check above tells a truncation first: kept in case it could not)
         raise SourceError(f"{file.path} was truncated while it was being read: {k} bytes at offset {o} "
                           f"expected, {len(b)} there")
     return b

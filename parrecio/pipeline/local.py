@@ -209,16 +209,13 @@ class _Timed:
         self._file, self._stats = file, stats
         self._readinto = getattr(file, "readinto1", None) or getattr(file, "readinto", None)
         self.name = getattr(file, "name", None)
-        # A regular file is checked after each read: one replaced, truncated or rewritten meanwhile is a
-        # SourceError, as when the reader process reads it in place (parrecio.pipeline.mapped.FileCheck).
-        # One that grows is read up to its size when opened, as a mapped one is.
+        # A regular file is checked after each read: one replaced, truncated, rewritten or grown meanwhile
+        # is a SourceError, as when the reader process reads it in place (parrecio.pipeline.mapped).
         self._check: Optional[FileCheck] = None
-        self._left: Optional[int] = None  # bytes up to that size
         try:
             fd = file.fileno()
             if stat.S_ISREG(os.fstat(fd).st_mode):
                 self._check = FileCheck.of(fd, str(self.name))
-                self._left = max(0, self._check.size - file.tell())
         except (AttributeError, OSError, ValueError):
             fd = None
         if fd is not None and self._check is None:
@@ -227,9 +224,6 @@ class _Timed:
     def readinto(self, buf: Any) -> Optional[int]:
         t0 = time.perf_counter()
         try:
-            left = self._left
-            if left is not None and left < len(buf):
-                buf = memoryview(buf).cast("B")[:left]
             if self._readinto is not None:
                 n = self._readinto(buf)
             else:
@@ -240,8 +234,6 @@ class _Timed:
                 n = len(data)
             if self._check is not None:
                 self._check()
-                if left is not None and n:
-                    self._left = left - n
             return n
         finally:
             self._stats.read_time += time.perf_counter() - t0

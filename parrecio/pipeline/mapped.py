@@ -17,7 +17,7 @@ task, the consumer at each chunk and after each read it copies.  A writer change
 its bytes, so a check after a read sees any change that the read could have seen.  So a file replaced,
 rewritten or truncated while it is read is an error that says so (:class:`FileCheck`: a
 :class:`~parrecio.errors.SourceError`, which ends the pass whatever ``on_error`` says: it is not one bad
-sample), not silently different bytes; one that grows is read as it was when the reader process opened it.
+sample), not silently different bytes.
 
 Touching a page of a mapping past the end of a file that shrank is a SIGBUS, which kills the process.
 The consumer -- the user's own process -- therefore never reads a file's payloads through its mapping:
@@ -49,17 +49,15 @@ def _identity(st: os.stat_result) -> str:
 
 class FileCheck:
     """``check()``: raise a :class:`~parrecio.errors.SourceError` if the open file ``fd``, read as
-    version ``ident`` (:func:`_identity`), changed in a way that can change the bytes read: replaced (not
-    the same inode any more), truncated below its size then, or rewritten (its size as last seen, its
-    modification time not).  A file that grows (appended to) is read as it was: its first bytes are the
-    same, and the mapping covers only those -- a rewrite after an append is still told by its time."""
+    version ``ident`` (:func:`_identity`), is not that version any more: replaced (another inode),
+    truncated, grown, or rewritten (another modification time).  A file that grew may have been
+    appended to, or rewritten whole with more bytes (``open(path, "wb")``): the two cannot be told apart
+    here, so both are a change."""
 
-    __slots__ = ("fd", "path", "dev", "ino", "size", "last")
+    __slots__ = ("fd", "path", "ident")
 
     def __init__(self, fd: int, ident: str, path: str) -> None:
-        dev, ino, size, mtime = map(int, ident.split(":"))
-        self.fd, self.path, self.dev, self.ino, self.size = fd, path, dev, ino, size
-        self.last = (size, mtime)  # (size, modification time) as last seen
+        self.fd, self.path, self.ident = fd, path, ident
 
     @classmethod
     def of(cls, fd: int, path: str) -> "FileCheck":
@@ -68,22 +66,20 @@ class FileCheck:
 
     def __call__(self) -> None:
         st = os.fstat(self.fd)
-        if (st.st_size, st.st_mtime_ns) != self.last:
-            why = self.changed(st)
-            if why is not None:
-                raise why
-            self.last = (st.st_size, st.st_mtime_ns)
+        if _identity(st) != self.ident:
+            raise self.changed(st)
 
-    def changed(self, st: os.stat_result) -> Optional[SourceError]:
-        """The error for the file found as ``st``, or None if what is read of it cannot have changed."""
-        if (st.st_dev, st.st_ino) != (self.dev, self.ino):
+    def changed(self, st: os.stat_result) -> SourceError:
+        """The error for the file found as ``st`` (another version than :attr:`ident`)."""
+        dev, ino, size, _ = map(int, self.ident.split(":"))
+        if (st.st_dev, st.st_ino) != (dev, ino):
             how = "it was replaced by another file"
-        elif st.st_size < self.size:
-            how = f"it was truncated from {self.size} to {st.st_size} bytes"
-        elif st.st_size == self.last[0] and st.st_mtime_ns != self.last[1]:
-            how = "it was rewritten (its modification time changed)"
+        elif st.st_size < size:
+            how = f"it was truncated from {size} to {st.st_size} bytes"
+        elif st.st_size > size:
+            how = f"it grew from {size} to {st.st_size} bytes (appended to, or rewritten)"
         else:
-            return None  # appended to
+            how = "it was rewritten (its modification time changed)"
         return SourceError(f"{self.path} changed while it was being read: {how} since the reader process "
                            f"opened it")
 
@@ -96,7 +92,8 @@ def changed_since(name: str) -> Optional[SourceError]:
         st = os.stat(path)
     except OSError:
         return None
-    return FileCheck(-1, ":".join(version), path).changed(st)
+    ident = ":".join(version)
+    return None if _identity(st) == ident else FileCheck(-1, ident, path).changed(st)
 
 
 def map_stream(file) -> Optional[Tuple[mmap.mmap, str, int, FileCheck]]:
@@ -132,20 +129,16 @@ def map_stream(file) -> Optional[Tuple[mmap.mmap, str, int, FileCheck]]:
 
 class MappedFiles:
     """The mapped files of one process, by segment name (the ``capacity`` most recent stay mapped, each
-    with a descriptor open on it: :meth:`fd`, and its :class:`FileCheck`: :meth:`check`)."""
+    with a descriptor open on it and its :class:`FileCheck`: :meth:`check`)."""
 
     def __init__(self, capacity: int = 16) -> None:
         self.capacity = capacity
         self._maps: "OrderedDict[str, mmap.mmap]" = OrderedDict()
         self._checks: Dict[str, FileCheck] = {}
 
-    def fd(self, name: str) -> int:
-        """A descriptor of the file :meth:`get` mapped for ``name`` (call that first): large payloads are
-        cheaper to ``os.pread`` than to fault in page by page through a fresh mapping."""
-        return self._checks[name].fd
-
     def check(self, name: str) -> FileCheck:
-        """The check of the file :meth:`get` mapped for ``name`` (call that first)."""
+        """The check of the file :meth:`get` mapped for ``name`` (call that first), with a descriptor of
+        it (``fd``): the consumer reads payloads with ``os.pread`` from there."""
         return self._checks[name]
 
     def get(self, name: str) -> mmap.mmap:

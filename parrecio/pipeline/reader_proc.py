@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Iterator, Optional, Tuple
 
-from ..errors import ParrecioError
+from ..errors import ParrecioError, SourceError
 from ..recordio import RecordReader
 from ..sources.fifo import enlarge_pipe
 from .config import PipelineConfig
@@ -126,6 +126,7 @@ class _Reader:
         self.out = Chunker(cfg, self.link, self.ring, job.skip)
         self.groups = GroupStream(cfg, job.epoch, job.skip)
         self.place = IN_RING      # where the stream being read lies: the ring, or a mapped file
+        self.changed: Optional[SourceError] = None  # how the file read in place when framing stopped changed
 
     def _wait_for_release(self, needed_tail: int) -> int:
         self.out.flush(release=True)
@@ -229,6 +230,9 @@ class _Reader:
                 t0 = time.perf_counter()
                 try:
                     yield stream_id, stream.name, reader, place
+                except GeneratorExit:  # the framing stopped early (an error, a Stop): the file changed?
+                    self.changed = _changed(check)  # (asked now: its descriptor closes below)
+                    raise
                 finally:
                     self.out.check = None
                     self.stats.read_time += time.perf_counter() - t0
@@ -263,6 +267,16 @@ class _Reader:
         finally:
             out.watermark = None
 
+    def explain(self, exc: Exception) -> Exception:
+        """``exc``, or what explains it: the file being read in place changed (its framing then finds
+        another file's bytes: a bad magic, a length past the end)."""
+        check, self.out.check = self.out.check, None
+        changed = _changed(check) if check is not None else self.changed
+        if changed is None:
+            return exc
+        changed.__cause__ = exc
+        return changed
+
     def finish(self, error: Optional[BaseException]) -> None:
         st = self.stats
         st.__dict__.update(self.groups.counters())
@@ -270,6 +284,15 @@ class _Reader:
         self.out.flush()
         st.cpu_time += time.process_time()
         self.link.send(ReaderEnd(self.out.seq, dict(st.__dict__), error))
+
+
+def _changed(check: Any) -> Optional[SourceError]:
+    """The error ``check()`` raises, if it does."""
+    try:
+        check()
+    except SourceError as exc:
+        return exc
+    return None
 
 
 class _Watched:
@@ -402,10 +425,9 @@ def reader_main(cfg: PipelineConfig, job: ReaderJob, data_conn, ctrl_conn, lifel
             return True
         except Stopped:
             return False
-        except ParrecioError as exc:
-            r.finish(exc)
         except Exception as exc:
-            r.finish(RemoteError(exc))
+            why = r.explain(exc)
+            r.finish(why if isinstance(why, ParrecioError) else RemoteError(why))
     except Stopped:
         return False
     except (EOFError, OSError) as exc:
