@@ -697,6 +697,40 @@ def test_10_killed_consumer_with_a_live_forked_child(tmp_path, stream):
     assert left == ([], [])
 
 
+@pytest.mark.parametrize("where", ["workers", "reader"])
+def test_ctrl_c_inside_close_still_removes_the_shared_memory(stream, no_leaks, monkeypatch, where):
+    """Ctrl-C that lands in close() while it waits for the processes to stop: close() raises the
+    KeyboardInterrupt, but the ring, the output slots and the pairs board are gone, and the processes
+    end (the lifeline).  close() marked the reader closed first and stopped at the interrupt: nothing
+    ever removed the segments (a second close() returned at once; found by an outside audit)."""
+    path, recs, _ = stream
+    reader = ParallelReader(path, fields=Fixed(), workers=2, batch_size=8)
+    it = iter(reader)
+    next(it)
+    mine = set(leftover(f"parrecio-{os.getpid()}-"))
+    assert any(n.endswith("ring") for n in mine) and any(n.endswith("pairs") for n in mine)
+    if where == "reader":  # the pass's reader process, stopped by the run's abort
+        from parrecio.pipeline import reader_handle as target
+        cls, name = target.ReaderHandle, "stop"
+    else:
+        cls, name = multiprocessing.process.BaseProcess, "join"
+    original = getattr(cls, name)
+    calls = []
+
+    def interrupted(self, *args, **kwargs):
+        if not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(cls, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        reader.close()
+    monkeypatch.setattr(cls, name, original)
+    assert calls and set(leftover(f"parrecio-{os.getpid()}-")) & mine == set()
+    reader.close()  # (idempotent)
+    del it
+
+
 # -- 11. threads ----------------------------------------------------------------------------------------------
 
 def test_11_close_from_another_thread_ends_the_pass(stream, no_leaks):

@@ -254,22 +254,24 @@ class WorkerPool:
 
     def stop(self, timeout: float = 1.0) -> None:
         """Ask every worker to stop; kill those that do not within ``timeout`` seconds.  Idempotent."""
-        for w in self.workers:
-            try:
-                w.task_conn.send(Stop())
-            except (BrokenPipeError, OSError):
-                pass
-        deadline = time.monotonic() + timeout
-        for w in self.workers:
-            w.proc.join(max(0.0, deadline - time.monotonic()))
-            if w.proc.is_alive():
-                w.proc.kill()
-                w.proc.join(1.0)
-            self._discard(w)
-        self.workers = []
-        if self.bell is not None:
-            self.bell.close()
-            self.bell = None
+        try:
+            for w in self.workers:
+                try:
+                    w.task_conn.send(Stop())
+                except (BrokenPipeError, OSError):
+                    pass
+            deadline = time.monotonic() + timeout
+            for w in self.workers:
+                w.proc.join(max(0.0, deadline - time.monotonic()))
+                if w.proc.is_alive():
+                    w.proc.kill()
+                    w.proc.join(1.0)
+                self._discard(w)
+            self.workers = []
+        finally:  # (also when Ctrl-C cuts the wait short: the board's segment must go)
+            if self.bell is not None:
+                bell, self.bell = self.bell, None
+                bell.close()
 
     def forget_after_fork(self) -> None:
         """In the child of an ``os.fork()`` of the consumer: let go of the workers without a word."""

@@ -262,21 +262,44 @@ class Resources:
         if self.closed:
             return
         self.phase = Phase.CLOSED
-        if self.run is not None:
-            self.run.abort()
-            self.run = None
+        # Every step runs, whatever the one before it raised: Ctrl-C in the middle of stopping the
+        # workers must not leave the ring and the slots in /dev/shm for good (a later close() finds
+        # the reader closed already).  The first error is raised at the end.
+        first: Optional[BaseException] = None
+        for step in (self._close_run, self._close_processes, self._close_memory, self._close_rest):
+            try:
+                step()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def _close_run(self) -> None:
+        run, self.run = self.run, None
         self.pinned = None  # (the ring is unlinked below; its mapping lives on under the views)
-        if self.spare is not None:
-            self.spare.stop()
-            self.spare = None
-        if self.pool is not None:
-            self.pool.stop()
-        if self.ring is not None:
-            self.ring.unlink()
-            self.ring.close()
-        if self.slots is not None:
-            self.slots.close()
-        if self.lifeline is not None:
+        if run is not None:
+            run.abort()
+
+    def _close_processes(self) -> None:
+        spare, self.spare = self.spare, None
+        try:
+            if spare is not None:
+                spare.stop()
+        finally:
+            if self.pool is not None:
+                self.pool.stop()
+
+    def _close_memory(self) -> None:
+        try:
+            if self.ring is not None:
+                self.ring.unlink()
+                self.ring.close()
+        finally:
+            if self.slots is not None:
+                self.slots.close()
+
+    def _close_rest(self) -> None:
+        if self.lifeline is not None:  # (children still running, if a step was cut short, exit on its end)
             close_quietly(self.lifeline.w, self.lifeline.r)
         if self.source is not None:
             self.source.release()
