@@ -99,7 +99,9 @@ class FaultProxy:
     """Forwards HTTP to moto; ``rule(method, key_part, action, times)`` makes the next ``times``
     matching requests fail: ``("error", status, code)``, ``("cut", nbytes)`` (headers and the first
     nbytes of the body, then the connection closes), ``("short", nbytes)`` (a whole response of only the
-    first nbytes, its Content-Length saying so) or ``("hang",)`` (no answer until ``release()``).
+    first nbytes, its Content-Length saying so), ``("norange",)`` (the Range header dropped: a 200 with
+    the whole object, as a server or proxy that ignores it answers) or ``("hang",)`` (no answer until
+    ``release()``).
     ``log`` lists (method, path, Range header, what was done)."""
 
     def __init__(self, upstream: str) -> None:
@@ -174,7 +176,8 @@ class FaultProxy:
             return
         conn = http.client.HTTPConnection(self.upstream, timeout=30)
         try:
-            headers = {k: v for k, v in h.headers.items() if k.lower() not in ("connection",)}
+            dropped = ("connection", "range") if action and action[0] == "norange" else ("connection",)
+            headers = {k: v for k, v in h.headers.items() if k.lower() not in dropped}
             conn.request(h.command, h.path, body=body or None, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
@@ -436,6 +439,39 @@ def test_a_broken_body_is_resumed_with_a_ranged_get(proxy, aws, tmp_path, no_lea
     gets = proxy.requests("GET", "/data/part-9-big.rec")
     assert gets[0][3] == "cut" and gets[1][2] is not None and gets[1][2].startswith("bytes=")
     assert int(gets[1][2][6:].rstrip("-")) > 0  # resumed where it stopped, not from the start
+
+
+@pytest.mark.parametrize("how", ["index", "resume"])
+def test_a_server_that_ignores_range_is_an_error_not_other_records(proxy, aws, tmp_path, how, no_leaks):
+    """A ranged GET answered 200 with the whole object (HTTP allows a server or proxy to ignore Range)
+    was taken for the bytes asked for: an indexed shuffle delivered the object's first record in place
+    of others (rec000 four times, three records missing, no error), a resumed stream repeated its first
+    half.  Now a SourceError that says so, after records that are all right."""
+    bucket, local = write_data(aws, tmp_path, index=how == "index", sizes=(12,),
+                               big=3 << 20 if how == "resume" else None)
+    url = f"s3://{bucket}/data/"  # (the proxy answers a HEAD without its length: a prefix is listed)
+    kw = dict(shuffle=True) if how == "index" else {}
+    expected = two_epochs(str(local), workers=0)[0][0]
+    if how == "index":
+        proxy.rule("GET", "/data/part-0.rec", ("norange",), times=3)
+    else:
+        proxy.rule("GET", "/data/part-9-big.rec", ("cut", (3 << 20) // 2), times=1)
+        proxy.rule("GET", "/data/part-9-big.rec", ("norange",), times=1)
+    for workers in (0, 2):
+        got = []
+        with pytest.raises(SourceError, match=r"was answered with no Content-Range \(HTTP 200\): the server, or a "
+                                              r"proxy between, did not honour the Range header"):
+            with ParallelReader(url, workers=workers, storage_options=FAST, **kw) as reader:
+                for p in reader:
+                    got.append(bytes(p))
+        assert len(got) < len(expected) and len(set(got)) == len(got)
+        assert set(got) <= set(expected) if how == "index" else got == expected[:len(got)]
+        proxy.rules.clear()
+        if how == "index":
+            proxy.rule("GET", "/data/part-0.rec", ("norange",), times=3)
+        else:
+            proxy.rule("GET", "/data/part-9-big.rec", ("cut", (3 << 20) // 2), times=1)
+            proxy.rule("GET", "/data/part-9-big.rec", ("norange",), times=1)
 
 
 def test_unreachable_endpoint_is_a_clear_error_without_hang(aws, monkeypatch):

@@ -628,7 +628,9 @@ class _ObjectStream(io.RawIOBase):
         kwargs = dict(Bucket=self._obj.bucket, Key=self._obj.key, Range=f"bytes={self._pos}-")
         if self._etag:
             kwargs["IfMatch"] = self._etag
-        return _call(self._conn, self._obj.url, f"GET from byte {self._pos}", "get_object", **kwargs)["Body"]
+        what = f"GET from byte {self._pos}"
+        return _ranged(_call(self._conn, self._obj.url, what, "get_object", **kwargs), self._pos,
+                       self._obj.url, what)
 
     def _close_body(self) -> None:
         body, self._body = self._body, None
@@ -721,6 +723,24 @@ class S3Index(os.PathLike):
 
     def __hash__(self) -> int:
         return hash(("S3Index", self.url))
+
+
+def _ranged(resp: Any, at: int, url: str, what: str) -> Any:
+    """The body of ``resp``, the answer to a GET with a ``Range`` from byte ``at``; SourceError when it
+    holds other bytes.  HTTP lets a server (or a proxy between) ignore ``Range`` and answer 200 with the
+    whole object: taken for the bytes asked for, an indexed read framed the object's first record in
+    place of another, and a resumed stream repeated its start."""
+    status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    got = str(resp.get("ContentRange") or "")
+    if got.startswith("bytes ") and got[6:].split("-", 1)[0] == str(at) and status in (206, None):
+        return resp["Body"]
+    try:
+        resp["Body"].close()
+    except Exception:
+        pass
+    said = f"Content-Range {got!r}" if got else "no Content-Range"
+    raise SourceError(f"{url}: the {what} was answered with {said} (HTTP {status}): the server, or a proxy "
+                      f"between, did not honour the Range header, and a ranged read cannot go on without it")
 
 
 def _close_fd(fd: int, pid: int) -> None:
@@ -820,10 +840,9 @@ class S3IndexedReader:
             kwargs = dict(Bucket=self._obj.bucket, Key=self._obj.key, Range=f"bytes={at}-{end - 1}")
             if self._etag:
                 kwargs["IfMatch"] = self._etag
-            resp = _call(self._conn, self.rec_path, f"ranged GET of bytes {at}-{end - 1}", "get_object",
-                         **kwargs)
+            what = f"ranged GET of bytes {at}-{end - 1}"
+            body = _ranged(_call(self._conn, self.rec_path, what, "get_object", **kwargs), at, self.rec_path, what)
             cause: Any = None
-            body = resp["Body"]
             try:
                 data = body.read()
                 if data:
