@@ -227,6 +227,39 @@ def test_reader_closing_early_ends_only_that_epoch(tmp_path):
     assert not thread.is_alive() and "epoch 0: the reader closed early" in log
 
 
+def test_an_interrupted_epoch_ends_inside_a_record(tmp_path):
+    """pipe-serve stopped mid-epoch (Ctrl-C, SIGTERM) flushed the whole records it had buffered: the
+    FIFO ended at a record boundary and the reader saw an epoch that looked complete (266 of 400
+    records, no error).  It now ends inside a record: the reader says the stream was cut short."""
+    from parrecio.errors import CorruptRecordError
+    from parrecio.tools.emulate import _serve_epoch
+    fifo = tmp_path / "train_0"
+    os.mkfifo(fifo)
+    recs = make_payloads(50, seed=4, hi=500)
+
+    def interrupted():
+        yield from recs[:20]
+        raise KeyboardInterrupt
+    errors = []
+
+    def serve():
+        try:
+            _serve_epoch(str(fifo), interrupted(), None)
+        except KeyboardInterrupt as exc:
+            errors.append(exc)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with open(fifo, "rb") as f:
+        data = f.read()
+    thread.join(10)
+    assert errors and data.startswith(b"".join(b"".join(encode_sagemaker_record(r)) for r in recs[:20]))
+    got = []
+    with pytest.raises(CorruptRecordError, match="truncated"):
+        for _, view in RecordReader(io.BytesIO(data), join="concat").iter_views():
+            got.append(bytes(view))
+    assert got == recs[:20]
+
+
 def test_pipe_serve_sigterm_while_waiting_removes_the_fifo(tmp_path):
     write_rec(tmp_path / "x.rec", [b"x"])
     root = tmp_path / "sm"

@@ -35,6 +35,7 @@ from typing import Any, Callable, Generator, Iterator, List, Optional, Sequence,
 
 from ..errors import SourceError
 from ..recordio import RecordReader
+from ..recordio.framing import MAGIC_BYTES
 from ..recordio.index import indexed_count
 from ..recordio.wrapper import write_sagemaker_recordio
 from ..sources.files import expand_patterns
@@ -242,6 +243,14 @@ def _serve_epoch(fifo: str, records: Generator[bytes, None, None], split_bytes: 
         return nbytes
     except BrokenPipeError:
         return -1
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM): end the epoch inside a record, so that the reader sees it cut
+        # short (a truncated record) instead of an epoch that looks whole -- the buffer holds whole records.
+        try:
+            f.write(MAGIC_BYTES)
+        except OSError:
+            pass
+        raise
     finally:
         records.close()  # a generator: closes the files it holds open
         try:
