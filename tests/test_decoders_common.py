@@ -124,3 +124,11 @@ def test_dataclasses_replace_validates_again():
         ArraySpec((4,), np.float32)
     with pytest.raises(ValueError, match="max_pixels must be positive"):
         Mask(max_pixels=0)
+
+
+def test_json_takes_any_bytes_like_payload():
+    """Json() refused a numpy uint8 buffer ("Input must be bytes...") where the other JSON decoders took it."""
+    from parrecio.decoders import Json
+    for payload in (b'{"a": [1, 2]}', bytearray(b'{"a": [1, 2]}'), memoryview(b'{"a": [1, 2]}'),
+                    np.frombuffer(b'{"a": [1, 2]}', np.uint8), np.frombuffer(b'{"a": [1, 2]}   ', np.uint32)):
+        assert Json()(payload) == {"a": [1, 2]}

@@ -126,12 +126,18 @@ def test_label_dtype_gives_class_ids(label_width, dtype):
 
 
 def test_label_dtype_refuses_what_it_cannot_hold():
+    # (the top of each integer range too: as a float, int32's and int64's largest values round up to
+    # 2**31 and 2**63, which the check let through and the cast wrapped to the minimum)
     for label, dtype in ((2.5, "int64"), (-1.0, "uint8"), (300.0, "uint8"), (float("nan"), "int64"),
-                         ([1.0, 0.5], "int64")):
+                         ([1.0, 0.5], "int64"), (2.0 ** 31, "int32"), (2.0 ** 63, "int64"),
+                         (2.0 ** 32, "uint32"), (2.0 ** 64, "uint64"), ([1.0, 2.0 ** 31], "int32"),
+                         (-2.0 ** 31 - 256, "int32")):
         with pytest.raises(DecodeError, match=rf"image record \(id 4\) has the label .* which "
                                               rf"label_dtype={np.dtype(dtype).name} cannot hold exactly"):
             ImageRecord(label_dtype=dtype)(pack(IRHeader(0, label, 4, 0), JPEG))
     assert ImageRecord(label_dtype="float64")(pack(IRHeader(0, 2.5, 4, 0), JPEG))[1].tolist() == 2.5
+    assert ImageRecord(label_dtype="int32")(pack(IRHeader(0, -2.0 ** 31, 4, 0), JPEG))[1].tolist() == -2 ** 31
+    assert ImageRecord(label_dtype="uint8")(pack(IRHeader(0, 255.0, 4, 0), JPEG))[1].tolist() == 255
     with pytest.raises(TypeError, match="label_dtype must be None or a numpy integer or float dtype"):
         ImageRecord(label_dtype="no such dtype")
     with pytest.raises(ValueError, match="label_dtype must be an integer or float dtype, got bool"):

@@ -165,6 +165,25 @@ def test_class_label_refusals(payload, words):
         ClassLabel()(payload)
 
 
+def test_class_ids_at_the_edges_of_64_bits_are_exact_or_refused():
+    """Ids past 2**53 written as strings went through a float and lost digits; int64's and uint64's
+    largest ids raised a bare OverflowError; an id below int64's range came back as its minimum."""
+    assert ClassLabel()(b'"9007199254740993"') == 9007199254740993
+    assert ClassLabel()(b'"123456789012345678"') == 123456789012345678
+    assert ClassLabel()(b'"9223372036854775807"') == 2 ** 63 - 1
+    assert ClassLabel(dtype="uint64")(b'"18446744073709551615"') == 2 ** 64 - 1
+    assert ClassLabel(multi_label=True)(b'["9223372036854775807", -9223372036854775808]').tolist() == \
+        [2 ** 63 - 1, -2 ** 63]
+    for payload in (b"9223372036854775808", b'"9223372036854775808"', b"[9223372036854775808]"):
+        with pytest.raises(DecodeError, match="does not fit int64"):
+            ClassLabel(multi_label=payload.startswith(b"["))(payload)
+    with pytest.raises(DecodeError, match="too large to be an exact integer"):
+        ClassLabel()(b"-9223372036854775809")  # (orjson gives a float: -2**63, its last digit gone)
+    for text in ('"3_0"', '"\u0663"', '" 3 0"'):  # (float() and int() take these; JSON numbers do not)
+        with pytest.raises(DecodeError, match="neither a number nor a known class name"):
+            ClassLabel()(text.encode())
+
+
 def test_num_classes_range():
     assert ClassLabel(num_classes=4)(b"3") == 3
     for bad in (b"4", b"-1"):

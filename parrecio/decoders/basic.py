@@ -33,14 +33,26 @@ class Json(Value):
     """UTF-8 JSON text -> Python objects, with orjson.
 
     orjson refuses nesting deeper than 1024 levels, so hostile input cannot exhaust the stack.  Numbers
-    become ``int``/``float``, objects ``dict``, arrays ``list``.
+    become ``int``/``float``, objects ``dict``, arrays ``list``; an integer outside the 64-bit range
+    (below -2**63, 2**64 and above) becomes a ``float``, as orjson reads it: ids that long belong in
+    strings, or read the payload with ``Raw()`` and ``json.loads``.
     """
 
     output_spec = None
     payload_kinds = frozenset({"json"})  # what a group's realignment may take for JSON (decoders.base)
 
     def __call__(self, payload: Any) -> Any:
-        try:
-            return orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            raise DecodeError(f"invalid JSON: {exc}") from exc
+        return json_loads(payload)
+
+
+def json_loads(payload: Any) -> Any:
+    """orjson.loads of any bytes-like payload (a numpy array's buffer too); JSON errors, nesting too deep
+    included, are a DecodeError."""
+    if not isinstance(payload, (bytes, bytearray, memoryview, str)):
+        payload = memoryview(payload)
+    if isinstance(payload, memoryview) and (payload.ndim != 1 or payload.itemsize != 1):
+        payload = payload.cast("B")
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"invalid JSON: {exc}") from exc

@@ -112,8 +112,9 @@ class ImageRecord(Value):
             return label
         if dtype.kind in "iu":
             info = np.iinfo(dtype)
-            if not (np.all(np.isfinite(label)) and np.all(label == np.round(label))
-                    and np.all(label >= info.min) and np.all(label <= info.max)):
+            wide = label.astype(np.float64)  # (bounds as floats: float(max) + 1 is exact, max itself not)
+            if not (np.all(np.isfinite(wide)) and np.all(wide == np.round(wide))
+                    and np.all(wide >= float(info.min)) and np.all(wide < float(info.max) + 1)):
                 shown = label.tolist() if label.ndim == 0 or label.size <= 8 else f"{label[:8].tolist()}..."
                 raise DecodeError(f"image record (id {header.id}) has the label {shown}, which label_dtype="
                                   f"{dtype.name} cannot hold exactly (class ids are whole numbers)")

@@ -17,15 +17,16 @@ nesting deeper than 1024 levels, so hostile input cannot exhaust the stack.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import orjson
 
 from ..errors import DecodeError
 from .checks import is_int, check_bool, check_int
 from .base import ArraySpec, is_random
+from .basic import json_loads
 from .value import Value, derive, shown_as
 
 __all__ = ["BoundingBoxes", "ClassLabel"]
@@ -42,16 +43,8 @@ _MAX_SIDE = (1 << 31) - 1
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _loads(payload: Any) -> Any:
-    """orjson.loads on any bytes-like payload; JSON errors (including too deep nesting) -> DecodeError."""
-    if not isinstance(payload, (bytes, bytearray, memoryview, str)):
-        payload = memoryview(payload)
-    if isinstance(payload, memoryview) and (payload.ndim != 1 or payload.itemsize != 1):
-        payload = payload.cast("B")
-    try:
-        return orjson.loads(payload)
-    except orjson.JSONDecodeError as exc:
-        raise DecodeError(f"invalid JSON: {exc}") from exc
+_INT = re.compile(r"[+-]?[0-9]+")  # a class id written as a string (ASCII digits only, as in JSON)
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def _is_number(value: Any) -> bool:
@@ -201,7 +194,7 @@ class BoundingBoxes(Value):
     def decode_into(self, payload: Any, out: np.ndarray, key: Optional[int] = None) -> None:
         """Write the ``(max_boxes, 5)`` padded boxes of ``payload`` into ``out`` (needs ``max_boxes``);
         ``key``: the sample's key, when the boxes follow a ``random`` image decoder."""
-        boxes = self._finish(*self._boxes(_loads(payload)), key)
+        boxes = self._finish(*self._boxes(json_loads(payload)), key)
         count = self._check_count(len(boxes))
         out[:count] = boxes[:count]
         out[count:] = -1
@@ -209,7 +202,7 @@ class BoundingBoxes(Value):
     def __call__(self, payload: Any, key: Optional[int] = None) -> np.ndarray:
         """Decode JSON text (bytes-like or ``str``) to a ``float32`` array ``(k, 5)`` or ``(max_boxes, 5)``;
         ``key``: the sample's key, when the boxes follow a ``random`` image decoder."""
-        boxes = self._finish(*self._boxes(_loads(payload)), key)
+        boxes = self._finish(*self._boxes(json_loads(payload)), key)
         if self.max_boxes is None:
             return boxes
         out = np.empty((self.max_boxes, 5), np.float32)
@@ -323,7 +316,7 @@ class ClassLabel(Value):
     # -- parsing ---------------------------------------------------------------------------------------
     def _parse(self, payload: Any) -> Any:
         try:
-            return _loads(payload)
+            return json_loads(payload)
         except DecodeError:
             if not self._names:
                 raise
@@ -345,13 +338,13 @@ class ClassLabel(Value):
             text = value.strip()
             if text in self._names:
                 value = self._names[text]
+            elif _INT.fullmatch(text):
+                value = int(text)  # (exact: through a float, an id past 2**53 would lose digits)
+            elif _FLOAT.fullmatch(text):
+                value = float(text)
             else:
-                try:
-                    value = float(text)
-                except ValueError:
-                    hint = "" if self._names else " (pass class_names=... to use class names)"
-                    raise DecodeError(f"class label {text!r} is neither a number nor a known class name{hint}") \
-                        from None
+                hint = "" if self._names else " (pass class_names=... to use class names)"
+                raise DecodeError(f"class label {text!r} is neither a number nor a known class name{hint}")
         if isinstance(value, bool) or not _is_number(value):
             raise DecodeError(f"a class label must be a number or a numeric string, got {value!r}")
         if not math.isfinite(value):
@@ -359,10 +352,20 @@ class ClassLabel(Value):
         if self._dtype.kind != "f" or self._multi_hot:  # a multi-hot vector sets the entry of an id
             if value != int(value):
                 raise DecodeError(f"class label {value!r} is not an integer (use a float dtype for targets)")
+            if isinstance(value, float) and abs(value) >= 2 ** 53 and self._in_range(value):
+                # (a JSON integer past 64 bits comes as a float from orjson: its digits are gone)
+                raise DecodeError(f"class label {value!r} is too large to be an exact integer")
             value = int(value)
         if self.num_classes is not None and not 0 <= value < self.num_classes:
             raise DecodeError(f"class id {value!r} out of range 0..{self.num_classes - 1}")
         return value
+
+    def _in_range(self, value: float) -> bool:
+        """Whether ``value`` lies within the integer dtype's bounds (else _check_dtype says it does not fit)."""
+        if self._dtype.kind not in "iu":
+            return True
+        info = np.iinfo(self._dtype)
+        return info.min <= value <= info.max
 
     def _values(self, doc: Any) -> list:
         if isinstance(doc, list):
@@ -373,8 +376,9 @@ class ClassLabel(Value):
         if self._multi_hot:
             return  # ids index the vector (checked against num_classes); its entries are 0 and 1
         info = np.iinfo(self._dtype) if self._dtype.kind in "iu" else np.finfo(self._dtype)
-        for v in values:
-            if not float(info.min) <= v <= float(info.max):  # a float16 target of 1e5 would become inf
+        lo, hi = (info.min, info.max) if self._dtype.kind in "iu" else (float(info.min), float(info.max))
+        for v in values:  # (integers against the integer bounds: as floats, int64's max rounds up to 2**63)
+            if not lo <= v <= hi:  # a float16 target of 1e5 would become inf
                 raise DecodeError(f"class label {v!r} does not fit {self._dtype}")
 
     # -- the decoder protocol --------------------------------------------------------------------------
