@@ -29,16 +29,19 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import shlex
 import signal
+import subprocess
 import sys
 import threading
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 from ..sources.fds import FdCarrier
-from .shm import sweep
+from .shm import SHM_DIR, sweep
 
-__all__ = ["child_entry", "start", "start_forkserver", "describe_exit", "register_for_fork", "close_quietly"]
+__all__ = ["child_entry", "start", "start_forkserver", "start_janitor", "describe_exit", "register_for_fork",
+           "close_quietly"]
 
 # What every child runs: the fork server imports them once, before it forks the first child.
 CHILD_MODULES = ("parrecio.pipeline.worker", "parrecio.pipeline.reader_proc")
@@ -126,6 +129,32 @@ def _main_not_reimported() -> Iterator[None]:
         finally:
             main.__dict__.pop("__spec__", None)
             main.__dict__.update(saved)
+
+
+def start_janitor(prefix: str, lifeline_fd: int) -> bool:
+    """Start a process that removes the run's shared memory (``SHM_DIR/<prefix>*``) once the lifeline
+    ends -- once this process is gone, however it went.
+
+    The children sweep when their consumer dies, but they may be gone first: a Jupyter kernel that shuts
+    down or restarts sends SIGTERM to every child of its own (the decoders and the reader end as asked),
+    is then killed itself, and left the ring and the output slots in /dev/shm (90-400 MB per restart).
+    So a ``sh`` that waits on the lifeline with ``cat``, then ``rm``, started in a session of its own and
+    left to init at once (the shell that starts it exits): no signal sent to this process's group or
+    children reaches it, and it ignores SIGHUP, SIGINT and SIGTERM.  On a clean close it finds nothing
+    left.  Returns False where it cannot be started (no ``/bin/sh``, no /dev/shm)."""
+    if not os.path.isdir(SHM_DIR) or not os.path.exists("/bin/sh"):
+        return False
+    target = shlex.quote(os.path.join(SHM_DIR, prefix))
+    # (the lifeline comes as stdin, moved to fd 3: a background list's stdin is /dev/null, and dash takes
+    # one-digit descriptors only -- a Jupyter kernel's pipe is numbered in the fifties)
+    script = (f'exec 3<&0 </dev/null; (trap "" HUP INT TERM; cat <&3 >/dev/null 2>&1; rm -f -- {target}*) '
+              f'>/dev/null 2>&1 &')
+    try:
+        subprocess.run(["/bin/sh", "-c", script], stdin=lifeline_fd, start_new_session=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
 
 
 def start(proc: Any) -> None:

@@ -23,7 +23,7 @@ import os
 import threading
 from typing import Any, NamedTuple, Optional, Tuple
 
-from .children import close_quietly, plain_picklable, register_for_fork, start_forkserver
+from .children import close_quietly, plain_picklable, register_for_fork, start_forkserver, start_janitor
 from .config import PipelineConfig
 from .pool import WorkerPool
 from .reader_handle import ReaderHandle
@@ -161,6 +161,7 @@ class Resources:
         try:
             self.warm_up()  # (again: when it was not up yet, it boots while the memory below is allocated)
             self.lifeline = Lifeline(*ctx.Pipe(duplex=False))
+            start_janitor(self.prefix, self.lifeline.r.fileno())  # (if every child is gone first)
             initial = least = 0
             if cfg.layout.has_fixed:
                 # Enough slots for the tasks in flight (at most `prefetch` per worker) and two being

@@ -1,0 +1,56 @@
+"""Shared memory removed even when every process of a run is gone before the consumer could clean up.
+
+A Jupyter kernel that shuts down or restarts sends SIGTERM to each of its children (the reader and the
+decoder processes end, as asked: their consumer is alive) and is then killed: nothing was left to sweep
+its ring and output slots (90-400 MB of /dev/shm per kernel restart).  A janitor (``children.start_janitor``:
+a shell outside the consumer's process group and family) removes them once the lifeline ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from parrecio.pipeline.shm import leftover
+from pipeline_helpers import payloads, write_rec
+
+SCRIPT = textwrap.dedent("""\
+    import os, signal, sys, time
+    import psutil
+    from parrecio import ParallelReader, Tuning
+    if __name__ == "__main__":
+        reader = ParallelReader(sys.argv[1], fields=lambda p: len(p), workers=2, batch_size=8,
+                                tuning=Tuning(start_method=sys.argv[2]))
+        it = iter(reader)
+        next(it)
+        kids = psutil.Process().children(recursive=True)
+        print(len([n for n in os.listdir("/dev/shm") if n.startswith(f"parrecio-{os.getpid()}-")]), flush=True)
+        for k in kids:  # what ipykernel does at shutdown: SIGTERM to every child
+            k.terminate()
+        psutil.wait_procs(kids, timeout=5)
+        os.kill(os.getpid(), signal.SIGKILL)  # then the kernel itself is killed
+""")
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_children_terminated_then_the_consumer_killed_leave_no_shared_memory(tmp_path, method):
+    path = tmp_path / "d.rec"
+    write_rec(path, payloads(2000, seed=3))
+    script = tmp_path / "kernel.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(path), method], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
+    assert int(out.split()[0]) >= 2  # the ring and the pairs board were there
+    deadline = time.monotonic() + 10
+    while leftover(f"parrecio-{proc.pid}-") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leftover(f"parrecio-{proc.pid}-") == []
