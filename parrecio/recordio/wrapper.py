@@ -56,6 +56,17 @@ def encode_sagemaker_record(payload, split_bytes: Optional[int] = None) -> Itera
         yield _PAD[len(part) & 3]
 
 
+def telling_split(split_bytes: Optional[int]) -> Optional[int]:
+    """The part size the library's own writers use for ``split_bytes``: one byte less when it is a
+    multiple of 4.  MXNet's parts are always multiples of 4 (its writer cuts at an aligned magic), so
+    with a part of another length ``join="auto"`` tells the file's convention at its first multipart
+    record; with parts of exactly 65536 bytes, a file with a single split record fitted both and was
+    refused as ambiguous (``pack manifest --split-bytes 65536`` of a manifest with one large image)."""
+    if split_bytes is None or split_bytes % 4 or split_bytes < 4:
+        return split_bytes
+    return split_bytes - 1
+
+
 def write_sagemaker_recordio(records: Iterable, file: BinaryIO, split_bytes: Optional[int] = None) -> int:
     """Write each payload of ``records`` to ``file`` in SageMaker wrapper framing; return the bytes written.
 

@@ -37,7 +37,7 @@ from ..errors import SourceError
 from ..recordio import RecordReader
 from ..recordio.framing import MAGIC_BYTES
 from ..recordio.index import indexed_count
-from ..recordio.wrapper import write_sagemaker_recordio
+from ..recordio.wrapper import telling_split, write_sagemaker_recordio
 from ..sources.files import expand_patterns
 from ..sources.sagemaker import INPUT_CONFIG_FILE, looks_like_channel_name
 from .manifest import is_manifest_path, iter_manifest_records, line_records, read_manifest_lines
@@ -211,7 +211,7 @@ def serve_pipe_channel(root: str, channel: str, sources: Sequence[str], *, epoch
         try:
             log(f"epoch {epoch}: waiting for a reader on {fifo}")
             bar = None if progress is None else (lambda epoch=epoch: progress(epoch, total))
-            nbytes = _serve_epoch(fifo, plan.records(epoch), split_bytes, bar)
+            nbytes = _serve_epoch(fifo, plan.records(epoch), telling_split(split_bytes), bar)
             log(f"epoch {epoch}: " + (f"wrote {nbytes} bytes" if nbytes >= 0 else "the reader closed early"))
         finally:
             _remove(fifo)

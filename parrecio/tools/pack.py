@@ -245,7 +245,7 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
     ``random.Random(seed)``.  ``progress(n, None)`` is called every 1000 records.
     """
     from ..tools.manifest import iter_manifest_records, read_manifest_lines
-    from ..recordio.wrapper import write_sagemaker_recordio
+    from ..recordio.wrapper import telling_split, write_sagemaker_recordio
 
     check_path_arg(manifest_path, "manifest_path", file_ok=False)
     check_path_arg(out, "out")
@@ -265,6 +265,7 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
                 progress(count[0], None)
             yield payload
 
+    split_bytes = telling_split(split_bytes)  # (parts join="auto" tells from MXNet's at the first one)
     if isinstance(out, str):
         with _Outputs([out]) as tmp, open(tmp[out], "wb") as f:
             nbytes = write_sagemaker_recordio(records(), f, split_bytes)
