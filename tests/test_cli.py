@@ -438,6 +438,35 @@ def test_demo_out_keeps_the_file_and_says_how_to_read_it(tmp_path):
         assert [len(images) for images, _ in r] == [32, 8]
     proc = cli("demo", "--samples", 8, "--out", tmp_path, check=False)
     assert proc.returncode != 0 and b"is a folder; give a file name" in proc.stderr
+    assert "fields=[Image(size=(64, 64)), BoundingBoxes(max_boxes=8)], batch_size=8)" in text  # as run
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--samples", 0), "--samples must be >= 1, not 0"), (("--size", 0), "--size must be >= 1, not 0"),
+    (("--batch-size", 0), "--batch-size must be >= 1, not 0"), (("--workers", -1), "--workers must be >= 0"),
+    (("--out", "/nonexistent-folder/d.rec"), "the folder '/nonexistent-folder' does not exist")])
+def test_demo_refuses_bad_arguments_in_one_line(args, message):
+    proc = cli("demo", *args, check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0 and message in err and "Traceback" not in err
+
+
+def test_demo_with_no_workers_decodes_in_this_process():
+    proc = cli("demo", "--samples", 24, "--workers", 0, "--batch-size", 8, "--size", 32)
+    assert "ParallelReader, 0 workers" in proc.stdout.decode()  # (it ran with the CPU count before)
+
+
+def test_pack_protobuf_refuses_what_is_no_npy_file_in_one_line(tmp_path):
+    import numpy as np
+    (tmp_path / "text.txt").write_text("hello world")
+    np.save(tmp_path / "x.npy", np.zeros((10, 3), np.float32))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "x.npy").read_bytes()[:100])
+    for args, message in ((("text.txt",), "text.txt: not a numpy .npy array file (it starts with b'hello wo')"),
+                          (("cut.npy",), "cut.npy: cannot be read as a numpy .npy array"),
+                          (("x.npy", "--labels", "text.txt"), "text.txt: not a numpy .npy array file")):
+        proc = cli("pack", "protobuf", *args[:1], tmp_path / "o.rec", *args[1:], check=False, cwd=tmp_path)
+        err = proc.stderr.decode()
+        assert proc.returncode == 1 and message in err and "Traceback" not in err, err
     text = cli("demo", "--samples", 16, "--workers", 1, "--batch-size", 8, "--size", 32).stdout.decode()
     assert "(temporary, removed at the end; --out FILE.rec keeps it)" in text
 

@@ -205,6 +205,12 @@ READER_INVALID = [
     (dict(seed=-1), ValueError, "seed"),
     (dict(shuffle_buffer=0), ValueError, "shuffle_buffer"),
     (dict(shuffle_buffer=10.5), TypeError, "shuffle_buffer"),
+    # other loaders' names and typos: named as ParallelReader's, with the one meant (resolve()'s before)
+    (dict(num_workers=2), TypeError, r"ParallelReader\(\) got an unexpected keyword argument 'num_workers' "
+                                     r"\(did you mean workers=\?\)"),
+    (dict(shuffle_seed=3), TypeError, r"'shuffle_seed' \(did you mean seed=\?\)"),
+    (dict(batchsize=3), TypeError, r"'batchsize' \(did you mean batch_size=\?\)"),
+    (dict(fifo_timout=3), TypeError, r"'fifo_timout' \(did you mean fifo_timeout=\?\)"),
 ]
 
 
@@ -411,3 +417,15 @@ def _rec(tmp_path, payloads):
         for payload in payloads:
             writer.write(payload)
     return str(path)
+
+
+def test_a_decoder_class_for_its_instance_is_refused(tmp_path):
+    """fields=[Image, BoundingBoxes]: each payload was given to the class, every sample failed (and was
+    skipped without a word with on_error="skip").  Plain callables that are classes (bytes) still work."""
+    path = _rec(tmp_path, [b"{}"] * 3)
+    for fields in ([Image, BoundingBoxes()], {"boxes": BoundingBoxes}, ClassLabel):
+        with pytest.raises(TypeError, match=r"field '\w+' is the class \w+, not a decoder: give an instance, "
+                                            r"e.g. \w+\(\)"):
+            ParallelReader(path, fields=fields, on_error="skip")
+    with ParallelReader(path, fields=bytes, workers=0) as reader:
+        assert list(reader) == [b"{}"] * 3

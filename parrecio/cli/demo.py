@@ -24,12 +24,19 @@ def run(args: argparse.Namespace) -> int:
     from ..tools.demo import build_demo_stream, run_demo
     from ..pipeline.parallel_reader import _default_workers
 
-    workers = args.workers or _default_workers()
+    for name, value, least in (("--samples", args.samples, 1), ("--batch-size", args.batch_size, 1),
+                               ("--size", args.size, 1), ("--workers", args.workers, 0)):
+        if value is not None and value < least:
+            raise SystemExit(f"parrecio demo: {name} must be >= {least}, not {value}")
+    workers = args.workers if args.workers is not None else _default_workers()  # (0: decode in this process)
     with tempfile.TemporaryDirectory(prefix="parrecio-demo-") as tmp:
         path = args.out or os.path.join(tmp, "demo.rec")
         if os.path.isdir(path):
             raise SystemExit(f"parrecio demo: --out {path!r} is a folder; give a file name, e.g. "
                              f"{os.path.join(path, 'demo.rec')}")
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise SystemExit(f"parrecio demo: --out {path!r}: the folder {folder!r} does not exist")
         info = build_demo_stream(path, n=args.samples)
         kept = "kept" if args.out else "temporary, removed at the end; --out FILE.rec keeps it"
         print(f"demo stream: {info['samples']} samples ([JPEG][Ground Truth boxes JSON]), "
@@ -37,6 +44,6 @@ def run(args: argparse.Namespace) -> int:
               f"{info['index']} ({kept})")
         run_demo(path, workers=workers, batch_size=args.batch_size, size=args.size)
         if args.out:
-            print(f"read it yourself: ParallelReader({path!r}, fields=[Image(size=(224, 224)), "
-                  f"BoundingBoxes(max_boxes=8)], batch_size=32)")
+            print(f"read it yourself: ParallelReader({path!r}, fields=[Image(size=({args.size}, {args.size})), "
+                  f"BoundingBoxes(max_boxes=8)], batch_size={args.batch_size})")
     return 0

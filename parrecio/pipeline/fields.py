@@ -34,6 +34,7 @@ def normalize_fields(fields: Fields) -> Tuple[str, List[str], List[Any]]:
         decs = list(fields)
         kind = "tuple"
     elif callable(fields):
+        _not_a_class("0", fields)
         return "single", ["0"], [fields]
     else:
         raise TypeError(f"fields must be None, a decoder, a sequence or a mapping of decoders, "
@@ -41,4 +42,13 @@ def normalize_fields(fields: Fields) -> Tuple[str, List[str], List[Any]]:
     for name, d in zip(names, decs):
         if not callable(d):
             raise TypeError(f"field {name!r}: a decoder must be callable, got {d!r}")
+        _not_a_class(name, d)
     return kind, names, decs
+
+
+def _not_a_class(name: str, d: Any) -> None:
+    """A parrecio decoder class given where its instance belongs (``Image`` for ``Image()``): callable, it
+    would be called with each payload, and every sample failed (skipped silently with on_error="skip")."""
+    if isinstance(d, type) and d.__module__.startswith("parrecio."):
+        raise TypeError(f"field {name!r} is the class {d.__name__}, not a decoder: give an instance, "
+                        f"e.g. {d.__name__}()")

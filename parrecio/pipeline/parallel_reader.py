@@ -18,7 +18,9 @@ user never calls ``close()``; the reader object itself holds only the lifecycle 
 
 from __future__ import annotations
 
+import difflib
 import enum
+import inspect
 import logging
 import multiprocessing
 import os
@@ -595,7 +597,21 @@ def _tuning(tuning: Optional[Tuning], options: dict) -> Tuning:
     if moved:
         given = ", ".join(f"{k}={v!r}" for k, v in moved.items())
         raise TypeError(f"ParallelReader({given}): these are settings of tuning=Tuning({given})")
+    known = set(inspect.signature(resolve).parameters) - {"channel"}
+    for k in options:
+        if k not in known:  # (the source's options: a typo would otherwise be an error of resolve())
+            mine = [p for p in inspect.signature(ParallelReader.__init__).parameters
+                    if p not in ("self", "source_options")]
+            close = difflib.get_close_matches(k, mine + sorted(known) + list(_ALIASES), n=1, cutoff=0.6)
+            close = [_ALIASES.get(c, c) for c in close]
+            hint = f" (did you mean {close[0]}=?)" if close else ""
+            raise TypeError(f"ParallelReader() got an unexpected keyword argument {k!r}{hint}; it takes "
+                            f"{', '.join(mine)} and the source's {', '.join(sorted(known))}")
     return tuning or Tuning()
+
+
+_ALIASES = {"num_workers": "workers", "shuffle_seed": "seed", "drop_remainder": "drop_last",
+            "world_size": "num_shards", "rank": "shard_index"}  # other loaders' names
 
 
 def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:

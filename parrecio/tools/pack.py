@@ -329,7 +329,20 @@ def pack_protobuf(features_path: str, out: str, labels_path: Optional[str] = Non
 
     from ..recordio.protobuf_writer import write_dense, write_sparse
 
-    labels = None if labels_path is None else np.load(labels_path, allow_pickle=False)
+    def load(path: str) -> Any:
+        try:
+            return np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(8)
+            except OSError:
+                head = b""
+            if head and not head.startswith(b"\x93NUMPY"):  # (numpy calls any such file "pickled data")
+                raise SourceError(f"{path}: not a numpy .npy array file (it starts with {head!r})") from None
+            raise SourceError(f"{path}: cannot be read as a numpy .npy array: {exc}") from None
+
+    labels = None if labels_path is None else load(labels_path)
     if features_path.endswith(".npz"):
         try:
             import scipy.sparse
@@ -344,7 +357,7 @@ def pack_protobuf(features_path: str, out: str, labels_path: Optional[str] = Non
         write = write_sparse
         features: Any = matrix
     else:
-        features = np.load(features_path, allow_pickle=False)
+        features = load(features_path)
         write = write_dense
     idx = index_path(out)
     try:
