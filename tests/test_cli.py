@@ -554,6 +554,8 @@ def test_pack_images_leaves_out_and_lists_files_that_are_no_images(tmp_path, dat
     (root / "cat" / "broken.jpg").write_text("this is not a JPEG at all\n")
     jpeg = (root / "cat").glob("*.jpg").__next__().read_bytes()
     (root / "cat" / "cut.jpg").write_bytes(jpeg[:200])  # a JPEG header, then nothing
+    # cut inside its scan: Pillow's verify() passes it (it does not decode), Image() refused it in training
+    (root / "cat" / "half.jpg").write_bytes(jpeg[:len(jpeg) // 2])
     out = tmp_path / "o.rec"
     proc = cli("pack", "images", root, out)
     err = proc.stderr.decode()
@@ -562,6 +564,8 @@ def test_pack_images_leaves_out_and_lists_files_that_are_no_images(tmp_path, dat
     assert what.startswith("text (26 bytes")
     assert f"skipped {root / 'cat' / 'broken.jpg'}: not an image Pillow can open: {what}\n" in err
     assert f"skipped {root / 'cat' / 'cut.jpg'}: a JPEG image (200 bytes) that does not open: OSError: Truncated File Read\n" in err
+    assert (f"skipped {root / 'cat' / 'half.jpg'}: a JPEG image ({len(jpeg) // 2} bytes) cut short: no "
+            f"end-of-image marker after its last scan\n") in err
     assert "BytesIO" not in err and " at 0x" not in err  # #24: the message named Pillow's file object
     assert "6 records" in err  # the 6 images of the fixture, not the text file
     lst = (tmp_path / "o.lst").read_text()
@@ -569,7 +573,7 @@ def test_pack_images_leaves_out_and_lists_files_that_are_no_images(tmp_path, dat
     from parrecio import RecordReader
     assert sum(1 for _ in RecordReader(out)) == 6
     cli("pack", "images", root, tmp_path / "all.rec", "--no-verify")
-    assert sum(1 for _ in RecordReader(tmp_path / "all.rec")) == 8
+    assert sum(1 for _ in RecordReader(tmp_path / "all.rec")) == 9
 
 
 def test_pack_images_of_a_flat_folder_says_so(tmp_path, data):

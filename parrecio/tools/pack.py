@@ -174,8 +174,8 @@ def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_p
     items' indexes.  With ``lst_path`` the items are also written as a list file, in the order packed.
     ``shuffle`` permutes the items with ``random.Random(seed)`` first.  ``progress(n, total)`` is called
     every 1000 records.  With ``verify`` (default) each file must open as an image (Pillow reads its
-    header and checks its structure, without decoding it): one that does not is left out and listed in
-    ``PackResult.skipped`` with the reason.
+    header and checks its structure, without decoding it), and a JPEG must end its last scan: one that
+    does not is left out and listed in ``PackResult.skipped`` with the reason.
     """
     for value, name in ((root, "root"), (out_rec, "out_rec"), (idx_path, "idx_path"), (lst_path, "lst_path")):
         check_path_arg(value, name, file_ok=False)
@@ -229,6 +229,12 @@ def _not_an_image(data: bytes) -> Optional[str]:
         # Pillow names the file object it was given ("<_io.BytesIO object at 0x...>"): no news to anyone
         said = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(exc)).strip()
         return f"a {kind.upper()} image ({len(data)} bytes) that does not open: {type(exc).__name__}: {said}"
+    # verify() does not decode a JPEG's scans: a file cut short passes it, and Image() refuses it later,
+    # in the middle of a training run.  Its last scan must end with an EOI marker (an FF byte inside a scan
+    # is always followed by 00 or a restart marker, so an FF DA there is a scan's start).
+    last_scan = data.rfind(b"\xff\xda")
+    if data[:3] == b"\xff\xd8\xff" and last_scan >= 0 and data.find(b"\xff\xd9", last_scan) < 0:
+        return f"a JPEG image ({len(data)} bytes) cut short: no end-of-image marker after its last scan"
     return None
 
 
