@@ -485,6 +485,13 @@ def test_every_subcommand_says_the_same_of_non_recordio_input(tmp_path, images_r
     for args in (["inspect", txt], ["cat", txt]):
         err = cli(*args, check=False).stderr.decode()
         assert f"error: {txt}: not a RecordIO stream (29 bytes): it starts with text" in err, err
+        assert "pack manifest" not in err
+    # a manifest's first line is longer than the 64 bytes looked at (it sniffs as text): the hint still comes
+    manifest = tmp_path / "train.manifest"
+    manifest.write_text(json.dumps({"source-ref": "s3://bucket/images/0001.jpg", "bounding-box": {}}) + "\n")
+    for args in (["inspect", manifest], ["cat", manifest]):
+        err = cli(*args, check=False).stderr.decode()
+        assert err.strip().endswith("to pack a manifest's records: parrecio pack manifest FILE out.rec"), err
 
 
 def test_compressed_and_empty_inputs_are_named(tmp_path):

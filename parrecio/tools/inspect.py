@@ -67,8 +67,8 @@ def not_recordio(name: Any, head: bytes, nbytes: Optional[int] = None) -> Source
     hint = ""
     if kind in IMAGE_KINDS:
         hint = "; to pack images into RecordIO: parrecio pack images DIR out.rec"
-    elif kind == "json":
-        hint = "; to pack a manifest's records: parrecio pack manifest FILE out.rec"
+    elif kind == "json" or head.lstrip()[:2] in (b'{"', b"{ ", b"{\n", b"{}"):  # (a line cut at 64 bytes
+        hint = "; to pack a manifest's records: parrecio pack manifest FILE out.rec"  # sniffs as text)
     return SourceError(f"{name}: not a RecordIO stream{size}: it starts with {describe(head)}, not with "
                        f"the RecordIO magic 0xCED7230A{hint}")
 
