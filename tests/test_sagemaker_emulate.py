@@ -260,6 +260,28 @@ def test_an_interrupted_epoch_ends_inside_a_record(tmp_path):
     assert got == recs[:20]
 
 
+def test_pipe_serve_refuses_bad_sources_before_it_serves(tmp_path):
+    """A manifest line naming a missing file, or a source that is no RecordIO: refused at once, with the
+    line or the file named; it used to surface only after a reader opened the FIFO, as a stream cut
+    short on the reader's side (the cause on pipe-serve's stderr), or never, with no reader."""
+    (tmp_path / "ok.jpg").write_bytes(make_jpeg(1))
+    (tmp_path / "bad.manifest").write_text(
+        json.dumps({"source-ref": "ok.jpg", "label": 1}) + "\n"
+        + json.dumps({"source-ref": "nope.jpg", "label": 2}) + "\n")
+    (tmp_path / "pic.jpg").write_bytes(make_jpeg(1))
+    for args, message in (
+            (("--attribute-names", "source-ref,label", tmp_path / "bad.manifest"),
+             f"bad.manifest line 2: cannot read source-ref 'nope.jpg' ({tmp_path / 'nope.jpg'}): no such file"),
+            (("--attribute-names", "source-ref,missing", tmp_path / "bad.manifest"),
+             "bad.manifest line 1: no attribute 'missing'"),
+            ((tmp_path / "pic.jpg",), "pic.jpg: not a RecordIO stream")):
+        root = tmp_path / "sm"
+        proc = pipe_serve(root, *args)
+        err = finish(proc)
+        assert proc.returncode == 1 and message in err and "Traceback" not in err, err
+        assert not (root / "data").exists() or os.listdir(root / "data") == []
+
+
 def test_pipe_serve_sigterm_while_waiting_removes_the_fifo(tmp_path):
     write_rec(tmp_path / "x.rec", [b"x"])
     root = tmp_path / "sm"

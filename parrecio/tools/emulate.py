@@ -40,7 +40,8 @@ from ..recordio.index import indexed_count
 from ..recordio.wrapper import telling_split, write_sagemaker_recordio
 from ..sources.files import expand_patterns
 from ..sources.sagemaker import INPUT_CONFIG_FILE, looks_like_channel_name
-from .manifest import is_manifest_path, iter_manifest_records, line_records, read_manifest_lines
+from .inspect import head_of, not_recordio
+from .manifest import check_manifest, is_manifest_path, iter_manifest_records, line_records, read_manifest_lines
 
 __all__ = ["serve_pipe_channel", "write_channel_config", "EpochRecords"]
 
@@ -66,6 +67,20 @@ class EpochRecords:
         self.shuffle = shuffle
         self.seed = int(seed)
         self._items: Optional[List[Tuple]] = self._index() if shuffle else None
+
+    def check(self) -> None:
+        """SourceError now for what would fail in an epoch: a manifest line that does not parse or names a
+        file that cannot be read, a ``.rec`` source that does not start with the RecordIO magic (the
+        reader would wait for its stream, then see it cut short, the cause only on this side's stderr)."""
+        for path in self.paths:
+            if is_manifest_path(path):
+                check_manifest(path, self.attribute_names)
+                continue
+            head = head_of(path, 4)
+            if head is None:
+                raise SourceError(f"{path}: cannot read it (no such file, or not a regular file)")
+            if head and not head.startswith(MAGIC_BYTES):
+                raise not_recordio(path, head_of(path) or head, os.path.getsize(path))
 
     def count(self) -> Optional[int]:
         """Records per epoch, where that is cheap to know: ``None`` for a ``.rec`` file without an index.
@@ -200,6 +215,7 @@ def serve_pipe_channel(root: str, channel: str, sources: Sequence[str], *, epoch
     if split_bytes is not None and split_bytes < 1:
         raise SourceError(f"split_bytes must be >= 1, not {split_bytes}")
     plan = EpochRecords(sources, attribute_names=attribute_names, shuffle=shuffle, seed=seed)
+    plan.check()
     total = plan.count() if progress is not None else None
     log = log or (lambda message: None)
     write_channel_config(root, channel)

@@ -82,6 +82,34 @@ def line_records(line: ManifestLine, attribute_names: Sequence[str], manifest_pa
     return records
 
 
+def check_manifest(manifest_path: str, attribute_names: Sequence[str]) -> int:
+    """Look at every line of the manifest now, as :func:`line_records` would, without reading the
+    referenced files (each must be a readable file); SourceError naming the first line that would fail.
+    Returns the lines.  (A server of the records -- ``pipe-serve`` -- finds it out before a reader waits
+    for its stream, not in the middle of an epoch.)"""
+    lines = read_manifest_lines(manifest_path)
+    for lineno, text in lines:
+        where = f"{manifest_path} line {lineno}"
+        try:
+            obj = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise SourceError(f"{where}: not valid JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise SourceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        for name in attribute_names:
+            if name not in obj:
+                raise SourceError(f"{where}: no attribute {name!r} (the line has {', '.join(map(repr, obj))})")
+            value = obj[name]
+            if name.endswith("-ref"):
+                if not isinstance(value, str):
+                    raise SourceError(f"{where}: attribute {name!r} should be a path or URL string, got {value!r}")
+                path = resolve_ref(value, manifest_path)
+                if not (os.path.isfile(path) and os.access(path, os.R_OK)):
+                    raise SourceError(f"{where}: cannot read {name} {value!r} ({path}): "
+                                      f"{'not a readable file' if os.path.exists(path) else 'no such file'}")
+    return len(lines)
+
+
 def iter_manifest_records(manifest_path: str, attribute_names: Sequence[str], *,
                           order: Optional[Sequence[int]] = None) -> Iterator[bytes]:
     """The records of an augmented manifest, ``len(attribute_names)`` per line, as SageMaker would stream them.
