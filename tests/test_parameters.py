@@ -205,6 +205,8 @@ READER_INVALID = [
     (dict(seed=-1), ValueError, "seed"),
     (dict(shuffle_buffer=0), ValueError, "shuffle_buffer"),
     (dict(shuffle_buffer=10.5), TypeError, "shuffle_buffer"),
+    (dict(shuffle="no"), TypeError, "shuffle must be True or False, not 'no'"),  # (it meant True)
+    (dict(drop_last=1), TypeError, "drop_last must be True or False"),
     # other loaders' names and typos: named as ParallelReader's, with the one meant (resolve()'s before)
     (dict(num_workers=2), TypeError, r"ParallelReader\(\) got an unexpected keyword argument 'num_workers' "
                                      r"\(did you mean workers=\?\)"),
@@ -429,3 +431,11 @@ def test_a_decoder_class_for_its_instance_is_refused(tmp_path):
             ParallelReader(path, fields=fields, on_error="skip")
     with ParallelReader(path, fields=bytes, workers=0) as reader:
         assert list(reader) == [b"{}"] * 3
+
+
+def test_a_reader_says_it_cannot_be_pickled_and_what_to_do(tmp_path):
+    import pickle
+    path = _rec(tmp_path, [b"{}"])
+    with ParallelReader(path, workers=0) as reader:
+        with pytest.raises(TypeError, match="a ParallelReader cannot be pickled .* make one where it is used"):
+            pickle.dumps(reader)

@@ -30,6 +30,8 @@ import warnings
 import weakref
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
+import numpy as np
+
 from ..decoders.base import ArraySpec, is_passthrough, payload_kinds, spec_of
 from ..errors import PipelineError
 from ..recordio.paths import index_path
@@ -167,6 +169,9 @@ class ParallelReader:
         workers = _default_workers() if workers is None else count("workers", workers, minimum=0)
         seed = count("seed", seed, minimum=0, maximum=(1 << 64) - 1)  # a 64-bit seed, as torch.Generator takes
         shuffle_buffer = count("shuffle_buffer", shuffle_buffer)
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(flag, (bool, np.bool_)):  # ("no" would be true)
+                raise TypeError(f"{name} must be True or False, not {flag!r}")
         tuning = _tuning(tuning, source_options)
         methods = multiprocessing.get_all_start_methods()
         kind, names, decoders = normalize_fields(fields)
@@ -207,6 +212,11 @@ class ParallelReader:
         self._pass_samples: Optional[int] = None  # samples of the last complete pass
         self._indexed_groups: Optional[int] = None  # groups the .idx files list (read once, by __len__)
         res.warm_up(strict=False)  # the fork server boots while the user builds a model (the pass its memory)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a ParallelReader cannot be pickled (it holds processes, pipes and shared memory): "
+                        "send its arguments and make one where it is used -- one per process, e.g. one "
+                        "per rank with num_shards/shard_index")
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def close(self) -> None:
