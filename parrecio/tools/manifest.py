@@ -20,7 +20,7 @@ attributes is an error, as it is for SageMaker.
 from __future__ import annotations
 
 import os
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import unquote, urlparse
 
 import orjson
@@ -62,24 +62,9 @@ def read_manifest_lines(manifest_path: str) -> List[ManifestLine]:
 
 def line_records(line: ManifestLine, attribute_names: Sequence[str], manifest_path: str) -> List[bytes]:
     """The records of one manifest line: one per attribute name, in order (see the module docstring)."""
-    lineno, text = line
-    where = f"{manifest_path} line {lineno}"
-    try:
-        obj = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise SourceError(f"{where}: not valid JSON: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise SourceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    records = []
-    for name in attribute_names:
-        if name not in obj:
-            raise SourceError(f"{where}: no attribute {name!r} (the line has {', '.join(map(repr, obj))})")
-        value = obj[name]
-        if name.endswith("-ref"):
-            records.append(_referenced_bytes(value, manifest_path, where, name))
-        else:
-            records.append(orjson.dumps(value))
-    return records
+    where, values = _line_values(line, attribute_names, manifest_path)
+    return [_referenced_bytes(value, manifest_path, where, name) if name.endswith("-ref") else orjson.dumps(value)
+            for name, value in zip(attribute_names, values)]
 
 
 def check_manifest(manifest_path: str, attribute_names: Sequence[str]) -> int:
@@ -88,26 +73,31 @@ def check_manifest(manifest_path: str, attribute_names: Sequence[str]) -> int:
     Returns the lines.  (A server of the records -- ``pipe-serve`` -- finds it out before a reader waits
     for its stream, not in the middle of an epoch.)"""
     lines = read_manifest_lines(manifest_path)
-    for lineno, text in lines:
-        where = f"{manifest_path} line {lineno}"
-        try:
-            obj = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            raise SourceError(f"{where}: not valid JSON: {exc}") from exc
-        if not isinstance(obj, dict):
-            raise SourceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-        for name in attribute_names:
-            if name not in obj:
-                raise SourceError(f"{where}: no attribute {name!r} (the line has {', '.join(map(repr, obj))})")
-            value = obj[name]
+    for line in lines:
+        where, values = _line_values(line, attribute_names, manifest_path)
+        for name, value in zip(attribute_names, values):
             if name.endswith("-ref"):
-                if not isinstance(value, str):
-                    raise SourceError(f"{where}: attribute {name!r} should be a path or URL string, got {value!r}")
-                path = resolve_ref(value, manifest_path)
+                path = _ref_path(value, manifest_path, where, name)
                 if not (os.path.isfile(path) and os.access(path, os.R_OK)):
                     raise SourceError(f"{where}: cannot read {name} {value!r} ({path}): "
                                       f"{'not a readable file' if os.path.exists(path) else 'no such file'}")
     return len(lines)
+
+
+def _line_values(line: ManifestLine, attribute_names: Sequence[str], manifest_path: str) -> Tuple[str, list]:
+    """``(where, the values of the attributes)`` of one manifest line; SourceError naming the line."""
+    lineno, text = line
+    where = f"{manifest_path} line {lineno}"
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise SourceError(f"{where}: not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise SourceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for name in attribute_names:
+        if name not in obj:
+            raise SourceError(f"{where}: no attribute {name!r} (the line has {', '.join(map(repr, obj))})")
+    return where, [obj[name] for name in attribute_names]
 
 
 def iter_manifest_records(manifest_path: str, attribute_names: Sequence[str], *,
@@ -125,14 +115,18 @@ def iter_manifest_records(manifest_path: str, attribute_names: Sequence[str], *,
 
 
 def _referenced_bytes(value, manifest_path: str, where: str, name: str) -> bytes:
-    if not isinstance(value, str):
-        raise SourceError(f"{where}: attribute {name!r} should be a path or URL string, got {value!r}")
-    path = resolve_ref(value, manifest_path)
+    path = _ref_path(value, manifest_path, where, name)
     try:
         with open(path, "rb") as f:
             return f.read()
     except OSError as exc:
         raise SourceError(f"{where}: cannot read {name} {value!r} ({path}): {exc.strerror or exc}") from exc
+
+
+def _ref_path(value: Any, manifest_path: str, where: str, name: str) -> str:
+    if not isinstance(value, str):
+        raise SourceError(f"{where}: attribute {name!r} should be a path or URL string, got {value!r}")
+    return resolve_ref(value, manifest_path)
 
 
 def resolve_ref(ref: str, manifest_path: str) -> str:
