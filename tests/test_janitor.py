@@ -3,7 +3,8 @@
 A Jupyter kernel that shuts down or restarts sends SIGTERM to each of its children (the reader and the
 decoder processes end, as asked: their consumer is alive) and is then killed: nothing was left to sweep
 its ring and output slots (90-400 MB of /dev/shm per kernel restart).  A janitor (``children.start_janitor``:
-a shell outside the consumer's process group and family) removes them once the lifeline ends.
+a shell outside the consumer's process group and family, started in a kernel) removes them once the
+lifeline ends.  The script imports ipykernel, as a kernel has.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pipeline_helpers import payloads, write_rec
 
 SCRIPT = textwrap.dedent("""\
     import os, signal, sys, time
+    import ipykernel  # (what a Jupyter kernel has imported: the janitor is started there only)
     import psutil
     from parrecio import ParallelReader, Tuning
     if __name__ == "__main__":

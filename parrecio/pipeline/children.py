@@ -141,7 +141,11 @@ def start_janitor(prefix: str, lifeline_fd: int) -> bool:
     So a ``sh`` that waits on the lifeline with ``cat``, then ``rm``, started in a session of its own and
     left to init at once (the shell that starts it exits): no signal sent to this process's group or
     children reaches it, and it ignores SIGHUP, SIGINT and SIGTERM.  On a clean close it finds nothing
-    left.  Returns False where it cannot be started (no ``/bin/sh``, no /dev/shm)."""
+    left.  Returns False where it cannot be started (no ``/bin/sh``, no /dev/shm).
+
+    Started in a Jupyter kernel only (``ipykernel`` imported): elsewhere the children's sweep covers a
+    consumer's death, and a process left to init is reaped only where init reaps -- in a container whose
+    first process is the training script itself, each janitor would stay a zombie."""
     if not os.path.isdir(SHM_DIR) or not os.path.exists("/bin/sh"):
         return False
     target = shlex.quote(os.path.join(SHM_DIR, prefix))

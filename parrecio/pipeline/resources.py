@@ -20,6 +20,7 @@ import logging
 import math
 import multiprocessing
 import os
+import sys
 import threading
 from typing import Any, NamedTuple, Optional, Tuple
 
@@ -161,7 +162,8 @@ class Resources:
         try:
             self.warm_up()  # (again: when it was not up yet, it boots while the memory below is allocated)
             self.lifeline = Lifeline(*ctx.Pipe(duplex=False))
-            start_janitor(self.prefix, self.lifeline.r.fileno())  # (if every child is gone first)
+            if "ipykernel" in sys.modules:  # (a kernel's shutdown ends the children first: see start_janitor)
+                start_janitor(self.prefix, self.lifeline.r.fileno())
             initial = least = 0
             if cfg.layout.has_fixed:
                 # Enough slots for the tasks in flight (at most `prefetch` per worker) and two being
