@@ -267,7 +267,7 @@ def test_a_kept_reader_does_not_grow(tmp_path, no_leaks):
     recs = payloads(2000, seed=6, max_len=6000)
     write_rec(tmp_path / "m.rec", recs)
     with deadline(120), ParallelReader(str(tmp_path / "m.rec"), fields=None, workers=1, tuning=SMALL,
-                                       shuffle=500) as reader:
+                                       shuffle=True, shuffle_buffer=500) as reader:
         res = reader._res
         rss = []
         for epoch in range(12):
