@@ -84,15 +84,20 @@ class FileCheck:
                            f"opened it")
 
 
+def _version_of(name: str) -> Tuple[str, str]:
+    """``(version, path)`` of the segment ``name`` that :func:`map_stream` made (``file:<version>:<path>``)."""
+    *version, path = name[len(PREFIX):].split(":", 4)
+    return ":".join(version), path
+
+
 def changed_since(name: str) -> Optional[SourceError]:
     """The error of the file that segment ``name`` maps if it changed since (asked after a process died of
     SIGBUS); None if it did not, or cannot be looked at."""
-    *version, path = name[len(PREFIX):].split(":", 4)
+    ident, path = _version_of(name)
     try:
         st = os.stat(path)
     except OSError:
         return None
-    ident = ":".join(version)
     return None if _identity(st) == ident else FileCheck(-1, ident, path).changed(st)
 
 
@@ -149,8 +154,7 @@ class MappedFiles:
             self._maps.move_to_end(name)
             self._checks[name]()
             return mm
-        *version, path = name[len(PREFIX):].split(":", 4)
-        ident = ":".join(version)
+        ident, path = _version_of(name)
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as err:
@@ -158,7 +162,7 @@ class MappedFiles:
         try:
             check = FileCheck(fd, ident, path)
             check()
-            mm = mmap.mmap(fd, int(version[2]), prot=mmap.PROT_READ)
+            mm = mmap.mmap(fd, int(ident.split(":")[2]), prot=mmap.PROT_READ)
         except BaseException:
             os.close(fd)
             raise
