@@ -92,7 +92,8 @@ def summarize(runs: Dict[int, List[Dict[str, float]]]) -> Dict[str, Any]:
         us = [p["cpu_s"] / p["n"] * 1e6 for p in passes]
         rate = [p["n"] / p["wall_s"] for p in passes]
         med[size] = statistics.median(ms)
-        out[str(size)] = {"passes": len(passes), "consumer_ms_per_pass": _spread(ms, 3),
+        # (4 digits: the fit's slope is read back from these medians, and 3 put its rounding at 0.01 us)
+        out[str(size)] = {"passes": len(passes), "consumer_ms_per_pass": _spread(ms, 4),
                           "consumer_us_per_sample": _spread(us, 2), "samples_per_s": _spread(rate, 0)}
     sizes = sorted(med)
     if len(sizes) >= 2:  # the line through the smallest and the largest size's medians
