@@ -4,8 +4,13 @@ A decoder process (:mod:`parrecio.pipeline.worker`), ``workers=0`` (:mod:`parrec
 the Ray datasource (:mod:`parrecio.integrations.ray`) decode with :meth:`DecodePlan.decode`; they differ
 only in where the payloads and the ``out`` arrays lie (the ring and an output slot, the reader's buffer
 and a local slot, a file and a block) and in how an error travels.  So a field gets the same payload (a
-read-only ``memoryview``, released after the call: a decoder that keeps it fails there), the same sample
-key, and fails the same way in every mode.
+read-only ``memoryview``, released after the call: a decoder that keeps the view itself fails there), the
+same sample key, and fails the same way in every mode.
+
+A value may not point into the payload's memory, which is reused (``workers=0`` reads the next records
+into it) or given back: an array that ``np.frombuffer(payload)`` made holds on to the view without the
+export that ``release()`` would see.  A field whose value does is decoded again from a ``bytes`` copy of
+the payload, which the value then keeps alive, and gets copies from then on (:func:`_holds`).
 
 ``Json()`` fields call ``orjson.loads`` directly (a C function that gives the decoder's value for any
 payload the decoder accepts); on a payload that fails, the decoder itself runs again to raise its own
@@ -15,6 +20,8 @@ error.
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple, Type
+
+import numpy as np
 
 from ..decoders.base import is_random, sample_key, write_into
 from ..decoders.basic import Json
@@ -34,6 +41,32 @@ def _fast_calls() -> dict:
 
 
 _FAST = _fast_calls()
+
+
+def _points_into(value: Any, view: memoryview) -> bool:
+    """Whether ``value`` is an array or a memoryview over the memory of the payload ``view``."""
+    if isinstance(value, np.ndarray):
+        value = value.base
+        while isinstance(value, np.ndarray):
+            value = value.base
+    if isinstance(value, memoryview):
+        if value is view:
+            return True
+        try:
+            return value.obj is view.obj  # a slice of the view, or a view of one
+        except ValueError:  # released
+            return False
+    return False
+
+
+def _holds(value: Any, view: memoryview) -> bool:
+    """Whether a decoded ``value`` points into its payload ``view`` (see the module's docstring): itself,
+    or an item of a tuple, list or dict of a few items (a decoder's record of arrays)."""
+    if isinstance(value, (tuple, list)):
+        return len(value) <= 16 and any(_points_into(v, view) for v in value)
+    if isinstance(value, dict):
+        return len(value) <= 16 and any(_points_into(v, view) for v in value.values())
+    return _points_into(value, view)
 
 
 class FieldFailed(Exception):
@@ -70,6 +103,7 @@ class DecodePlan:
             call = _FAST.get(type(dec)) if how == RAGGED else None
             self.fields.append((f, how, call, dec, spec, is_random(dec)))
         self.keyed = any(t[5] for t in self.fields)
+        self.copies = [False] * self.nfields  # fields given a bytes copy of their payload (see _holds)
         if len(self.fields) == 1 and self.fields[0][2] is not None:  # tiny records' case: one C call
             self.decode = self._decode_fast  # type: ignore[method-assign]
 
@@ -108,20 +142,33 @@ class DecodePlan:
                         continue
                     except Exception:
                         pass  # the decoder's own error is the one to report: it runs below
+                k = key if rnd else None
+                out = outs[f] if how == FIXED else None
+                if self.copies[f]:
+                    vals[f] = _call(how, dec, bytes(p), spec, out, k)
+                    continue
                 view = memoryview(p)
                 if not view.readonly:
                     view = view.toreadonly()
                 try:
-                    k = key if rnd else None
-                    if how == FIXED:
-                        vals[f] = write_into(dec, view, spec, outs[f], k)
-                    else:
-                        vals[f] = dec(view) if k is None else dec(view, key=k)
+                    v = _call(how, dec, view, spec, out, k)
+                    held = _holds(v, view)
                 finally:
-                    view.release()  # BufferError if the decoder kept it
+                    view.release()  # BufferError if the decoder kept the view itself
+                if held:
+                    self.copies[f] = True
+                    v = _call(how, dec, bytes(p), spec, out, k)
+                vals[f] = v
         except self.catch as exc:
             raise FieldFailed(f, exc) from None
         return vals
+
+
+def _call(how: int, dec: Any, payload: Any, spec: Any, out: Any, key: Optional[int]) -> Any:
+    """One field's decoder on one payload: its value (a fixed-shape field's written into ``out``)."""
+    if how == FIXED:
+        return write_into(dec, payload, spec, out, key)
+    return dec(payload) if key is None else dec(payload, key=key)
 
 
 def failure_error(cfg: Any, failure: FieldFailed, payloads: Sequence[Any], index: Optional[int],

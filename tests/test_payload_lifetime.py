@@ -1,0 +1,97 @@
+"""A decoder's value never points into memory the pipeline reuses.
+
+A payload is a read-only view of the reader's buffer, the ring or a mapped file, valid during the call
+(docs/ARCHITECTURE.md).  ``np.frombuffer(payload)`` -- the usual decoder of raw numeric records -- holds
+that view without an export that ``memoryview.release()`` would notice: with ``workers=0`` a third of the
+samples were silently other samples' bytes (the reader's buffer had moved on), and a value over a group's
+earlier record (a ``bytes`` object freed with the group) pointed at freed memory.  Such a field is now
+decoded from a ``bytes`` copy, which its value keeps alive."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from parrecio import ParallelReader, Tuning
+from parrecio.pipeline.decode import DecodePlan
+from pipeline_helpers import write_rec
+
+
+def as_array(payload):
+    return np.frombuffer(payload, np.uint8)
+
+
+def tail(payload):
+    return np.frombuffer(payload, np.uint8)[1:].reshape(-1, 1)  # an array over an array over the view
+
+
+def record(payload):
+    return {"head": bytes(payload[:1]), "body": np.frombuffer(payload[1:], np.uint8)}
+
+
+def _records(n: int):
+    rng = np.random.default_rng(5)
+    return [rng.integers(0, 256, int(rng.integers(1, 3000)), dtype=np.uint8).tobytes() for _ in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("source", ["file", "stream"])
+def test_arrays_over_the_payload_are_the_records_bytes(tmp_path, workers, source):
+    recs = _records(1500)
+    path = tmp_path / "a.rec"
+    write_rec(path, recs)
+    channel = path if source == "file" else io.BytesIO(path.read_bytes())
+    tuning = Tuning(ring_bytes=1 << 20)  # the ring wraps many times
+    with ParallelReader(channel, fields=[as_array, tail], workers=workers, tuning=tuning) as r:
+        got = list(r)
+    assert len(got) == len(recs) // 2
+    for i, (a, b) in enumerate(got):
+        assert a.tobytes() == recs[2 * i], i  # the group's first record: a bytes object freed with it
+        assert b.shape == (len(recs[2 * i + 1]) - 1, 1) and b.tobytes() == recs[2 * i + 1][1:], i
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("source", ["file", "stream"])
+@pytest.mark.parametrize("batch_size", [None, 7])
+def test_one_field_of_arrays_over_the_payload(tmp_path, workers, source, batch_size):
+    """One ragged field, unbatched: ``workers=0`` hands each value out as the reader steps on (its
+    fast path for tiny records); batched, the values wait for their batch."""
+    recs = _records(3000)
+    path = tmp_path / "a.rec"
+    write_rec(path, recs)
+    channel = path if source == "file" else io.BytesIO(path.read_bytes())
+    with ParallelReader(channel, fields=as_array, workers=workers, batch_size=batch_size) as r:
+        got = [a for item in r for a in (item if batch_size else [item])]
+    assert [a.tobytes() for a in got] == recs
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_arrays_in_a_record_of_values(tmp_path, workers):
+    recs = _records(800)
+    path = tmp_path / "d.rec"
+    write_rec(path, recs)
+    with ParallelReader(path, fields=record, workers=workers, batch_size=None) as r:
+        got = list(r)
+    assert [g["head"] + g["body"].tobytes() for g in got] == recs
+
+
+def test_only_a_field_whose_value_holds_its_payload_gets_copies():
+    calls = []
+
+    def counted(dec):
+        def call(p):
+            calls.append(type(p))
+            return dec(p)
+        return call
+
+    plan = DecodePlan([counted(bytes), counted(as_array)], [None, None], [False, False])
+    vals = plan.decode([memoryview(b"ab"), memoryview(b"cd")], [], None)
+    assert vals[0] == b"ab" and vals[1].tobytes() == b"cd"
+    # the second decoder ran twice: on the view, then on a copy its value keeps
+    assert calls == [memoryview, memoryview, bytes] and plan.copies == [False, True]
+    buf = bytearray(b"ef")
+    vals = plan.decode([memoryview(b"gh"), memoryview(buf)], [], None)
+    buf[:] = b"zz"
+    assert vals[1].tobytes() == b"ef" and calls[3:] == [memoryview, bytes]
