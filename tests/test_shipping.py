@@ -144,9 +144,11 @@ def test_decoder_nothing_can_pickle_is_refused_up_front(tmp_path):
 def test_ship_keeps_importable_decoders_by_reference():
     from parrecio.decoders import Json
     d = Json()
-    assert ship([d], ["0"], "spawn") == (d,) and unship(ship([d], ["0"], "spawn"))[0] is d
+    s = ship([d], ["0"], "spawn")
+    assert isinstance(s, Shipped) and not s.by_value and b"cloudpickle" not in s.blob
+    assert unship(s) == (d,)
     s = ship([d, lambda p: 1], ["0", "1"], "spawn")
-    assert isinstance(s, Shipped)
+    assert isinstance(s, Shipped) and s.by_value
     got = unship(s)
     assert got[0] == d and got[1](b"") == 1
 
@@ -185,3 +187,76 @@ def test_fields_share_main_state_as_in_one_process(method, workers):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["60", "60", "True"], proc.stdout
+
+
+LATE_STATE = textwrap.dedent("""\
+    import json, os, tempfile
+    from parrecio import ParallelReader, RecordWriter, Tuning
+
+    CLASSES = {}                           # filled after the reader is made, before its first pass
+
+    def label(payload):
+        return CLASSES.get(json.loads(bytes(payload))["name"], -1)
+
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "x.rec")
+    with RecordWriter(path) as w:
+        for name in ["cat", "dog", "cat", "bird"]:
+            w.write(json.dumps({"name": name}).encode())
+    reader = ParallelReader(path, fields=label, workers=WORKERS, tuning=Tuning(start_method=METHOD))
+    CLASSES.update({"cat": 0, "dog": 1})
+    print(list(reader))
+    reader.close()
+    """)
+
+
+@pytest.mark.parametrize("method,workers", [("forkserver", 2), ("spawn", 2), ("fork", 2), ("forkserver", 0)])
+def test_main_state_is_taken_when_the_processes_start(method, workers):
+    """A ``__main__`` decoder's module state is what it is when the decoder processes start (README: "a
+    copy per decoder process, made when it starts"), as under ``fork`` and with ``workers=0``: it was
+    pickled when the reader was made, and a class table filled between that and the first pass was
+    empty in the workers (every label -1)."""
+    code = LATE_STATE.replace("METHOD", repr(method)).replace("WORKERS", str(workers))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[0] == "[0, 1, 0, -1]", proc.stdout
+
+
+UNIMPORTABLE = textwrap.dedent("""\
+    import json, os, sys, time
+    from parrecio import ParallelReader, RecordWriter, Tuning
+
+    os.chdir(BASE)
+    sys.path.insert(0, "")                 # as in a notebook or python -c: the directory it started in
+    import helpers_elsewhere               # found through "" ...
+    os.makedirs("data", exist_ok=True)
+    os.chdir("data")                       # ... and no longer from here, where the children start
+    with RecordWriter("x.rec") as w:
+        for i in range(20):
+            w.write(json.dumps({"i": i}).encode())
+    t0 = time.monotonic()
+    with ParallelReader("x.rec", fields=helpers_elsewhere.decode, workers=2,
+                        tuning=Tuning(start_method=METHOD)) as r:
+        try:
+            list(r)
+        except Exception as exc:
+            print(type(exc).__name__, "|", exc, "|", r.stats.workers_replaced, "|", round(time.monotonic() - t0))
+    """)
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_decoder_from_a_module_the_children_cannot_import(tmp_path, method):
+    """A decoder pickled by reference whose module the decoder processes cannot import: one PipelineError
+    naming the ModuleNotFoundError, as for one shipped by value.  It used to be unpickled by
+    multiprocessing's own start-up, in the reader process as well: "the reader process died (exit code
+    1)", the cause only in tracebacks on stderr, decoder processes respawned."""
+    (tmp_path / "helpers_elsewhere.py").write_text("import json\ndef decode(p):\n    return json.loads(bytes(p))['i']\n")
+    code = UNIMPORTABLE.replace("BASE", repr(str(tmp_path))).replace("METHOD", repr(method))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kind, message, replaced, took = [x.strip() for x in proc.stdout.split("|")]
+    assert kind == "PipelineError", proc.stdout
+    assert message.startswith("decoder process ") and ("cannot load the decoders it was sent: ModuleNotFoundError: "
+                                                       "No module named 'helpers_elsewhere'") in message, message
+    assert replaced == "0" and int(took) < 20
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

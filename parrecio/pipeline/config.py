@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, FrozenSet, Optional, Tuple
 
+from .shipping import ship
 from .slots import SlotLayout
 
 __all__ = ["PipelineConfig"]
@@ -29,7 +30,6 @@ class PipelineConfig:
 
     # what a group is, and what the user gets
     decoders: Tuple[Any, ...]          # one per record position of a group
-    shipped: Any                       # the decoders as they travel to the children (shipping.ship)
     names: Tuple[str, ...]             # field names (for dicts and messages)
     kind: str                          # "single" | "tuple" | "dict": the shape of a sample
     passthrough: Tuple[bool, ...]      # fields whose payload is handed out as bytes, never decoded
@@ -64,10 +64,11 @@ class PipelineConfig:
     task_timeout: Optional[float]
 
     def __reduce__(self):
-        # Children get the decoders as shipped (by value where pickle by reference cannot reach them);
-        # a decoder process loads them itself (shipping.unship), where a failure can be reported.
+        # A child gets the decoders shipped as they are now, when it starts (by value where pickle by
+        # reference cannot reach them), as bytes that a decoder process loads itself (shipping.unship),
+        # where a failure can be reported; the reader process never loads them.
         state = {f.name: getattr(self, f.name) for f in fields(self)}
-        state["decoders"] = self.shipped
+        state["decoders"] = ship(self.decoders, self.names, self.start_method)
         return (_config_from, (state,))
 
     @property

@@ -176,9 +176,8 @@ class ParallelReader:
         methods = multiprocessing.get_all_start_methods()
         kind, names, decoders = normalize_fields(fields)
         start_method = tuning.start_method or ("forkserver" if "forkserver" in methods else "spawn")
-        shipped: Any = tuple(decoders)
-        if workers and start_method != "fork":  # workers=0: decoders stay in this process
-            shipped = ship(decoders, names, start_method)
+        if workers and start_method != "fork":  # (workers=0: decoders stay in this process)
+            ship(decoders, names, start_method)  # one that cannot travel is refused now, not at the first pass
         passthrough = tuple(is_passthrough(d) for d in decoders)
         specs = [None if p else spec_of(d) for d, p in zip(decoders, passthrough)]
         layout = SlotLayout(specs, batch_size or slot_samples(tuning, SlotLayout(specs, 1).nbytes))
@@ -189,7 +188,7 @@ class ParallelReader:
         res.source = source = resolve(channel, **source_options)
         index_paths = _index_paths(source)
         res.cfg = PipelineConfig(
-            decoders=tuple(decoders), shipped=shipped, names=tuple(names), kind=kind,
+            decoders=tuple(decoders), names=tuple(names), kind=kind,
             passthrough=passthrough, kinds=tuple(payload_kinds(d) for d in decoders), layout=layout,
             travels=tuple(_travels(passthrough, layout)),
             batch_size=batch_size, drop_last=bool(drop_last), join=join or source.default_join,

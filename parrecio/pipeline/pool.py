@@ -202,8 +202,9 @@ class WorkerPool:
         for frame in w.inbox.read():
             if frame.task_id == CANNOT_LOAD:
                 raise PipelineError(f"decoder process {w.index} cannot load the decoders it was sent: "
-                                    f"{pickle.loads(frame.body)} (a decoder shipped by value needs what "
-                                    f"it uses to be importable in a new process too)")
+                                    f"{pickle.loads(frame.body)} (a decoder, and what it uses, must be importable "
+                                    f"in a new process too: one started with this process's sys.path, in its "
+                                    f"current directory)")
             if frame.body == TAKEN:  # (not progress: a worker that dies at once keeps saying it)
                 w.taken.add(frame.task_id)
                 continue

@@ -2,10 +2,11 @@
 
 ::
 
-    ParallelReader(fields=...)   ship(decoders) -> the decoders themselves  (pickled by reference: module.name)
-                                               -> Shipped(cloudpickle bytes of all of them together: one
-                                                  defined in a notebook cell, python -c, a script piped to
-                                                  python; a lambda, a closure)
+    process start (pickling the PipelineConfig)
+                                 ship(decoders) -> Shipped(pickle's bytes: by reference, module.name)
+                                                -> Shipped(cloudpickle's bytes of all of them together: one
+                                                   defined in a notebook cell, python -c, a script piped to
+                                                   python; a lambda, a closure)
     decoder process              unship(cfg.decoders) -> the decoders; if they do not load, the run ends at
                                  once with a PipelineError that says why
 
@@ -14,7 +15,10 @@ That fails for ``__main__``, which the children never import (:func:`parrecio.pi
 a script without a ``__main__`` guard would run again in each of them), and for lambdas and local
 functions everywhere.  cloudpickle -- what Ray, Dask and joblib/loky use -- stores those by value
 instead.  A reader's decoders are pickled together (what they share stays shared), once per process
-start, never per sample.
+start, never per sample: as they are when the process starts (what ``__main__`` set after the reader was
+made included, as under ``fork`` and ``workers=0``).  Either way they travel as bytes that only a decoder
+process loads, in its own code: a module it cannot import is a clear error there (never a crash of the
+process's start-up, nor of the reader process, which does not need them).
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ __all__ = ["Shipped", "ship", "unship"]
 
 
 class Shipped:
-    """A decoder travelling by value: cloudpickle's bytes, loaded in the decoder process."""
+    """A reader's decoders on their way: pickle's bytes (``by_value``: cloudpickle's), loaded in the decoder
+    process."""
 
-    __slots__ = ("blob", "text")
+    __slots__ = ("blob", "text", "by_value")
 
-    def __init__(self, blob: bytes, text: str) -> None:
-        self.blob, self.text = blob, text
+    def __init__(self, blob: bytes, text: str, by_value: bool = True) -> None:
+        self.blob, self.text, self.by_value = blob, text, by_value
 
     def load(self) -> Any:
         return pickle.loads(self.blob)
@@ -40,10 +45,10 @@ class Shipped:
         return self.text
 
 
-def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Any:
+def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Shipped:
     """A reader's ``decoders`` (its fields, named ``names``) as they travel to the children of start
-    method ``method``: the tuple itself when pickle can send every one by reference and the children can
-    import what they name, else one :class:`Shipped` holding all of them.
+    method ``method``: pickled by reference when pickle can and the children can import what they name,
+    else by value; one :class:`Shipped` holding all of them either way.
 
     All in one cloudpickle blob, because what decoders share must stay shared: two ``__main__`` functions
     reading one module-level dict get one dict in the child (pickled apart, each would get a copy of its
@@ -55,7 +60,7 @@ def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Any:
     except Exception:
         data = None
     if data is not None and b"__main__" not in data:
-        return decoders
+        return Shipped(data, repr(decoders), by_value=False)
     import cloudpickle
     try:
         blob = cloudpickle.dumps(decoders)
@@ -74,5 +79,6 @@ def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Any:
 
 
 def unship(shipped: Any) -> Tuple[Any, ...]:
-    """The decoders themselves, in a decoder process (what :func:`ship` returned)."""
+    """The decoders themselves, in a decoder process (what :func:`ship` returned; the decoders as they
+    are where nothing was pickled: a ``fork`` child)."""
     return tuple(shipped.load() if isinstance(shipped, Shipped) else shipped)
