@@ -63,6 +63,25 @@ def test_partial_specs():
     assert write_into(decoder, record, decoder.output_spec, (None, label))[1] is None
 
 
+class _Thumb:
+    """An image decoder with an output_spec and no decode_into, returning another shape and dtype."""
+    output_spec = ArraySpec((2, 3), np.uint8)
+
+    def __call__(self, data):
+        return np.array([[300.7, -1.2, 2.5]])
+
+
+def test_an_image_decoder_without_decode_into_is_held_to_its_spec():
+    """Its value was broadcast and cast into the slot (row [300.7, -1.2, 2.5] -> [[44, 255, 2]] twice);
+    the same decoder as a field of its own is refused: so is it inside ImageRecord."""
+    record = pack(IRHeader(0, 4.0, 1, 0), b"xyz")
+    decoder = ImageRecord(image=_Thumb(), label_width=0)
+    image, label = np.full((2, 3), 7, np.uint8), np.zeros((), np.float32)
+    with pytest.raises(ValueError, match=r"shape \(1, 3\) and dtype float64, but its output_spec says \(2, 3\) uint8"):
+        decoder.decode_into(record, (image, label))
+    assert (image == 7).all()
+
+
 def test_label_width_rules():
     scalar = pack(IRHeader(0, 2.0, 1, 0), JPEG)
     two = pack(IRHeader(0, [1, 2], 1, 0), JPEG)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import DecodeError
 from ..recordio.irheader import unpack
-from .base import ArraySpec, is_random
+from .base import ArraySpec, is_random, write_into
 from .checks import check_int
 from .image import Image
 from .value import Value, derive, shown_as
@@ -135,13 +135,8 @@ class ImageRecord(Value):
         header, data = unpack(payload)
         label = self._label(header)
         kw = {"key": key} if self.random else {}
-        if self.output_spec[0] is not None:
-            image_decode_into = getattr(self.image, "decode_into", None)
-            if image_decode_into is not None:
-                image_decode_into(data, image_out, **kw)
-            else:
-                image_out[...] = self.image(data, **kw)
-            image = None
+        if self.output_spec[0] is not None:  # (checked against the image decoder's spec, as a field's is)
+            image = write_into(self.image, data, self.output_spec[0], image_out, key if self.random else None)
         else:
             image = self.image(data, **kw)
         if self.output_spec[1] is not None:
