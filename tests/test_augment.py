@@ -94,6 +94,12 @@ def test_center_crop_is_resize_then_centre_crop():
     payload = jpeg(500, 375)
     assert np.array_equal(img(payload), Image(size=224, resize="shorter")(payload))
     assert not img.random and not CenterCrop().random
+    # whole-pixel boxes too (257x193 -> 32x32: x from 32; 640x480 -> 20x40: 240 wide): they were cut out,
+    # then resized, up to 29 grey levels away from resize="shorter"
+    for w, h, size in [(257, 193, (32, 32)), (640, 480, (40, 20)), (7, 5, (32, 32)), (300, 2, (224, 224))]:
+        data = encode(np.random.default_rng(w).integers(0, 256, (h, w, 3), np.uint8), "PNG")
+        a = Image(size=size, crop=CenterCrop(1.0))(data)
+        assert np.array_equal(a, Image(size=size, resize="shorter")(data)), (w, h, size)
 
 
 def test_keys_spread_and_depend_on_every_part():

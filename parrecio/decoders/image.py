@@ -68,7 +68,7 @@ try:  # the JPEG region decoder (setup.py builds it where libjpeg's headers are;
     from . import _jpegregion
 except ImportError:  # pragma: no cover - depends on the build
     _jpegregion = None
-from .augment import Crop, check_crop, check_flip, normalization_lut, sample_rng, write_pixels
+from .augment import Crop, RandomResizedCrop, check_crop, check_flip, normalization_lut, sample_rng, write_pixels
 from .checks import check_bool, check_real, is_int
 from .value import Value, derive
 from .simplejpeg_backend import (_INSTALL_HINT, _JPEG_MAGIC, _prefix3, _require_simplejpeg, _simplejpeg,
@@ -448,8 +448,8 @@ class _PillowDecoder(Value):
 
         The region is the crop box plus a margin: ``_UPSAMPLE_MARGIN`` columns each side, beyond which
         libjpeg's chroma upsampling at a region edge cannot reach (inside it the pixels are a whole
-        decode's), and, unless the box is whole pixels at full scale (cut out, then resized), the resize
-        filter's reach around the box (``resize(box=)`` reads around it, ``reducing_gap`` too).
+        decode's), and, unless the box is cut out, then resized (:meth:`_cuts_out`), the resize filter's
+        reach around the box (``resize(box=)`` reads around it, ``reducing_gap`` too).
 
         The region goes to Pillow *framed*: in an image of ``x1 x y1`` pixels, the whole decode's
         coordinates, of which only the region is written (and read: the rest is left uninitialized).  So
@@ -470,7 +470,7 @@ class _PillowDecoder(Value):
         scaled_w, scaled_h = -(-width // scale), -(-height // scale)
         bx, by, bw, bh = plan.box_x * fx, plan.box_y * fy, plan.box_w * fx, plan.box_h * fy
         mx, my = _UPSAMPLE_MARGIN, 0
-        if scale != 1 or not all(v == int(v) for v in (bx, by, bw, bh)):  # resize(box=): the filter's reach
+        if not self._cuts_out(scale == 1, (bx, by, bw, bh)):  # resize(box=): the filter's reach
             support = _FILTER_SUPPORT[getattr(self, "resample", "nearest")]
             mx += math.ceil(support * max(1.0, bw / plan.content_w)) + 2
             my += math.ceil(support * max(1.0, bh / plan.content_h)) + 2
@@ -511,13 +511,20 @@ class _PillowDecoder(Value):
         need_h = math.ceil(height * plan.content_h / plan.box_h * gap - 1e-6)
         return (need_h, need_w) if swap else (need_w, need_h)
 
+    def _cuts_out(self, full_scale: bool, box: Sequence[float]) -> bool:
+        """Whether the crop ``box`` is cut out, then resized (see :meth:`_resize`), not ``resize(box=)``."""
+        return (full_scale and isinstance(getattr(self, "crop", None), RandomResizedCrop)
+                and all(v == int(v) for v in box))
+
     def _resize(self, loaded: "_Loaded", image: PILImage.Image, resample: int,
                 reducing_gap: Optional[float]) -> PILImage.Image:
         """Run the planned resize in the raw (not yet EXIF-transposed) frame: one Pillow call.
 
-        A crop box of whole pixels in an image decoded at full scale is cut out first and the cut-out
-        resized, which is what torchvision's ``RandomResizedCrop`` does to a PIL image (``resize(box=)``
-        would let the filter read the pixels just outside the box); any other box goes to ``resize(box=)``.
+        A ``RandomResizedCrop`` box (whole pixels) in an image decoded at full scale is cut out first and
+        the cut-out resized, which is what torchvision's ``RandomResizedCrop`` does to a PIL image
+        (``resize(box=)`` would let the filter read the pixels just outside the box); any other box goes
+        to ``resize(box=)``: a ``CenterCrop`` is then the same whether its box falls on whole pixels or
+        not (``CenterCrop(1.0)`` is ``resize="shorter"`` for every image size).
         """
         plan = loaded.plan
         swap = loaded.orientation >= 5
@@ -529,7 +536,7 @@ class _PillowDecoder(Value):
         box = (max(0.0, x0), max(0.0, y0), min(image.width, x0 + box_w * fx), min(image.height, y0 + box_h * fy))
         if size == image.size and box == (0, 0, image.width, image.height):
             return image
-        if self.crop is not None and loaded.factors == (1.0, 1.0) and all(v == int(v) for v in box):
+        if self._cuts_out(loaded.factors == (1.0, 1.0), box):
             return image.crop(tuple(int(v) for v in box)).resize(size, resample, reducing_gap=reducing_gap)
         return image.resize(size, resample, box=box, reducing_gap=reducing_gap)
 
