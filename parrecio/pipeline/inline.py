@@ -10,6 +10,7 @@ decoded before the reader's next step; the others, and every record of a group t
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 import weakref
@@ -20,9 +21,11 @@ from .batching import deliver
 from .decode import FIXED, DecodePlan, FieldFailed
 from .groups import Group, GroupStream, InProcess, open_indexed_all
 from .local import OpenFiles, SpanBuilder, flat_values, local_failure, local_streams
+from .padding import take_rows
 from .passes import Pass, Span, ended
+from .stats import Stats
 
-__all__ = ["InlineRun"]
+__all__ = ["InlineRun", "first_sample"]
 
 
 class InlineRun(Pass):
@@ -144,3 +147,22 @@ class InlineRun(Pass):
         self.stats.add_reader(self.groups.counters())
         if on_end is not None:
             on_end(self, time.perf_counter() - self._started)
+
+
+def first_sample(res: Any, epoch: int, batch_size: Optional[int]) -> Any:
+    """The first sample that this shard's epoch ``epoch`` delivers (a one-row batch when batched), read and
+    decoded again in this process, with counters of its own; None when it delivers none or the source
+    cannot be read again.  What a resumed pass pads with when it has no sample of its own to copy
+    (:func:`parrecio.pipeline.padding.padded`): the one an uninterrupted pass copies."""
+    if not res.source.rereadable():
+        return None
+    run = InlineRun(res, epoch, 0)
+    run.stats = Stats()
+    items = run.items(batch_size, False)
+    try:
+        for item in items:
+            return take_rows(item, 0, 1) if batch_size else copy.deepcopy(item)
+        return None
+    finally:
+        items.close()
+        run.shutdown()

@@ -87,13 +87,17 @@ def _repeat(row: Any, n: int) -> Any:
 # -- the pass -----------------------------------------------------------------------------------------
 
 def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last: bool, stats: Any,
-           on_end: Optional[Callable[[], None]] = None) -> Iterator[Any]:
+           on_end: Optional[Callable[[], None]] = None,
+           epoch_first: Optional[Callable[[], Any]] = None) -> Iterator[Any]:
     """``items`` (one pass's samples or batches), then the copies that bring it to its share.
 
     ``run`` gives ``before`` (the samples of the epoch delivered before the pass), ``cursor`` (set to each
     item's position as it is handed out, its ``handed`` to the samples of the epoch delivered by then)
     and, once the pass has completed, ``completed`` and ``positions``.  ``on_end`` is called when the
-    pass ends, after the last copy or on any exit."""
+    pass ends, after the last copy or on any exit.  ``epoch_first()``: the epoch's first sample (a one-row
+    batch when batched), or None where the source cannot be read again: what a resumed pass copies, as
+    an uninterrupted one does (else its own first sample; and it may have none: resumed after the
+    epoch's last sample, before its copies)."""
     cursor = run.cursor
     before = run.before   # samples of the epoch delivered before this pass (a resumed one)
     delivered = 0         # samples handed out, not counting `held`
@@ -125,7 +129,16 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
         if not run.completed:
             return
         missing, held = _missing(run.positions - before, delivered, held, batch_size, drop_last)
+        if missing > 0 and before and epoch_first is not None:  # resumed: copy what an uninterrupted pass does
+            again = epoch_first()
+            first = first if again is None else again
         if missing > 0 and first is None:
+            if before:
+                raise PipelineError(
+                    f"shard {run.cfg.shard_index} of epoch {run.epoch} was resumed after its last sample "
+                    f"with {missing} copies still owed (even_shards={run.cfg.even_shards!r}, on_error="
+                    f"'skip'), and its stream cannot be read again to copy its first sample "
+                    f"({run.res.source.name})")
             raise PipelineError(f"every sample of shard {run.cfg.shard_index} in epoch {run.epoch} was "
                                 f"skipped: nothing to pad its {missing} positions with (even_shards="
                                 f"{run.cfg.even_shards!r}, on_error='skip')")
@@ -135,12 +148,15 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
                 held = join_rows(held, _repeat(first, room))
                 missing -= room
                 _count(run, stats, room)
-            cursor.pos = held_pos
+            delivered += rows_of(held)
+            cursor.pos, cursor.handed = held_pos, before + delivered
             yield held
         while missing > 0:
             n = 1 if batch_size is None else min(missing, batch_size)
             _count(run, stats, n)
-            cursor.pos = run.positions  # every position of the share is gone through
+            delivered += n
+            # every position of the share is gone through, and each copy counts as a sample handed out
+            cursor.pos, cursor.handed = run.positions, before + delivered
             yield copy.deepcopy(first) if batch_size is None else _repeat(first, n)
             missing -= n
     finally:

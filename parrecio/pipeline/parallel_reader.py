@@ -41,7 +41,7 @@ from .fields import Fields, normalize_fields
 from .padding import padded, pads
 from .shipping import ship
 from .config import PipelineConfig
-from .inline import InlineRun
+from .inline import InlineRun, first_sample
 from .plan import EVEN_SHARDS, shard_length
 from .tuning import TUNING_KEYWORDS, Tuning, count, slot_samples
 from .views import as_views
@@ -301,7 +301,8 @@ class ParallelReader:
             if pads(res.cfg):  # the pass ends after its copies: padded() calls _inline_ended
                 items = run.items(self.batch_size, False, None)
                 items = padded(items, run, self.batch_size, self.drop_last, res.stats,
-                               lambda: self._inline_ended(run, time.perf_counter() - run._started))
+                               lambda: self._inline_ended(run, time.perf_counter() - run._started),
+                               lambda: first_sample(res, run.epoch, self.batch_size))
             else:
                 items = run.items(self.batch_size, self.drop_last, self._inline_ended)
             # (views of the copies: the reader refills its buffer in place)
@@ -333,7 +334,8 @@ class ParallelReader:
         else:
             items = deliver(run.spans(), cfg, self.batch_size, self.drop_last and not pad, cursor)
             if pad:
-                items = padded(items, run, self.batch_size, self.drop_last, st)
+                items = padded(items, run, self.batch_size, self.drop_last, st,
+                               epoch_first=lambda: first_sample(res, run.epoch, self.batch_size))
             if views:  # (a padded pass's payloads are copies: views of those)
                 items = as_views(items, cfg.passthrough, cfg.kind, cfg.names)
             blocks = _singles(items)

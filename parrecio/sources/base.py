@@ -71,6 +71,11 @@ class Source:
         """
         raise NotImplementedError
 
+    def rereadable(self) -> bool:
+        """Whether an epoch's streams can be read again, in the consumer process too, at no more cost
+        than reading them (regular files, objects): not a FIFO, stdin, a Pipe-mode channel."""
+        return False
+
     def release(self) -> None:
         """Free what the source holds in the consumer process (fds, a pump thread).  Idempotent.
 

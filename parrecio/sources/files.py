@@ -130,6 +130,9 @@ class FileSource(Source):
             self.kind = kind
         _check_heads(self.paths[:CHECKED_FILES])
 
+    def rereadable(self) -> bool:
+        return all(os.path.isfile(p) for p in self.paths)  # (a FIFO path is not)
+
     @classmethod
     def from_patterns(cls, patterns: Sequence, *, name: Optional[str] = None) -> "FileSource":
         """A source over ``patterns`` (paths, directories, globs) expanded by :func:`expand_patterns`."""

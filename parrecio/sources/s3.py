@@ -340,6 +340,9 @@ class S3Source(Source):
         state["_pool"], state["_pool_pid"] = None, 0
         return state
 
+    def rereadable(self) -> bool:
+        return True
+
     @classmethod
     def from_urls(cls, urls: Sequence[str], *, storage_options: Optional[dict] = None,
                   name: Optional[str] = None) -> "S3Source":
