@@ -51,3 +51,26 @@ def test_failed_passes_do_not_grow_the_slot_pool(truncated, no_leaks, batch_size
             assert counts == [counts[0]] * 5, counts
     finally:
         gc.enable()
+
+
+def test_a_slot_whose_last_view_dies_as_its_pass_lets_go_is_freed_once():
+    """The tracker's own lease held the last view (rows handed out and dropped, the pass ended before the
+    rest came): the weakref callback queued the slot, finish()'s poll() freed it, and finish() freed it
+    again -- one shared-memory slot in the free list twice, for two batches at once."""
+    import numpy as np
+    from parrecio.decoders import ArraySpec
+    from parrecio.pipeline.shm import new_prefix
+    from parrecio.pipeline.slots import SlotLayout, SlotPool, SlotTracker
+
+    pool = SlotPool(SlotLayout([ArraySpec((4,), np.dtype("uint8"))], 8), new_prefix(), 2)
+    try:
+        tracker = SlotTracker(pool)
+        tracker.reserve(5, False)           # 5 groups: physical slot 0, rows 0..4
+        lease, _ = tracker.deliver(0, 3)    # rows 0..2 handed out, then dropped
+        del lease
+        tracker.close()                     # the pass ends before rows 3..4 come
+        pool.poll()
+        assert sorted(pool.free) == [0, 1]
+        assert {pool.acquire(False), pool.acquire(False)} == {0, 1} and pool.acquire(False) is None
+    finally:
+        pool.close()

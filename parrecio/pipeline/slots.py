@@ -155,8 +155,8 @@ class SlotPool:
 
     def finish(self, slot: int) -> None:
         """The run is done with ``slot``: it is free once no view of it is left."""
+        self.poll()  # while it is still busy: poll() frees no busy slot, so it is freed once, here or later
         self._busy.discard(slot)
-        self.poll()
         if slot not in self._leased:
             self.free.append(slot)
 
