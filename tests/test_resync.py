@@ -105,6 +105,20 @@ def test_the_idx_realigns_at_the_next_group(tmp_path, nf, how, no_leaks):
         assert skipped == 1
 
 
+@pytest.mark.parametrize("damaged", [0, 1])
+def test_a_files_own_idx_realigns_where_another_file_has_none(tmp_path, damaged, no_leaks):
+    """A channel of two files, one with its .idx: damage in that one is realigned by it.  It was used only
+    when every file had one (the error even advised "a .idx beside the file", which was there)."""
+    groups = _raw_groups(20, 2)
+    paths = [tmp_path / "a.rec", tmp_path / "b.rec"]
+    offsets = [_write(p, half, index=(i == damaged)) for i, (p, half) in enumerate(zip(paths, (groups[:10], groups[10:])))]
+    _damage(paths[damaged], offsets[damaged], [9])  # group 4's second record in its file
+    out, err, skipped = _both([str(p) for p in paths], [Raw(), Raw()])
+    lost = 4 + 10 * damaged
+    assert err is None and skipped == 1
+    assert out == [tuple(g) for i, g in enumerate(groups) if i != lost]
+
+
 @pytest.mark.parametrize("order,nf", [("image-first", 2), ("image-first", 3), ("json-first", 2)])
 def test_payload_kinds_realign_without_an_index(tmp_path, order, nf, no_leaks):
     """[Image, Json], [Image, Json, Json] or [Json, Image]: a record only the first field reads starts a

@@ -30,11 +30,13 @@ region: groups that one region swallowed whole leave no trace to count them by.
 from __future__ import annotations
 
 import bisect
+import os
 from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
 from ..decoders.sniff import describe, sniff
 from ..errors import CorruptRecordError
 from ..recordio.index import read_index
+from ..recordio.paths import index_path
 
 __all__ = ["Realigner", "for_stream", "EXTRA_DROPS"]
 
@@ -124,7 +126,13 @@ class Realigner:
 
 def for_stream(cfg: Any, name: str, start: int = 0) -> Realigner:
     """The Realigner of the stream ``name`` of a pipeline with settings ``cfg`` (a PipelineConfig):
-    with the ``.idx`` that ``cfg.index_paths`` pairs with it, when the stream is read from its start."""
-    idx = next((i for rec, i in cfg.index_paths if str(rec) == name), None) if start == 0 else None
+    with the ``.idx`` that ``cfg.index_paths`` pairs with it, or that lies beside the file ``name`` (in a
+    channel where other files have none, ``cfg.index_paths`` is empty), when the stream is read from its
+    start."""
+    idx: Any = None
+    if start == 0:
+        idx = next((i for rec, i in cfg.index_paths if str(rec) == name), None)
+        if idx is None and os.path.isfile(name) and os.path.isfile(index_path(name)):
+            idx = index_path(name)
     index = None if idx is None else (lambda: [off for _, off in read_index(idx)])
     return Realigner(cfg.kinds, cfg.names, name, index)
