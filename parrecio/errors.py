@@ -6,8 +6,10 @@ Each layer raises its own subclass of :class:`ParrecioError`, so a caller can ca
   flags, truncated header or payload, a length above the limit.  ``.offset`` is the byte offset in the
   stream where the problem was found.
 - :class:`DecodeError` -- a decoder refused a payload (bad JPEG, bad JSON, a decompression bomb, ...).
-  ``.index`` is the sample index in the stream and ``.offset`` the byte offset of the sample's first record,
-  when known (a decoder called directly knows neither; the pipeline fills them in).
+  ``.index`` is the sample's position in the epoch's order (the sample index in the stream, unless the
+  reader shards or shuffles: then its place in this shard's order, as ``state_dict()`` counts) and
+  ``.offset`` the byte offset of the sample's first record, when known (a decoder called directly knows
+  neither; the pipeline fills them in).
 - :class:`SourceError` -- the stream could not be opened or read (missing path, unknown SageMaker channel,
   a FIFO that never appeared, ...).
 - :class:`PipelineError` -- the parallel pipeline itself failed (a reader process died, a worker kept
@@ -87,9 +89,11 @@ class CorruptRecordError(_Located):
 class DecodeError(_Located):
     """A payload could not be decoded.
 
-    ``index`` is the sample index in the stream (0-based), ``offset`` the byte offset of the sample's
-    first record and ``source`` the stream's name; each is ``None`` when unknown (a decoder called
-    directly on a buffer knows none of them; the pipeline fills them in).
+    ``index`` is the sample's position in the epoch's order, 0-based (the sample index in the stream,
+    unless the reader shards or shuffles: then its place in this shard's order, as ``state_dict()``
+    counts), ``offset`` the byte offset of the sample's first record and ``source`` the stream's name;
+    each is ``None`` when unknown (a decoder called directly on a buffer knows none of them; the pipeline
+    fills them in).
     """
 
     def __init__(self, message: str, *, index: Optional[int] = None, offset: Optional[int] = None,
