@@ -5,6 +5,7 @@ import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -412,3 +413,31 @@ def test_pipe_serve_progress_bar_counts_every_record_it_serves(dataset, tmp_path
     assert main(args[:3] + ["--epochs", "1", "--quiet"] + args[5:]) == 0
     reader.join(20)
     assert bars == []  # --quiet: no bar, no lines
+
+
+def _frame(cflag: int, payload: bytes) -> bytes:
+    return MAGIC_BYTES + struct.pack("<I", (cflag << 29) | len(payload)) + payload + b"\0" * (-len(payload) % 4)
+
+
+@pytest.mark.parametrize("convention", ["concat", "mxnet"])
+def test_shuffled_records_are_read_by_their_files_convention(tmp_path, convention):
+    """pipe-serve --shuffle read each record alone, with join="auto" deciding from that record on: a file
+    of SageMaker's 1024-byte parts stopped mid-epoch (AmbiguousJoin), and one of MXNet's (parts cut at a
+    magic) was served with payloads it does not hold (the magic between the parts left out)."""
+    if convention == "concat":
+        payloads = [bytes([i]) * n for i, n in enumerate([1500, 10, 2000, 20, 30])]
+        data = b""
+        for p in payloads:
+            parts = [p[i:i + 1024] for i in range(0, len(p), 1024)]
+            data += b"".join(_frame(0 if len(parts) == 1 else 1 if k == 0 else 3 if k == len(parts) - 1 else 2, q)
+                             for k, q in enumerate(parts))
+    else:  # a long single-part record tells "mxnet"; two records cut at the magic they hold
+        payloads = [b"L" * 100, b"a" * 8 + MAGIC_BYTES + b"b" * 8, b"c" * 8 + MAGIC_BYTES + b"d" * 8, b"X" * 100]
+        data = _frame(0, payloads[0]) + b"".join(_frame(1, p[:8]) + _frame(3, p[12:]) for p in payloads[1:3])
+        data += _frame(0, payloads[3])
+    path = tmp_path / "x.rec"
+    path.write_bytes(data)
+    plan = EpochRecords([str(path)], shuffle=True, seed=1)
+    for epoch in range(3):
+        assert sorted(plan.records(epoch)) == sorted(payloads)
+    assert sorted(EpochRecords([str(path)], shuffle=True, join=convention).records(0)) == sorted(payloads)

@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default: 0)")
     parser.add_argument("--split-bytes", type=int, default=None,
                         help="split records larger than this into concat parts (cflag 1/2/3)")
+    parser.add_argument("--join", choices=("auto", "mxnet", "concat"), default="auto",
+                        help="how the .rec sources' multipart records are read (default: auto, decided per file)")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress lines or bar on stderr (the bar is drawn only on a terminal)")
 
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         serve_pipe_channel(args.root, args.channel, args.sources, epochs=args.epochs, attribute_names=names,
                            shuffle=args.shuffle, seed=args.seed, split_bytes=args.split_bytes, log=log,
-                           progress=progress)
+                           progress=progress, join=args.join)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0

@@ -35,7 +35,7 @@ from typing import Any, Callable, Generator, Iterator, List, Optional, Sequence,
 
 from ..errors import SourceError
 from ..recordio import RecordReader
-from ..recordio.framing import MAGIC_BYTES
+from ..recordio.framing import MAGIC_BYTES, check_join
 from ..recordio.index import indexed_count
 from ..recordio.wrapper import telling_split, write_sagemaker_recordio
 from ..sources.files import expand_patterns
@@ -46,7 +46,6 @@ from .manifest import check_manifest, is_manifest_path, iter_manifest_records, l
 __all__ = ["serve_pipe_channel", "write_channel_config", "EpochRecords"]
 
 _WRITE_BUFFER = 1 << 20
-_REC_JOIN = "auto"
 
 
 class EpochRecords:
@@ -57,7 +56,8 @@ class EpochRecords:
     """
 
     def __init__(self, sources: Sequence[str], *, attribute_names: Optional[Sequence[str]] = None,
-                 shuffle: bool = False, seed: int = 0) -> None:
+                 shuffle: bool = False, seed: int = 0, join: str = "auto") -> None:
+        self.join = check_join(join)  # how a .rec source's multipart records are read (RecordReader's join)
         self.paths = expand_patterns(sources)
         self.attribute_names = list(attribute_names or [])
         manifests = [p for p in self.paths if is_manifest_path(p)]
@@ -109,7 +109,7 @@ class EpochRecords:
                 if is_manifest_path(path):
                     yield from iter_manifest_records(path, self.attribute_names)
                 else:
-                    with RecordReader(path, join=_REC_JOIN) as reader:
+                    with RecordReader(path, join=self.join) as reader:
                         for record in reader:
                             yield record.payload
             return
@@ -123,10 +123,10 @@ class EpochRecords:
                     _, path, line = item
                     yield from line_records(line, self.attribute_names, path)
                 else:
-                    _, path, offset, span = item
+                    _, path, offset, span, join = item
                     if path not in files:
                         files[path] = open(path, "rb")
-                    yield _record_at(files[path], path, offset, span)
+                    yield _record_at(files[path], path, offset, span, join)
         finally:
             for f in files.values():
                 f.close()
@@ -138,18 +138,21 @@ class EpochRecords:
                 items.extend(("line", path, line) for line in read_manifest_lines(path))
                 continue
             offsets = []
-            with RecordReader(path, join=_REC_JOIN) as reader:
+            with RecordReader(path, join=self.join) as reader:
                 for offset, _ in reader.iter_views():
                     offsets.append(offset)
+                # A record read alone cannot tell "auto" the file's convention: the whole file did (a file
+                # without multipart records reads alike either way).
+                join = self.join if self.join != "auto" else reader.guess.join or "concat"
             size = os.path.getsize(path)
             ends = offsets[1:] + [size]
-            items.extend(("rec", path, a, b - a) for a, b in zip(offsets, ends))
+            items.extend(("rec", path, a, b - a, join) for a, b in zip(offsets, ends))
         return items
 
 
-def _record_at(f, path: str, offset: int, span: int) -> bytes:
+def _record_at(f, path: str, offset: int, span: int, join: str) -> bytes:
     f.seek(offset)
-    reader = RecordReader(f, join=_REC_JOIN, chunk_size=max(span, 8), source_name=path)
+    reader = RecordReader(f, join=join, chunk_size=max(span, 8), source_name=path)
     for record in reader:
         return record.payload
     raise SourceError(f"{path}: no record at byte offset {offset} (was the file changed while serving?)")
@@ -200,10 +203,13 @@ def serve_pipe_channel(root: str, channel: str, sources: Sequence[str], *, epoch
                        attribute_names: Optional[Sequence[str]] = None, shuffle: bool = False, seed: int = 0,
                        split_bytes: Optional[int] = None, log: Optional[Callable[[str], None]] = None,
                        stop: Optional[threading.Event] = None,
-                       progress: Optional[Callable[[int, Optional[int]], Any]] = None) -> None:
+                       progress: Optional[Callable[[int, Optional[int]], Any]] = None,
+                       join: str = "auto") -> None:
     """Serve ``epochs`` epochs of ``sources`` as the Pipe-mode channel ``channel`` under ``root``.
 
-    Blocks until every epoch was written (each waits for a reader).  See the module docstring.  ``stop``,
+    Blocks until every epoch was written (each waits for a reader).  See the module docstring.  ``join``:
+    how the ``.rec`` sources' multipart records are read (:class:`~parrecio.recordio.RecordReader`'s
+    ``join``; ``"auto"`` decides per file).  ``stop``,
     when set between epochs, ends the serving early; ``log`` receives progress lines.  ``progress(epoch,
     total)``, when given, makes a progress bar (a context manager with ``update(n)``, as tqdm's) once a
     reader has opened the epoch's FIFO; ``total`` is :meth:`EpochRecords.count`.
@@ -214,7 +220,7 @@ def serve_pipe_channel(root: str, channel: str, sources: Sequence[str], *, epoch
         raise SourceError(f"epochs must be >= 1, not {epochs}")
     if split_bytes is not None and split_bytes < 1:
         raise SourceError(f"split_bytes must be >= 1, not {split_bytes}")
-    plan = EpochRecords(sources, attribute_names=attribute_names, shuffle=shuffle, seed=seed)
+    plan = EpochRecords(sources, attribute_names=attribute_names, shuffle=shuffle, seed=seed, join=join)
     plan.check()
     total = plan.count() if progress is not None else None
     log = log or (lambda message: None)
