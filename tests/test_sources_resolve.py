@@ -152,3 +152,22 @@ def test_fifo_path_is_opened_by_the_reader_only(tmp_path):
         thread.join(10)
         os.unlink(fifo)
     assert name == str(fifo) and data == payload
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_relative_path_is_the_file_it_named_when_the_reader_was_made(tmp_path, monkeypatch, workers):
+    """Each pass opened the path by name, relative to the directory of that moment: after an
+    os.chdir a reader silently read another directory's file of the same name."""
+    from parrecio import ParallelReader, RecordWriter
+    for run in ("run1", "run2"):
+        (tmp_path / run).mkdir()
+        with RecordWriter(str(tmp_path / run / "data.rec")) as w:
+            for i in range(5):
+                w.write(b"%s %d" % (run.encode(), i))
+    monkeypatch.chdir(tmp_path / "run1")
+    with ParallelReader("data.rec", workers=workers) as r:
+        first = list(r)
+        os.chdir(tmp_path / "run2")
+        second = list(r)
+    assert first == second == [b"run1 %d" % i for i in range(5)]
+    assert r.state_dict()["source"] == "data.rec"  # (its name stays the one given: a state resumes elsewhere)

@@ -1,12 +1,12 @@
 """Files, directories, globs and FIFO paths: a fixed list of paths, each one a stream, every epoch.
 
 ```
- resolve("data/")        -> FileSource(paths=("data/a.rec", "data/b.rec"))   listed once, in the consumer
- FileSource.streams(e)   -> Stream("data/a.rec", open(...)), Stream("data/b.rec", ...)   in the reader
+ resolve("data/")        -> FileSource(paths=("/cwd/data/a.rec", "/cwd/data/b.rec"))   listed once, in the consumer
+ FileSource.streams(e)   -> Stream("/cwd/data/a.rec", open(...)), Stream("/cwd/data/b.rec", ...)   in the reader
 ```
 
 The list of paths is fixed when the source is resolved (errors come early, in the consumer, and every
-epoch reads the same files).  Files are opened only in :meth:`FileSource.streams`, in the reader process,
+epoch reads the same files, made absolute then: a later ``os.chdir`` changes nothing).  Files are opened only in :meth:`FileSource.streams`, in the reader process,
 so a FIFO path is opened by the reader alone (:func:`parrecio.sources.fifo.open_fifo`: it says when it
 waits for a writer, and never opens a FIFO that another process is reading).
 
@@ -123,8 +123,10 @@ class FileSource(Source):
                  kind: Optional[str] = None) -> None:
         if not paths:
             raise SourceError(f"{name or 'file list'}: no files")
-        self.paths = tuple(paths)
-        self.name = name if name is not None else _describe(self.paths)
+        # Absolute: every pass opens them by name, and the process may have changed its directory since
+        # (a relative name would then read another file, silently).
+        self.paths = tuple(os.path.abspath(p) for p in paths)
+        self.name = name if name is not None else _describe(list(paths))
         self.default_join = default_join
         if kind is not None:
             self.kind = kind
