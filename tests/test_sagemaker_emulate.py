@@ -441,3 +441,28 @@ def test_shuffled_records_are_read_by_their_files_convention(tmp_path, conventio
     for epoch in range(3):
         assert sorted(plan.records(epoch)) == sorted(payloads)
     assert sorted(EpochRecords([str(path)], shuffle=True, join=convention).records(0)) == sorted(payloads)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_new_job_resumed_at_a_later_epoch_reads_the_jobs_first_fifo(tmp_path, workers):
+    """SageMaker numbers each job's FIFOs from 0.  A job resumed from a checkpoint of epoch 2 waited for
+    train_2 (fifo_timeout, 600 s by default), then failed with advice to raise fifo_timeout; it reads
+    train_0, then train_1, with epoch 2's and 3's order."""
+    from parrecio import ParallelReader
+    payloads = [b"%03d" % i for i in range(40)]
+    write_rec(tmp_path / "a.rec", payloads)
+    root = tmp_path / "sm"
+    thread = threading.Thread(target=serve_pipe_channel, daemon=True, args=(str(root), "train", [str(tmp_path / "a.rec")]),
+                              kwargs=dict(epochs=2))
+    thread.start()
+    wait_for_path(root / "config" / "inputdataconfig.json")
+    kw = dict(sm_input_dir=str(root), fifo_timeout=20, workers=workers, shuffle=True, shuffle_buffer=8, seed=5)
+    with ParallelReader("train", **kw) as r:
+        state = dict(r.state_dict(), epoch=2, position=10)
+        r.load_state_dict(state)
+        rest = list(r)
+        following = list(r)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(rest) == 30 and len(following) == 40 and sorted(following) == payloads
+    assert set(rest) < set(payloads) and rest != following[10:]  # epoch 2's order, then epoch 3's

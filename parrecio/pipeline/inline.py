@@ -164,5 +164,5 @@ def first_sample(res: Any, epoch: int, batch_size: Optional[int]) -> Any:
             return take_rows(item, 0, 1) if batch_size else copy.deepcopy(item)
         return None
     finally:
-        items.close()
+        items.close()  # type: ignore[attr-defined]
         run.shutdown()

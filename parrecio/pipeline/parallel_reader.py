@@ -282,6 +282,7 @@ class ParallelReader:
                 except BaseException:
                     self._state = State.CLOSED
                     raise
+            res.source.begin_pass(self._epoch)  # (a Pipe-mode channel: which FIFO the pass reads)
             if self.workers == 0:
                 run = res.run = InlineRun(res, self._epoch, self._skip)
             else:

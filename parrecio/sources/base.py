@@ -71,6 +71,10 @@ class Source:
         """
         raise NotImplementedError
 
+    def begin_pass(self, epoch: int) -> None:
+        """A pass of epoch ``epoch`` is about to start (called in the consumer, before the source travels
+        to the reader process with it)."""
+
     def rereadable(self) -> bool:
         """Whether an epoch's streams can be read again, in the consumer process too, at no more cost
         than reading them (regular files, objects): not a FIFO, stdin, a Pipe-mode channel."""

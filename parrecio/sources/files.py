@@ -6,9 +6,10 @@
 ```
 
 The list of paths is fixed when the source is resolved (errors come early, in the consumer, and every
-epoch reads the same files, made absolute then: a later ``os.chdir`` changes nothing).  Files are opened only in :meth:`FileSource.streams`, in the reader process,
-so a FIFO path is opened by the reader alone (:func:`parrecio.sources.fifo.open_fifo`: it says when it
-waits for a writer, and never opens a FIFO that another process is reading).
+epoch reads the same files, made absolute then: a later ``os.chdir`` changes nothing).  Files are opened
+only in :meth:`FileSource.streams`, in the reader process, so a FIFO path is opened by the reader alone
+(:func:`parrecio.sources.fifo.open_fifo`: it says when it waits for a writer, and never opens a FIFO that
+another process is reading).
 
 Directory rule (:func:`list_recordio_files`): the ``*.rec`` files of the directory in name order; if it
 has none, every regular file whose name does not start with ``.`` and does not end in ``.idx`` or ``.lst``

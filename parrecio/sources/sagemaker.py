@@ -4,7 +4,8 @@
  <input>/config/inputdataconfig.json   {"train": {"TrainingInputMode": "Pipe", "RecordWrapperType": "RecordIO",
                                                   "S3DistributionType": "FullyReplicated", ...}, ...}
  Pipe mode:  <input>/data/train_0, train_1, ...   one FIFO per epoch, created by SageMaker one after another
-             -> PipeChannelSource.streams(e): wait for train_<e>, open it (reader process only), one Stream
+             -> PipeChannelSource.streams(e): wait for the job's next FIFO, train_<n> for the n-th pass of
+                this process (begin_pass), open it (reader process only), one Stream
  File mode:  <input>/data/train/**                the channel's S3 objects, downloaded (or mounted: FastFile)
              -> FileChannelSource: the directory's RecordIO files, recursively, every epoch
 ```
@@ -38,7 +39,7 @@ import os
 import re
 import stat
 import time
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from ..errors import SourceError
 from ..recordio.framing import MAGIC_BYTES
@@ -159,8 +160,14 @@ class FileChannelSource(FileSource):
         self.distribution = settings.get("S3DistributionType")
 
 
+# FIFOs of each Pipe-mode channel, (data dir, channel), that passes of this process have taken: the job's
+# numbering (PipeChannelSource.begin_pass), shared by every reader of the channel in the process.
+_FIFOS_TAKEN: Dict[Tuple[str, str], int] = {}
+
+
 class PipeChannelSource(Source):
-    """A SageMaker channel in Pipe mode: epoch ``e`` is the FIFO ``<data>/<channel>_<e>``.
+    """A SageMaker channel in Pipe mode: the n-th pass of this process is the FIFO ``<data>/<channel>_<n>``
+    (:meth:`begin_pass`; epoch ``e`` without it, as ``parrecio bench`` and a source used alone read it).
 
     :meth:`streams` opens it (in the reader process only) with :func:`parrecio.sources.fifo.open_fifo`,
     waiting up to ``fifo_timeout`` seconds in all for it to appear, for a writer, and for another process
@@ -192,8 +199,24 @@ class PipeChannelSource(Source):
                     f"back without RecordIO framing, so their records cannot be delimited; {_FIX_WRAPPER}"
                 )
 
+    def begin_pass(self, epoch: int) -> None:
+        """A pass of epoch ``epoch`` starts (in the consumer): it reads the next FIFO of this job.
+
+        SageMaker numbers a job's FIFOs from 0 and serves them in turn, whatever epoch the script counts:
+        a job resumed from a checkpoint at epoch 2 (a new job) is served ``train_0`` first.  So the n-th
+        pass of this process over the channel reads ``<channel>_<n>``; the epoch number orders the
+        samples (shuffle, shards, sample keys), not which FIFO."""
+        key = (os.path.abspath(self.data_dir), self.channel)
+        index = _FIFOS_TAKEN.get(key, 0)
+        _FIFOS_TAKEN[key] = index + 1
+        self._fifo_of = {epoch: index}
+
+    def fifo_index(self, epoch: int) -> int:
+        """The number of the FIFO that epoch ``epoch`` is read from (see :meth:`begin_pass`)."""
+        return getattr(self, "_fifo_of", {}).get(epoch, epoch)
+
     def fifo_path(self, epoch: int) -> str:
-        return os.path.join(self.data_dir, f"{self.channel}_{epoch}")
+        return os.path.join(self.data_dir, f"{self.channel}_{self.fifo_index(epoch)}")
 
     def streams(self, epoch: int) -> Iterator[Stream]:
         self.check_epoch(epoch)
@@ -229,20 +252,22 @@ class PipeChannelSource(Source):
 
     def _missing_message(self, epoch: int, path: str) -> str:
         return (f"SageMaker channel {self.channel!r} (Pipe mode): the FIFO of epoch {epoch}, {path}, did not "
-                f"appear within {self.fifo_timeout:g} s (SageMaker creates <channel>_<epoch> after the "
-                f"previous epoch's FIFO was read to its end; raise fifo_timeout= if it is just slow)")
+                f"appear within {self.fifo_timeout:g} s (SageMaker numbers a job's FIFOs from 0 and creates "
+                f"<channel>_<n> after <channel>_<n-1> was read to its end; raise fifo_timeout= if it is "
+                f"just slow)")
 
     def _later_fifo_hint(self, epoch: int) -> str:
         """A sentence when a later epoch's FIFO is there: this epoch was served already, to someone else."""
         pattern = re.compile(re.escape(self.channel) + r"_(\d+)\Z")
         try:
             later = sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(self.data_dir))
-                           if m and int(m.group(1)) > epoch)
+                           if m and int(m.group(1)) > self.fifo_index(epoch))
         except OSError:
             return ""
         if not later:
             return ""
-        return (f"{self.fifo_path(later[0])} exists, so epoch {epoch} was probably served already, to another "
+        return (f"{os.path.join(self.data_dir, f'{self.channel}_{later[0]}')} exists, so epoch {epoch} was "
+                f"probably served already, to another "
                 f"process (each epoch's FIFO is served once)")
 
     def wait_for_fifo(self, epoch: int, on_wait: Optional[Callable[[str, float], None]] = None) -> str:
