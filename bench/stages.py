@@ -19,8 +19,11 @@ JSON document:
   (every value fixed-shape, written into the output slots): the consumer's CPU per sample, against the
   target of 3 us (one consumer keeping up with 300k samples/s); the same with tasks of 256 groups
   (``Tuning(chunk_groups=256)``: four batches per task); and ``at_capacity``, the same output shapes from
-  stand-in decoders (:class:`SameShapes`), so that the consumer has to keep up.  ``--repeat K``: epochs of
-  K copies of the stream (the per-pass costs, such as starting the next pass's reader, spread further).
+  stand-in decoders (:class:`SameShapes`), so that the consumer has to keep up; and ``idle_cores``,
+  stand-ins that sleep as long as the real decoders computed (:class:`SleepLike`): the same waits with
+  the cores idle.  Each with the consumer's wake-ups per epoch and its CPU per wake-up.  ``--repeat K``:
+  epochs of K copies of the stream (the per-pass costs, such as starting the next pass's reader, spread
+  further).
 - ``tiny``: 200k records of ~90 B JSON: a one-process ``RecordReader`` + ``orjson.loads`` loop against
   ``ParallelReader(fields=Json(), workers=2)`` and ``workers=0``, records/s and ratios.
 - ``pipe``: a SageMaker Pipe-mode channel (no RecordIO wrapper) whose FIFOs are fed by ``cat``: raw
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -115,6 +119,7 @@ def stage_costs(path: str, fields: Any, workers: int, batch_size: Optional[int],
         for p in range(passes + 1):
             pids = reader.worker_pids
             c0, r0, w0, s0 = time.process_time(), st.reader_cpu, _proc_cpu(pids), st.samples
+            v0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
             t0 = time.perf_counter()
             for _ in reader:
                 pass
@@ -122,10 +127,15 @@ def stage_costs(path: str, fields: Any, workers: int, batch_size: Optional[int],
             n = st.samples - s0
             if p == 0 or n == 0:
                 continue  # the first pass starts the processes: not the steady state
+            consumer = time.process_time() - c0
+            # the consumer's wake-ups: each time it slept (a voluntary context switch) and woke again
+            wakes = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - v0
             fig = {"samples": n, "wall_s": round(wall, 3), "rate": round(n / wall, 1),
                    "reader_us": round((st.reader_cpu - r0) / n * 1e6, 2),
-                   "consumer_us": round((time.process_time() - c0) / n * 1e6, 2),
-                   "workers_us": round((_proc_cpu(pids) - w0) / n * 1e6, 2)}
+                   "consumer_us": round(consumer / n * 1e6, 2),
+                   "workers_us": round((_proc_cpu(pids) - w0) / n * 1e6, 2),
+                   "consumer_wakes": wakes,
+                   "consumer_us_per_wake": round(consumer / wakes * 1e6) if wakes else None}
             if not best or fig["rate"] > best["rate"]:
                 best = fig
     return best
@@ -198,6 +208,20 @@ class SameShapes:
         out.flat[0] = len(payload) & 127
 
 
+class SleepLike(SameShapes):
+    """A stand-in that takes as long as a real decoder but sleeps instead of computing: the consumer waits
+    for results as long as with the real decoders, while the cores stay idle (their caches are the
+    consumer's alone)."""
+
+    def __init__(self, like: Any, seconds: float) -> None:
+        super().__init__(like)
+        self.seconds = seconds
+
+    def decode_into(self, payload: Any, out: Any) -> None:
+        time.sleep(self.seconds)
+        super().decode_into(payload, out)
+
+
 def _repeated(path: str, tmp: str, k: int) -> str:
     """An epoch of ``k`` copies of the file ``path``: a directory of ``k`` links to it (copies where links
     cannot be made), read in order as one stream."""
@@ -219,10 +243,12 @@ def case_boxes16(data: str, tmp: str, n: int, workers: int, passes: int, repeat:
     batches of 64 (the boxes padded into the slot too, nothing travels back but the task's frame), over
     epochs of ``repeat`` copies of the stream.
 
-    Twice: with the real decoders (the consumer mostly sleeps between results, and each wake-up on a
-    2-core host finds its caches cold: the per-sample figure is inflated by the waiting), and
-    ``at_capacity``, the same shapes from :class:`SameShapes` stand-ins, so that the consumer and the
-    reader process are the limit: what one consumer costs when it has to keep up."""
+    With the real decoders (the consumer mostly sleeps between results, and each wake-up finds its
+    caches cold: the per-sample figure is inflated by the waiting); ``at_capacity``, the same shapes from
+    :class:`SameShapes` stand-ins, so that the consumer and the reader process are the limit: what one
+    consumer costs when it has to keep up; and ``idle_cores``, decoders that sleep as long as the real
+    ones computed: whether the cold wake-ups come from the decoders sharing the cores (then this one is
+    cheaper) or from sleeping at all."""
     from parrecio import Tuning
     from parrecio.decoders import BoundingBoxes, Image
     src = image_stream(data, tmp, n)
@@ -234,11 +260,14 @@ def case_boxes16(data: str, tmp: str, n: int, workers: int, passes: int, repeat:
     # slots in flight double
     big = stage_costs(path, fields, workers, 64, passes, tuning=Tuning(chunk_groups=256))
     cap = stage_costs(path, [SameShapes(f) for f in fields], workers, 64, max(passes, 10))  # (short passes)
+    # the same waits with the cores idle: decoders that sleep as long as the real ones computed
+    idle = stage_costs(path, [SleepLike(fields[0], par.get("workers_us", 0) / 1e6), SameShapes(fields[1])],
+                       workers, 64, passes)
     return {"data": src["origin"], "epoch": f"{repeat} x the stream",
             "fields": "[Image(size=(224, 224)), BoundingBoxes(max_boxes=16)]",
             "batch_size": 64, f"workers_{workers}": par,
             f"workers_{workers}_chunk_groups_256": big, f"workers_{workers}_at_capacity": cap,
-            "consumer_target_us": 3.0}
+            f"workers_{workers}_idle_cores": idle, "consumer_target_us": 3.0}
 
 
 def case_tiny(tmp: str, n: int, workers: int, passes: int) -> Dict[str, Any]:

@@ -20,11 +20,19 @@ def test_boxes16_reads_epochs_of_repeat_copies(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)["boxes16"]
     assert doc["epoch"] == "2 x the stream" and doc["data"].startswith("parrecio.tools.demo stream, 300")
-    for name in ("workers_2", "workers_2_chunk_groups_256", "workers_2_at_capacity"):
+    for name in ("workers_2", "workers_2_chunk_groups_256", "workers_2_at_capacity", "workers_2_idle_cores"):
         fig = doc[name]
         assert fig["samples"] == 600, (name, fig)  # a whole epoch: both copies
         assert fig["consumer_us"] > 0 and fig["reader_us"] > 0 and fig["workers_us"] >= 0, (name, fig)
+        assert fig["consumer_wakes"] >= 0, (name, fig)
+        if fig["consumer_wakes"]:
+            # (both rounded: per wake to 1 us, per sample to 0.01 us, i.e. 0.005 x 600 / wakes per wake)
+            slack = 0.5 + 0.005 * 600 / fig["consumer_wakes"] + 1e-6
+            assert abs(fig["consumer_us_per_wake"] - fig["consumer_us"] * 600 / fig["consumer_wakes"]) <= slack, (
+                name, fig)
     assert doc["workers_2"]["workers_us"] > 0  # real decoders (the stand-ins at capacity may round to 0)
+    # the sleeping stand-ins take about as long as the real decoders (their rate within a factor of 3)
+    assert doc["workers_2_idle_cores"]["rate"] < 3 * doc["workers_2"]["rate"], doc
 
 
 def test_pipe_case_measures_each_reader_against_the_plain_loop_round_by_round():
