@@ -31,6 +31,40 @@ def record(payload):
     return {"head": bytes(payload[:1]), "body": np.frombuffer(payload[1:], np.uint8)}
 
 
+class _Box:
+    def __init__(self, x):
+        self.x = x
+
+
+# Values that hold the payload's memory in other ways, each -> the bytes it shows
+HOLDERS = {
+    "ndarray(buffer=)": (lambda p: np.ndarray((len(p),), np.uint8, buffer=p), lambda v: v.tobytes()),
+    "stride_tricks": (lambda p: np.lib.stride_tricks.sliding_window_view(np.frombuffer(p, np.uint8), 1)[:, 0],
+                      lambda v: v.tobytes()),
+    "nested": (lambda p: {"meta": {"n": len(p)}, "arrays": {"x": np.frombuffer(p, np.uint8)}},
+               lambda v: v["arrays"]["x"].tobytes()),
+    "many": (lambda p: [np.frombuffer(p, np.uint8)] + [np.zeros(1)] * 80, lambda v: v[0].tobytes()),
+    "attribute": (lambda p: _Box(np.frombuffer(p, np.uint8)), lambda v: v.x.tobytes()),
+    "memoryview methods": (lambda p: (p[:1].tobytes(), np.frombuffer(p.cast("B")[1:], np.uint8)),
+                           lambda v: v[0] + v[1].tobytes()),
+    "the view itself": (lambda p: p, lambda v: v.tobytes()),
+}
+
+
+@pytest.mark.parametrize("holder", sorted(HOLDERS))
+def test_values_that_hold_the_payload_in_other_ways(tmp_path, holder):
+    """A value over the payload at any depth, or through an array's base that is no array, was not
+    noticed (233 of 3000 samples other samples' bytes with workers=0); a field given copies got ``bytes``,
+    on which a decoder's memoryview methods (``.tobytes()``, ``.cast()``) fail."""
+    recs = _records(3000)
+    path = tmp_path / "h.rec"
+    write_rec(path, recs)
+    dec, shows = HOLDERS[holder]
+    with ParallelReader(path, fields=dec, workers=0) as r:
+        got = [shows(v) for v in list(r)]
+    assert got == recs
+
+
 def _records(n: int):
     rng = np.random.default_rng(5)
     return [rng.integers(0, 256, int(rng.integers(1, 3000)), dtype=np.uint8).tobytes() for _ in range(n)]
@@ -82,7 +116,8 @@ def test_only_a_field_whose_value_holds_its_payload_gets_copies():
 
     def counted(dec):
         def call(p):
-            calls.append(type(p))
+            assert isinstance(p, memoryview) and p.readonly
+            calls.append(type(p.obj).__name__)  # a view of the payload, or of a bytes copy
             return dec(p)
         return call
 
@@ -90,8 +125,8 @@ def test_only_a_field_whose_value_holds_its_payload_gets_copies():
     vals = plan.decode([memoryview(b"ab"), memoryview(b"cd")], [], None)
     assert vals[0] == b"ab" and vals[1].tobytes() == b"cd"
     # the second decoder ran twice: on the view, then on a copy its value keeps
-    assert calls == [memoryview, memoryview, bytes] and plan.copies == [False, True]
+    assert calls == ["ndarray", "ndarray", "bytes"] and plan.copies == [False, True]
     buf = bytearray(b"ef")
     vals = plan.decode([memoryview(b"gh"), memoryview(buf)], [], None)
     buf[:] = b"zz"
-    assert vals[1].tobytes() == b"ef" and calls[3:] == [memoryview, bytes]
+    assert vals[1].tobytes() == b"ef" and calls[3:] == ["ndarray", "bytes"]

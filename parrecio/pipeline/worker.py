@@ -79,7 +79,7 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
                     pickle.dumps(why), False)
         return
     # a decoder's KeyboardInterrupt or SystemExit is a decode error of its sample (see above)
-    plan = DecodePlan.of(cfg, copy_passthrough=False, catch=(Exception, KeyboardInterrupt, SystemExit))
+    plan = DecodePlan.of(cfg, copy_passthrough=False, catch=(Exception, KeyboardInterrupt, SystemExit), stable=True)
     ring = Segment.attach(job.ring_name)
     slots: Dict[str, tuple] = {}
     mapped = MappedFiles()
