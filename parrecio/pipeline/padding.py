@@ -149,7 +149,9 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
                 missing -= room
                 _count(run, stats, room)
             delivered += rows_of(held)
-            cursor.pos, cursor.handed = held_pos, before + delivered
+            # the pass is complete: every position is gone through (skipped ones after the batch too),
+            # and the copies in it count as handed out
+            cursor.pos, cursor.handed = run.positions, before + delivered
             yield held
         while missing > 0:
             n = 1 if batch_size is None else min(missing, batch_size)
