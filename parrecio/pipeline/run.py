@@ -38,7 +38,7 @@ from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import CorruptRecordError, PipelineError, SourceError
 from .feed import CopyOut, Feed
-from .messages import Chunk, RemoteError, Task
+from .messages import IN_RING, Chunk, RemoteError, Task
 from .passes import Pass, Span, ended
 from .poller import Poller
 from .pool import ALL, BELL
@@ -399,7 +399,9 @@ class Run(Pass):
             self.feed.release(c)
         else:
             self.feed.release(c, ring=False)
-            self.pinned.add(c.ring_end, refs or [])
+            # (views of a file read in place or of a one-off segment pin no ring space: theirs goes back
+            # at delivery, and a view keeps its mapping alive)
+            self.pinned.add(c.ring_end, (refs or []) if c.place == IN_RING else [])
 
     def _unpin(self) -> None:
         """Give back the chunks whose views are gone; when the reader waits for space that only views

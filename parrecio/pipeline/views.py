@@ -89,7 +89,12 @@ class Pinned:
 
     def add(self, ring_end: int, refs: List[Any]) -> None:
         """A chunk that holds the ring below ``ring_end`` was delivered, its views' weak references in
-        ``refs``: give it back once they are gone and those before it went back (at once if so now)."""
+        ``refs``: give it back once they are gone and those before it went back (at once if so now).  One
+        that holds no ring space beyond the last one held back, and whose views pin none, is not kept:
+        behind a view kept for good, an entry per chunk of a file read in place grew without end."""
+        if ring_end <= self.head and not refs:
+            self.release()
+            return
         self._q.append(_Entry(refs, max(ring_end, self.head)))
         self.release()
 
