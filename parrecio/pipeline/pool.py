@@ -253,6 +253,11 @@ class WorkerPool:
                 self._discard(w)
                 self.workers[i] = self._spawn(w.index)
 
+    def unlink(self) -> None:
+        """Remove the pairs board's name (its mappings stay valid): see ``Resources._unlink_memory``."""
+        if self.bell is not None:
+            self.bell.segment.unlink()
+
     def stop(self, timeout: float = 1.0) -> None:
         """Ask every worker to stop; kill those that do not within ``timeout`` seconds.  Idempotent."""
         try:

@@ -269,7 +269,8 @@ class Resources:
         # workers must not leave the ring and the slots in /dev/shm for good (a later close() finds
         # the reader closed already).  The first error is raised at the end.
         first: Optional[BaseException] = None
-        for step in (self._close_run, self._close_processes, self._close_memory, self._close_rest):
+        for step in (self._close_run, self._unlink_memory, self._close_processes, self._close_memory,
+                     self._close_rest):
             try:
                 step()
             except BaseException as exc:
@@ -282,6 +283,21 @@ class Resources:
         self.pinned = None  # (the ring is unlinked below; its mapping lives on under the views)
         if run is not None:
             run.abort()
+
+    def _unlink_memory(self) -> None:
+        """Remove the shared memory's names before the processes stop (mappings stay valid): until they
+        have, a death of this process is swept by them; after, nothing would sweep (a SIGKILL while the
+        workers were being joined left 250-380 MB in /dev/shm)."""
+        try:
+            if self.ring is not None:
+                self.ring.unlink()
+        finally:
+            try:
+                if self.slots is not None:
+                    self.slots.unlink()
+            finally:
+                if self.pool is not None:
+                    self.pool.unlink()
 
     def _close_processes(self) -> None:
         spare, self.spare = self.spare, None

@@ -160,6 +160,11 @@ class SlotPool:
         if slot not in self._leased:
             self.free.append(slot)
 
+    def unlink(self) -> None:
+        """Remove every segment's name (their mappings stay valid)."""
+        for seg in self.segments:
+            seg.unlink()
+
     def close(self) -> None:
         """Unlink every segment; unmap those no view uses (the others stay mapped for the user)."""
         for seg in self.segments:
