@@ -3,8 +3,9 @@
 A Jupyter kernel that shuts down or restarts sends SIGTERM to each of its children (the reader and the
 decoder processes end, as asked: their consumer is alive) and is then killed: nothing was left to sweep
 its ring and output slots (90-400 MB of /dev/shm per kernel restart).  A janitor (``children.start_janitor``:
-a shell outside the consumer's process group and family, started in a kernel) removes them once the
-lifeline ends.  The script imports ipykernel, as a kernel has.
+a shell outside the consumer's process group, and in a kernel outside its family too) removes them once
+the lifeline ends.  The first script imports ipykernel, as a kernel has.  Everywhere, the janitor covers the
+start-up too: the shared memory exists before the first child runs.
 """
 
 from __future__ import annotations
@@ -52,6 +53,48 @@ def test_children_terminated_then_the_consumer_killed_leave_no_shared_memory(tmp
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, err[-2000:]
     assert int(out.split()[0]) >= 2  # the ring and the pairs board were there
+    deadline = time.monotonic() + 10
+    while leftover(f"parrecio-{proc.pid}-") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leftover(f"parrecio-{proc.pid}-") == []
+
+
+KILLED_IN_START = textwrap.dedent("""\
+    import os, signal, sys
+    from parrecio import ParallelReader, Tuning
+    from parrecio.pipeline import slots
+    from pipeline_helpers import Fixed
+    if __name__ == "__main__":
+        made = slots.SlotPool.__init__
+        def then_killed(self, *args, **kwargs):  # the ring and the slots exist, no child has run yet
+            made(self, *args, **kwargs)
+            print(len([n for n in os.listdir("/dev/shm") if n.startswith(f"parrecio-{os.getpid()}-")]), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        slots.SlotPool.__init__ = then_killed
+        reader = ParallelReader(sys.argv[1], fields=Fixed(), workers=2, batch_size=8,
+                                tuning=Tuning(start_method=sys.argv[2]))
+        next(iter(reader))
+""")
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+@pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
+def test_a_consumer_killed_before_its_first_child_runs_leaves_no_shared_memory(tmp_path, method):
+    """The ring and the output slots are made before any child runs (and sweeps): a SIGKILL, or SIGTERM
+    to the whole group while the children still import, left them in /dev/shm for good (8 of 8 runs under
+    spawn in an audit, 101-128 MB each).  The janitor, started before them in every process (not only in
+    a kernel), removes them; the consumer reaps it at close (no_leaks checks that elsewhere)."""
+    path = tmp_path / "d.rec"
+    write_rec(path, payloads(200, seed=3))
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_IN_START)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, str(script), str(path), method], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
+    assert int(out.split()[0]) >= 2  # the ring and slots were there
     deadline = time.monotonic() + 10
     while leftover(f"parrecio-{proc.pid}-") and time.monotonic() < deadline:
         time.sleep(0.05)

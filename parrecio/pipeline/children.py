@@ -131,34 +131,40 @@ def _main_not_reimported() -> Iterator[None]:
             main.__dict__.update(saved)
 
 
-def start_janitor(prefix: str, lifeline_fd: int) -> bool:
+def start_janitor(prefix: str, lifeline_fd: int, detached: bool = False) -> Optional[Any]:
     """Start a process that removes the run's shared memory (``SHM_DIR/<prefix>*``) once the lifeline
-    ends -- once this process is gone, however it went.
+    ends -- once this process is gone, however it went; on a clean close it finds nothing left.
 
-    The children sweep when their consumer dies, but they may be gone first: a Jupyter kernel that shuts
-    down or restarts sends SIGTERM to every child of its own (the decoders and the reader end as asked),
-    is then killed itself, and left the ring and the output slots in /dev/shm (90-400 MB per restart).
-    So a ``sh`` that waits on the lifeline with ``cat``, then ``rm``, started in a session of its own and
-    left to init at once (the shell that starts it exits): no signal sent to this process's group or
-    children reaches it, and it ignores SIGHUP, SIGINT and SIGTERM.  On a clean close it finds nothing
-    left.  Returns False where it cannot be started (no ``/bin/sh``, no /dev/shm).
+    The children sweep when their consumer dies, but not always: before the first of them runs (the ring
+    and the output slots are allocated first: a kill in that start-up, or SIGTERM to the whole group while
+    the children still import, left them), and once they are gone (a Jupyter kernel that shuts down or
+    restarts sends SIGTERM to every child of its own, the decoders and the reader end as asked, and is then
+    killed: 90-400 MB per restart).  So a ``sh`` that waits on the lifeline with ``cat``, then ``rm``, in a
+    session of its own (no signal sent to this process's group reaches it) and ignoring SIGHUP, SIGINT and
+    SIGTERM.
 
-    Started in a Jupyter kernel only (``ipykernel`` imported): elsewhere the children's sweep covers a
-    consumer's death, and a process left to init is reaped only where init reaps -- in a container whose
-    first process is the training script itself, each janitor would stay a zombie."""
+    It is a child of this process, which reaps it at close (the returned ``Popen``): one left to init is
+    reaped only where init reaps -- in a container whose first process is the training script itself it
+    would stay a zombie.  ``detached`` (in a Jupyter kernel, which ends its children itself): left to init
+    at once instead, and None is returned.  None too where it cannot be started (no ``/bin/sh``, no
+    /dev/shm)."""
     if not os.path.isdir(SHM_DIR) or not os.path.exists("/bin/sh"):
-        return False
+        return None
     target = shlex.quote(os.path.join(SHM_DIR, prefix))
-    # (the lifeline comes as stdin, moved to fd 3: a background list's stdin is /dev/null, and dash takes
-    # one-digit descriptors only -- a Jupyter kernel's pipe is numbered in the fifties)
-    script = (f'exec 3<&0 </dev/null; (trap "" HUP INT TERM; cat <&3 >/dev/null 2>&1; rm -f -- {target}*) '
-              f'>/dev/null 2>&1 &')
     try:
+        if not detached:  # (the lifeline is its stdin)
+            return subprocess.Popen(["/bin/sh", "-c", f'trap "" HUP INT TERM; cat >/dev/null 2>&1; rm -f -- {target}*'],
+                                    stdin=lifeline_fd, start_new_session=True, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+        # (the lifeline comes as stdin, moved to fd 3: a background list's stdin is /dev/null, and dash
+        # takes one-digit descriptors only -- a Jupyter kernel's pipe is numbered in the fifties)
+        script = (f'exec 3<&0 </dev/null; (trap "" HUP INT TERM; cat <&3 >/dev/null 2>&1; rm -f -- {target}*) '
+                  f'>/dev/null 2>&1 &')
         subprocess.run(["/bin/sh", "-c", script], stdin=lifeline_fd, start_new_session=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
-        return False
-    return True
+        pass
+    return None
 
 
 def start(proc: Any) -> None:

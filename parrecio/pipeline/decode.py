@@ -143,7 +143,7 @@ class DecodePlan:
                 under = np.frombuffer(p, np.uint8)
                 under.flags.writeable = False
                 base = sys.getrefcount(under)
-                view = memoryview(under)
+                view = memoryview(under)  # type: ignore[arg-type]
                 refs = sys.getrefcount(view)
                 try:
                     v = _call(how, dec, view, spec, out, k)

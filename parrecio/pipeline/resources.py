@@ -20,6 +20,7 @@ import logging
 import math
 import multiprocessing
 import os
+import subprocess
 import sys
 import threading
 from typing import Any, NamedTuple, Optional, Tuple
@@ -101,6 +102,7 @@ class Resources:
         self.stats = Stats()
         self.prefix = ""                          # shared-memory names of this reader start with it
         self.lifeline: Optional[Lifeline] = None
+        self.janitor: Any = None                  # children.start_janitor's process, reaped at close
         self.ring: Optional[Segment] = None       # the input ring (its .mem: the consumer's view of it)
         self.slots: Optional[SlotPool] = None     # output slots
         self.pool: Optional[WorkerPool] = None    # decoder processes (None: workers=0, or nothing to decode)
@@ -162,8 +164,8 @@ class Resources:
         try:
             self.warm_up()  # (again: when it was not up yet, it boots while the memory below is allocated)
             self.lifeline = Lifeline(*ctx.Pipe(duplex=False))
-            if "ipykernel" in sys.modules:  # (a kernel's shutdown ends the children first: see start_janitor)
-                start_janitor(self.prefix, self.lifeline.r.fileno())
+            # before any shared memory exists (see start_janitor; a kernel's shutdown ends its children)
+            self.janitor = start_janitor(self.prefix, self.lifeline.r.fileno(), detached="ipykernel" in sys.modules)
             initial = least = 0
             if cfg.layout.has_fixed:
                 # Enough slots for the tasks in flight (at most `prefetch` per worker) and two being
@@ -320,8 +322,17 @@ class Resources:
     def _close_rest(self) -> None:
         if self.lifeline is not None:  # (children still running, if a step was cut short, exit on its end)
             close_quietly(self.lifeline.w, self.lifeline.r)
-        if self.source is not None:
-            self.source.release()
+        janitor, self.janitor = self.janitor, None
+        try:
+            if janitor is not None:  # it ends on the lifeline's end, finding nothing to remove
+                try:
+                    janitor.wait(2)
+                except subprocess.TimeoutExpired:  # (another holder of the lifeline: not to wait for)
+                    janitor.kill()
+                    janitor.wait(2)
+        finally:
+            if self.source is not None:
+                self.source.release()
 
     def forget_after_fork(self) -> None:
         """In the child of an ``os.fork()`` of the consumer: this process owns none of the pipeline.
@@ -329,6 +340,7 @@ class Resources:
         would keep the children of a killed parent alive) and forget the processes.  The lifeline's read
         end stays open: a child started with the ``fork`` method is such a child too, and watches it."""
         self.phase = Phase.CLOSED
+        self.janitor = None  # (the parent's child: never waited for here)
         if self.run is not None:
             self.run.forget_after_fork()
         if self.spare is not None:
