@@ -754,6 +754,32 @@ def test_the_shared_memory_names_are_gone_before_the_processes_stop(stream, no_l
     assert seen == [[]]  # (before: the ring, the slots and the pairs board, still named)
 
 
+LATE_WORKERS = textwrap.dedent("""\
+    import os, sys, tempfile
+    from parrecio import ParallelReader, RecordWriter, Tuning
+    if __name__ == "__main__":
+        d = tempfile.mkdtemp()
+        path = os.path.join(d, "x.rec")
+        with RecordWriter(path) as w:
+            for i in range(3):
+                w.write(b"%d" % i)
+        for _ in range(3):  # a pass of 3 records is over before the last of 4 spawned workers has started
+            with ParallelReader(path, fields=lambda p: bytes(p), workers=4, tuning=Tuning(start_method="spawn")) as r:
+                assert list(r) == [b"0", b"1", b"2"]
+        print("ok")
+    """)
+
+
+def test_a_worker_that_starts_after_close_leaves_quietly(tmp_path):
+    """close() removes the shared memory's names before it stops the processes: a decoder process still
+    starting then found no ring and died with a traceback on stderr (3 of 3 readers here)."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_WORKERS)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
 # -- 11. threads ----------------------------------------------------------------------------------------------
 
 def test_11_close_from_another_thread_ends_the_pass(stream, no_leaks):

@@ -80,11 +80,14 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
         return
     # a decoder's KeyboardInterrupt or SystemExit is a decode error of its sample (see above)
     plan = DecodePlan.of(cfg, copy_passthrough=False, catch=(Exception, KeyboardInterrupt, SystemExit), stable=True)
-    ring = Segment.attach(job.ring_name)
+    try:
+        ring = Segment.attach(job.ring_name)
+        ringer = Ringer(job.pairs, bell) if job.pairs else None
+    except FileNotFoundError:  # close() removed the names while this process was starting: nothing to do
+        return
     slots: Dict[str, tuple] = {}
     mapped = MappedFiles()
     result_fd = result_conn.fileno()
-    ringer = Ringer(job.pairs, bell) if job.pairs else None
     if ringer is not None:
         os.set_blocking(result_fd, False)  # a full pipe rings the bell (send_result), then waits
     try:
