@@ -387,8 +387,8 @@ def test_bench_refuses_several_runs_on_a_pipe_channel(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.decode() == (
         f"parrecio bench: error: 'train' is a SageMaker Pipe-mode channel: each --workers value is a fresh reader "
-        f"that starts at epoch 0 ({tmp_path / 'data' / 'train_0'}), which SageMaker serves once; give one "
-        f"--workers value\n")
+        f"that would read other epochs' FIFOs (each served once: {tmp_path / 'data' / 'train_0'}, then the next), "
+        f"so the figures would not be of the same data; give one --workers value\n")
 
 
 def test_bench_fifo_wait_lines_and_timeout(tmp_path, capsys, monkeypatch):

@@ -99,3 +99,30 @@ def test_a_consumer_killed_before_its_first_child_runs_leaves_no_shared_memory(t
     while leftover(f"parrecio-{proc.pid}-") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert leftover(f"parrecio-{proc.pid}-") == []
+
+
+FORKED = textwrap.dedent("""\
+    import sys, warnings
+    from parrecio import ParallelReader, Tuning
+    from pipeline_helpers import Fixed
+    if __name__ == "__main__":
+        warnings.simplefilter("default", ResourceWarning)
+        with ParallelReader(sys.argv[1], fields=Fixed(), workers=2, batch_size=8,
+                            tuning=Tuning(start_method="fork")) as r:
+            print(sum(len(b) for b in r))
+""")
+
+
+def test_forked_children_say_nothing_of_the_parents_janitor(tmp_path):
+    """A child started with ``fork`` drops its copy of the janitor's Popen: "ResourceWarning: subprocess
+    ... is still running" on stderr from each of them."""
+    path = tmp_path / "d.rec"
+    write_rec(path, payloads(100, seed=3))
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["100"], proc.stderr[-2000:]
+    assert "ResourceWarning" not in proc.stderr, proc.stderr[-2000:]

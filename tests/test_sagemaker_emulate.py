@@ -466,3 +466,32 @@ def test_a_new_job_resumed_at_a_later_epoch_reads_the_jobs_first_fifo(tmp_path, 
     assert not thread.is_alive()
     assert len(rest) == 30 and len(following) == 40 and sorted(following) == payloads
     assert set(rest) < set(payloads) and rest != following[10:]  # epoch 2's order, then epoch 3's
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pass_that_never_opened_its_fifo_leaves_it_to_the_next(tmp_path, workers):
+    """A pass that timed out waiting for train_0 (it came late), or was ended before it read anything,
+    did not use train_0 up: the next pass, of this reader or of a new one, reads it (it waited for
+    train_1, then failed advising a longer fifo_timeout)."""
+    from parrecio import ParallelReader
+    from parrecio.errors import SourceError as _SourceError
+    payloads = [b"%03d" % i for i in range(30)]
+    write_rec(tmp_path / "a.rec", payloads)
+    root = tmp_path / "sm"
+    write_channel_config = __import__("parrecio.tools.emulate", fromlist=["x"]).write_channel_config
+    write_channel_config(str(root), "train")
+    kw = dict(sm_input_dir=str(root), fifo_timeout=1, workers=workers)
+    with ParallelReader("train", **kw) as r:
+        with pytest.raises(_SourceError, match="did not appear within 1 s"):
+            list(r)
+    thread = threading.Thread(target=serve_pipe_channel, daemon=True, args=(str(root), "train", [str(tmp_path / "a.rec")]),
+                              kwargs=dict(epochs=2))
+    thread.start()
+    with ParallelReader("train", **dict(kw, fifo_timeout=20)) as r:
+        if workers == 0:  # a pass started and ended at once, before it read anything (with workers its
+            it = iter(r)  # reader process may have opened the FIFO already: then that one is used up)
+            del it
+        assert list(r) == payloads
+        assert list(r) == payloads
+    thread.join(10)
+    assert not thread.is_alive()

@@ -362,8 +362,9 @@ def run(args: argparse.Namespace) -> int:
     pipe = pipe_channel(args.channel)
     if pipe is not None and len(workers_list) > 1:
         raise ParrecioError(f"{args.channel!r} is a SageMaker Pipe-mode channel: each --workers value is a fresh "
-                            f"reader that starts at epoch 0 ({pipe.fifo_path(0)}), which SageMaker serves "
-                            f"once; give one --workers value")
+                            f"reader that would read other epochs' FIFOs (each served once: {pipe.fifo_path(0)}, "
+                            f"then the next), so the figures would not be of the same data; give one --workers "
+                            f"value")
     peeked = peek(args.channel, args.join)
     if args.fields:
         names = parse_fields(args.fields)

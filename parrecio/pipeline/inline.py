@@ -41,10 +41,15 @@ class InlineRun(Pass):
         self.files = OpenFiles()          # what shutdown() closes
         self._started = 0.0
 
+    @property
+    def opened_stream(self) -> bool:
+        return bool(self.names)  # (each stream's name as it is opened: local_streams)
+
     def shutdown(self) -> None:
-        if os.getpid() == self.owner_pid:
+        if os.getpid() == self.owner_pid and not self.closed:
             self.closed = True
             self.files.close()
+            self.res.source.end_pass(self.epoch, self.opened_stream)
 
     def forget_after_fork(self) -> None:
         self.closed = True

@@ -400,7 +400,7 @@ class ParallelReader:
     @property
     def epoch(self) -> int:
         """The epoch of the pass being iterated, else of the next pass (the shuffle of epoch ``e`` is
-        drawn from ``(seed, e)``; for a SageMaker Pipe-mode channel, epoch ``e`` is its FIFO ``_e``)."""
+        drawn from ``(seed, e)``; a SageMaker Pipe-mode channel reads the job's next FIFO, whatever ``e``)."""
         run = self._res.run
         return run.epoch if run is not None else self._epoch
 

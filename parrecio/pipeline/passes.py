@@ -69,6 +69,11 @@ class Pass:
         self.completed = False      # the whole stream was delivered without an error
         self.delivered = 0          # samples yielded in this pass
 
+    @property
+    def opened_stream(self) -> bool:
+        """Whether the pass opened a stream of its source (a Pipe-mode FIFO is then used up)."""
+        raise NotImplementedError
+
     def abort(self) -> None:
         """End the pass from outside (close(), a new pass): the consumer's iterator raises if resumed."""
         self.aborted = not self.closed

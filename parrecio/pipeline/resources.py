@@ -340,7 +340,9 @@ class Resources:
         would keep the children of a killed parent alive) and forget the processes.  The lifeline's read
         end stays open: a child started with the ``fork`` method is such a child too, and watches it."""
         self.phase = Phase.CLOSED
-        self.janitor = None  # (the parent's child: never waited for here)
+        if self.janitor is not None:  # the parent's child: never waited for here (and no ResourceWarning
+            self.janitor.returncode = 0  # from this copy's Popen.__del__ that it is "still running")
+            self.janitor = None
         if self.run is not None:
             self.run.forget_after_fork()
         if self.spare is not None:

@@ -471,6 +471,10 @@ class Run(Pass):
         self.completed = True
 
     # -- shutdown ----------------------------------------------------------------------------------
+    @property
+    def opened_stream(self) -> bool:
+        return bool(self.feed.streams)  # (the reader says each stream it opened: StreamStart)
+
     def shutdown(self) -> None:
         """End the run: stop the reader, let in-flight tasks finish (or kill their workers), free the
         run's slots and one-off segments.  Idempotent; returns within a few seconds whatever the peers do."""
@@ -485,6 +489,8 @@ class Run(Pass):
                 self.chunks.append(_ChunkState(c, [], 0))
         for c in self.feed.stop():
             self.chunks.append(_ChunkState(c, [], 0))  # only its one-off segment matters now
+        # (after the reader's last messages: the streams it opened are known; a Pipe-mode FIFO is used up)
+        self.res.source.end_pass(self.epoch, self.opened_stream)
         if self.pinned is not None and self.pinned:  # views still alive: the next pass writes after them
             self.res.pinned = self.pinned.detach()
         for cs in self.chunks:

@@ -75,6 +75,9 @@ class Source:
         """A pass of epoch ``epoch`` is about to start (called in the consumer, before the source travels
         to the reader process with it)."""
 
+    def end_pass(self, epoch: int, opened: bool) -> None:
+        """The pass of epoch ``epoch`` ended (in the consumer); ``opened``: whether it opened a stream."""
+
     def rereadable(self) -> bool:
         """Whether an epoch's streams can be read again, in the consumer process too, at no more cost
         than reading them (regular files, objects): not a FIFO, stdin, a Pipe-mode channel."""

@@ -39,7 +39,7 @@ import os
 import re
 import stat
 import time
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import SourceError
 from ..recordio.framing import MAGIC_BYTES
@@ -160,7 +160,7 @@ class FileChannelSource(FileSource):
         self.distribution = settings.get("S3DistributionType")
 
 
-# FIFOs of each Pipe-mode channel, (data dir, channel), that passes of this process have taken: the job's
+# FIFOs of each Pipe-mode channel, (data dir, channel), that passes of this process have opened: the job's
 # numbering (PipeChannelSource.begin_pass), shared by every reader of the channel in the process.
 _FIFOS_TAKEN: Dict[Tuple[str, str], int] = {}
 
@@ -203,13 +203,27 @@ class PipeChannelSource(Source):
         """A pass of epoch ``epoch`` starts (in the consumer): it reads the next FIFO of this job.
 
         SageMaker numbers a job's FIFOs from 0 and serves them in turn, whatever epoch the script counts:
-        a job resumed from a checkpoint at epoch 2 (a new job) is served ``train_0`` first.  So the n-th
-        pass of this process over the channel reads ``<channel>_<n>``; the epoch number orders the
-        samples (shuffle, shards, sample keys), not which FIFO."""
-        key = (os.path.abspath(self.data_dir), self.channel)
-        index = _FIFOS_TAKEN.get(key, 0)
-        _FIFOS_TAKEN[key] = index + 1
+        a job resumed from a checkpoint at epoch 2 (a new job) is served ``train_0`` first.  So a pass
+        reads the FIFO after the last one that a pass of this process (any reader of the channel) opened;
+        the epoch number orders the samples (shuffle, shards, sample keys), not which FIFO."""
+        index = _FIFOS_TAKEN.get(self._key, 0)
+        # A pass of ours ended at once may have opened its FIFO before it could say so: then that one is
+        # gone (served) and a later one is there.
+        later = self._fifos_after(index)
+        if later and not os.path.exists(os.path.join(self.data_dir, f"{self.channel}_{index}")):
+            index = later[0]
         self._fifo_of = {epoch: index}
+
+    def end_pass(self, epoch: int, opened: bool) -> None:
+        """The pass of epoch ``epoch`` ended; ``opened``: whether it opened its FIFO (one that did not --
+        it timed out waiting, or was ended first -- leaves it to the next pass)."""
+        if opened:
+            index = self.fifo_index(epoch)
+            _FIFOS_TAKEN[self._key] = max(_FIFOS_TAKEN.get(self._key, 0), index + 1)
+
+    @property
+    def _key(self) -> Tuple[str, str]:
+        return (os.path.abspath(self.data_dir), self.channel)
 
     def fifo_index(self, epoch: int) -> int:
         """The number of the FIFO that epoch ``epoch`` is read from (see :meth:`begin_pass`)."""
@@ -225,7 +239,7 @@ class PipeChannelSource(Source):
                         timeout_error=lambda *why: self._timeout_error(epoch, path, *why),
                         explain=_EXPLAIN, hint=lambda: self._later_fifo_hint(epoch))
         file = open_fifo(path, wait, appear=True)  # never blocks in open(); says what it waits for
-        name = f"{self.channel}_{epoch} (FIFO {path})"
+        name = f"{self.channel}_{self.fifo_index(epoch)} (FIFO {path})"
         if not self.wrapped:
             file = _expect_recordio(file, name, self.channel)
         yield Stream(name, file)
@@ -256,14 +270,18 @@ class PipeChannelSource(Source):
                 f"<channel>_<n> after <channel>_<n-1> was read to its end; raise fifo_timeout= if it is "
                 f"just slow)")
 
-    def _later_fifo_hint(self, epoch: int) -> str:
-        """A sentence when a later epoch's FIFO is there: this epoch was served already, to someone else."""
+    def _fifos_after(self, index: int) -> List[int]:
+        """The numbers above ``index`` of the channel's FIFOs there now, in order."""
         pattern = re.compile(re.escape(self.channel) + r"_(\d+)\Z")
         try:
-            later = sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(self.data_dir))
-                           if m and int(m.group(1)) > self.fifo_index(epoch))
+            return sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(self.data_dir))
+                          if m and int(m.group(1)) > index)
         except OSError:
-            return ""
+            return []
+
+    def _later_fifo_hint(self, epoch: int) -> str:
+        """A sentence when a later epoch's FIFO is there: this epoch was served already, to someone else."""
+        later = self._fifos_after(self.fifo_index(epoch))
         if not later:
             return ""
         return (f"{os.path.join(self.data_dir, f'{self.channel}_{later[0]}')} exists, so epoch {epoch} was "
