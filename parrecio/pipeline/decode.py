@@ -85,7 +85,7 @@ class DecodePlan:
             call = _FAST.get(type(dec)) if how == RAGGED else None
             self.fields.append((f, how, call, dec, spec, is_random(dec)))
         self.keyed = any(t[5] for t in self.fields)
-        self.copies = [False] * self.nfields  # fields given a bytes copy of their payload (see _holds)
+        self.copies = [False] * self.nfields  # fields given a copy of their payload (see the module's docstring)
         if len(self.fields) == 1 and self.fields[0][2] is not None:  # tiny records' case: one C call
             self.decode = self._decode_fast  # type: ignore[method-assign]
 

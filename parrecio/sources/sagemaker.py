@@ -4,8 +4,8 @@
  <input>/config/inputdataconfig.json   {"train": {"TrainingInputMode": "Pipe", "RecordWrapperType": "RecordIO",
                                                   "S3DistributionType": "FullyReplicated", ...}, ...}
  Pipe mode:  <input>/data/train_0, train_1, ...   one FIFO per epoch, created by SageMaker one after another
-             -> PipeChannelSource.streams(e): wait for the job's next FIFO, train_<n> for the n-th pass of
-                this process (begin_pass), open it (reader process only), one Stream
+             -> PipeChannelSource.streams(e): wait for the job's next FIFO (the one after the last that a
+                pass of this process opened: begin_pass), open it (reader process only), one Stream
  File mode:  <input>/data/train/**                the channel's S3 objects, downloaded (or mounted: FastFile)
              -> FileChannelSource: the directory's RecordIO files, recursively, every epoch
 ```
@@ -166,8 +166,8 @@ _FIFOS_TAKEN: Dict[Tuple[str, str], int] = {}
 
 
 class PipeChannelSource(Source):
-    """A SageMaker channel in Pipe mode: the n-th pass of this process is the FIFO ``<data>/<channel>_<n>``
-    (:meth:`begin_pass`; epoch ``e`` without it, as ``parrecio bench`` and a source used alone read it).
+    """A SageMaker channel in Pipe mode: a pass reads the job's next FIFO ``<data>/<channel>_<n>``
+    (:meth:`begin_pass`; ``n`` is epoch ``e`` without it, as ``parrecio bench`` and a source used alone read it).
 
     :meth:`streams` opens it (in the reader process only) with :func:`parrecio.sources.fifo.open_fifo`,
     waiting up to ``fifo_timeout`` seconds in all for it to appear, for a writer, and for another process
@@ -210,7 +210,7 @@ class PipeChannelSource(Source):
         # A pass of ours ended at once may have opened its FIFO before it could say so: then that one is
         # gone (served) and a later one is there.
         later = self._fifos_after(index)
-        if later and not os.path.exists(os.path.join(self.data_dir, f"{self.channel}_{index}")):
+        if later and not os.path.exists(self._path(index)):
             index = later[0]
         self._fifo_of = {epoch: index}
 
@@ -230,7 +230,10 @@ class PipeChannelSource(Source):
         return getattr(self, "_fifo_of", {}).get(epoch, epoch)
 
     def fifo_path(self, epoch: int) -> str:
-        return os.path.join(self.data_dir, f"{self.channel}_{self.fifo_index(epoch)}")
+        return self._path(self.fifo_index(epoch))
+
+    def _path(self, index: int) -> str:
+        return os.path.join(self.data_dir, f"{self.channel}_{index}")
 
     def streams(self, epoch: int) -> Iterator[Stream]:
         self.check_epoch(epoch)
@@ -284,8 +287,7 @@ class PipeChannelSource(Source):
         later = self._fifos_after(self.fifo_index(epoch))
         if not later:
             return ""
-        return (f"{os.path.join(self.data_dir, f'{self.channel}_{later[0]}')} exists, so epoch {epoch} was "
-                f"probably served already, to another "
+        return (f"{self._path(later[0])} exists, so epoch {epoch} was probably served already, to another "
                 f"process (each epoch's FIFO is served once)")
 
     def wait_for_fifo(self, epoch: int, on_wait: Optional[Callable[[str, float], None]] = None) -> str:
