@@ -48,11 +48,17 @@ def test_children_terminated_then_the_consumer_killed_leave_no_shared_memory(tmp
     write_rec(path, payloads(2000, seed=3))
     script = tmp_path / "kernel.py"
     script.write_text(SCRIPT)
+    _killed_leaves_nothing(script, path, method)  # (the ring and the pairs board were there)
+
+
+def _killed_leaves_nothing(script, path, method, env=None):
+    """Run ``script PATH METHOD``, which prints how many segments it made and dies of SIGKILL: every one
+    of them is removed within 10 s."""
     proc = subprocess.Popen([sys.executable, str(script), str(path), method], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, err[-2000:]
-    assert int(out.split()[0]) >= 2  # the ring and the pairs board were there
+    assert int(out.split()[0]) >= 2
     deadline = time.monotonic() + 10
     while leftover(f"parrecio-{proc.pid}-") and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -84,21 +90,20 @@ def test_a_consumer_killed_before_its_first_child_runs_leaves_no_shared_memory(t
     to the whole group while the children still import, left them in /dev/shm for good (8 of 8 runs under
     spawn in an audit, 101-128 MB each).  The janitor, started before them in every process (not only in
     a kernel), removes them; the consumer reaps it at close (no_leaks checks that elsewhere)."""
+    script, path, env = _script_beside_tests(tmp_path, KILLED_IN_START, 200)
+    _killed_leaves_nothing(script, path, method, env)  # (the ring and the slots were there)
+
+
+def _script_beside_tests(tmp_path, text, records):
+    """``(script, data, env)``: ``text`` as a script that imports this folder's helpers, a file of
+    ``records`` payloads, and the environment that lets it import them."""
     path = tmp_path / "d.rec"
-    write_rec(path, payloads(200, seed=3))
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_IN_START)
+    write_rec(path, payloads(records, seed=3))
+    script = tmp_path / "script.py"
+    script.write_text(text)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
                                                        os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, str(script), str(path), method], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGKILL, err[-2000:]
-    assert int(out.split()[0]) >= 2  # the ring and slots were there
-    deadline = time.monotonic() + 10
-    while leftover(f"parrecio-{proc.pid}-") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert leftover(f"parrecio-{proc.pid}-") == []
+    return script, path, env
 
 
 FORKED = textwrap.dedent("""\
@@ -116,12 +121,7 @@ FORKED = textwrap.dedent("""\
 def test_forked_children_say_nothing_of_the_parents_janitor(tmp_path):
     """A child started with ``fork`` drops its copy of the janitor's Popen: "ResourceWarning: subprocess
     ... is still running" on stderr from each of them."""
-    path = tmp_path / "d.rec"
-    write_rec(path, payloads(100, seed=3))
-    script = tmp_path / "forked.py"
-    script.write_text(FORKED)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    script, path, env = _script_beside_tests(tmp_path, FORKED, 100)
     proc = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, env=env,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.split() == ["100"], proc.stderr[-2000:]
