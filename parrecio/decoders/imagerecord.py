@@ -134,11 +134,11 @@ class ImageRecord(Value):
         image_out, label_out = out
         header, data = unpack(payload)
         label = self._label(header)
-        kw = {"key": key} if self.random else {}
+        key = key if self.random else None
         if self.output_spec[0] is not None:  # (checked against the image decoder's spec, as a field's is)
-            image = write_into(self.image, data, self.output_spec[0], image_out, key if self.random else None)
+            image = write_into(self.image, data, self.output_spec[0], image_out, key)
         else:
-            image = self.image(data, **kw)
+            image = self.image(data) if key is None else self.image(data, key=key)
         if self.output_spec[1] is not None:
             label_out[...] = label
             label = None

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..decoders.base import ArraySpec, is_passthrough, payload_kinds, spec_of
 from ..errors import PipelineError
-from ..recordio.paths import index_path
+from ..recordio.paths import index_beside
 from ..sources import resolve
 from .batching import deliver, unbatched_blocks
 from .fields import Fields, normalize_fields
@@ -703,7 +703,6 @@ def _index_paths(source: Any) -> tuple:
     """``((rec, idx), ...)`` when the source is regular files that all have an ``.idx`` beside them, or
     a source that says its own pairs (``s3://`` objects: ``(url, S3Index)``, the index a path-like that
     ``read_index`` reads, see :mod:`parrecio.sources.s3`)."""
-    import stat
     pairs = getattr(source, "index_pairs", None)
     if callable(pairs):
         return tuple(pairs())
@@ -712,11 +711,8 @@ def _index_paths(source: Any) -> tuple:
         return ()
     out = []
     for p in paths:
-        idx = index_path(p)
-        try:
-            if not (stat.S_ISREG(os.stat(p).st_mode) and os.path.isfile(idx)):
-                return ()
-        except OSError:
+        idx = index_beside(p)
+        if idx is None:
             return ()
         out.append((p, idx))
     return tuple(out)

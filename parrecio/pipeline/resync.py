@@ -30,13 +30,12 @@ region: groups that one region swallowed whole leave no trace to count them by.
 from __future__ import annotations
 
 import bisect
-import os
 from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
 from ..decoders.sniff import describe, sniff
 from ..errors import CorruptRecordError
 from ..recordio.index import read_index
-from ..recordio.paths import index_path
+from ..recordio.paths import index_beside
 
 __all__ = ["Realigner", "for_stream", "EXTRA_DROPS"]
 
@@ -132,7 +131,7 @@ def for_stream(cfg: Any, name: str, start: int = 0) -> Realigner:
     idx: Any = None
     if start == 0:
         idx = next((i for rec, i in cfg.index_paths if str(rec) == name), None)
-        if idx is None and os.path.isfile(name) and os.path.isfile(index_path(name)):
-            idx = index_path(name)
+        if idx is None:
+            idx = index_beside(name)
     index = None if idx is None else (lambda: [off for _, off in read_index(idx)])
     return Realigner(cfg.kinds, cfg.names, name, index)

@@ -167,8 +167,8 @@ class SlotPool:
 
     def close(self) -> None:
         """Unlink every segment; unmap those no view uses (the others stay mapped for the user)."""
+        self.unlink()
         for seg in self.segments:
-            seg.unlink()
             seg.close()
         self.segments = []
         self.free.clear()

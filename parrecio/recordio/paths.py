@@ -9,15 +9,26 @@ integer-like value: ``numpy.int64`` too) is a ``TypeError`` naming the parameter
 from __future__ import annotations
 
 import os
-from typing import Any, List, Sequence, Union
+import stat
+from typing import Any, List, Optional, Sequence, Union
 
-__all__ = ["check_path_arg", "index_path", "recordio_names", "NOT_RECORDS"]
+__all__ = ["check_path_arg", "index_path", "index_beside", "recordio_names", "NOT_RECORDS"]
 
 
 def index_path(rec_path: Union[str, "os.PathLike[str]"]) -> str:
     """The ``.idx`` that goes with a record file: its suffix replaced (``train.rec`` -> ``train.idx``), as
     ``im2rec`` names it.  The one rule: writers put the index there and readers look for it there."""
     return os.path.splitext(os.fsdecode(rec_path))[0] + ".idx"
+
+
+def index_beside(rec_path: str) -> Optional[str]:
+    """The ``.idx`` of the regular file ``rec_path`` when there is one (:func:`index_path`), else None (no
+    such file, not a regular file: a FIFO, a device)."""
+    idx = index_path(rec_path)
+    try:
+        return idx if stat.S_ISREG(os.stat(rec_path).st_mode) and os.path.isfile(idx) else None
+    except (OSError, ValueError):
+        return None
 
 
 NOT_RECORDS = (".idx", ".lst")  # what a folder holds beside its RecordIO files

@@ -185,6 +185,7 @@ class PipeChannelSource(Source):
         self.channel = channel
         self.data_dir = data_dir
         self.settings = dict(settings)
+        self._fifo_of: Dict[int, int] = {}  # epoch -> the FIFO number its pass reads (begin_pass)
         self.fifo_timeout = float(fifo_timeout)
         self.distribution = settings.get("S3DistributionType")
         wrapper = settings.get("RecordWrapperType") or "None"  # SageMaker's default is None
@@ -227,7 +228,7 @@ class PipeChannelSource(Source):
 
     def fifo_index(self, epoch: int) -> int:
         """The number of the FIFO that epoch ``epoch`` is read from (see :meth:`begin_pass`)."""
-        return getattr(self, "_fifo_of", {}).get(epoch, epoch)
+        return self._fifo_of.get(epoch, epoch)
 
     def fifo_path(self, epoch: int) -> str:
         return self._path(self.fifo_index(epoch))
