@@ -170,8 +170,16 @@ def start_janitor(prefix: str, lifeline_fd: int, detached: bool = False) -> Opti
 def start(proc: Any) -> None:
     """Start the multiprocessing process ``proc``, without re-importing ``__main__`` in it (and, when this
     start launches the fork server, in the fork server: see :func:`_main_not_reimported`)."""
-    with _main_not_reimported():
-        proc.start()
+    try:
+        with _main_not_reimported():
+            proc.start()
+    except BaseException:
+        # (a Ctrl-C that lands once the process exists: stopped here, it cannot run on unseen -- a reader
+        # process writing into the ring beside the next pass's -- until the lifeline ends)
+        if proc.pid is not None:
+            proc.kill()
+            proc.join(1.0)
+        raise
 
 
 def start_forkserver(uses: Iterable[Any] = ()) -> None:

@@ -261,11 +261,26 @@ class ParallelReader:
                              "fields=None or a Raw() field (its records' bytes), or iterate the reader")
         return self._pass(views=True)
 
+    def _start_failed(self, exc: BaseException) -> None:
+        """A pass failed to start (a Ctrl-C included) after its reader process may have read some of the
+        source: where the source can be read again the next pass starts anew (the same epoch); where it
+        cannot (a FIFO, stdin, a Pipe-mode channel), those bytes are gone and a new start would silently
+        miss them, so the reader is closed, saying why when it is used again.  (``workers=0`` reads
+        nothing before its first ``next()``.)"""
+        res = self._res
+        if self.workers and not res.closed and not res.source.rereadable():
+            res.closed_why = (f"its pass of epoch {self._epoch} failed to start ({type(exc).__name__}) after "
+                              f"reading from {res.source.name}, which cannot be read again")
+            res.close()
+        if res.closed:
+            self._state = State.CLOSED
+
     def _pass(self, views: bool) -> Iterator[Any]:
         res = self._res
         with res.lock:
             if self._state is State.CLOSED or res.closing:
-                raise PipelineError("this ParallelReader is closed")
+                raise PipelineError("this ParallelReader is closed" + (f": {res.closed_why}" if res.closed_why
+                                                                        else ""))
             if res.run is not None:  # a previous pass was left unfinished: end it first
                 other = res.run.thread
                 if other is not threading.current_thread() and other.is_alive():
@@ -277,21 +292,17 @@ class ParallelReader:
                 res.run = None
             res.source.check_epoch(self._epoch)
             if not res.started:
-                try:
-                    res.start()
-                except BaseException:
-                    self._state = State.CLOSED
-                    raise
+                res.start()  # (a failure leaves it NEW: see Resources.start)
             res.source.begin_pass(self._epoch)  # (a Pipe-mode channel: which FIFO the pass reads)
-            if self.workers == 0:
-                run = res.run = InlineRun(res, self._epoch, self._skip)
-            else:
-                run = res.run = Run(res, self._epoch, self._skip, views=views)
-            run.before = run.cursor.handed = self._handed
             try:
+                if self.workers == 0:
+                    run = res.run = InlineRun(res, self._epoch, self._skip)
+                else:
+                    run = res.run = Run(res, self._epoch, self._skip, views=views)
+                run.before = run.cursor.handed = self._handed
                 res.start_workers()
-            except BaseException:
-                self._state = State.CLOSED
+            except BaseException as exc:
+                self._start_failed(exc)
                 raise
             self._progress = (self._epoch, self._skip, False, self._handed)
             self._epoch += 1

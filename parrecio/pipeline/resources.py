@@ -111,6 +111,8 @@ class Resources:
         self.run: Any = None                      # the pass being iterated
         self.pinned: Any = None                   # views.Pinned: chunks an ended pass's views still hold
         self.phase = Phase.NEW
+        self._keep_source = False                 # (unstart: a close that keeps the source)
+        self.closed_why = ""                      # why a reader was closed by itself (said when used again)
         self.lock = threading.RLock()
         self.owner_pid = os.getpid()
         register_for_fork(self)
@@ -153,8 +155,9 @@ class Resources:
 
     def start(self) -> None:
         """Start what the passes share: nothing for ``workers=0``; else the lifeline, the ring, the
-        output slots and (when some field is decoded) the decoder processes.  On failure everything
-        started is closed again."""
+        output slots and (when some field is decoded) the decoder processes.  On failure (a Ctrl-C
+        included) everything started is freed again and the next pass starts anew (:meth:`unstart`):
+        nothing of the source was read yet."""
         cfg = self.cfg
         self.phase = Phase.STARTED
         if cfg.workers == 0:
@@ -185,20 +188,39 @@ class Resources:
                 # started by start_workers(), after the first pass's reader process
                 self.pool = WorkerPool(ctx, cfg, WorkerJob(self.ring.name, self.prefix), self.lifeline.r)
         except BaseException:
-            self._close()
+            self.unstart()
             raise
 
     def start_workers(self) -> None:
         """Start the decoder processes, once (a no-op after that, and without any).  Called after the
         first pass's reader process started: its first chunk is then on its way while they start
-        (the fork server starts one process at a time).  On failure everything is closed."""
+        (the fork server starts one process at a time).  On failure (a Ctrl-C included) everything
+        started is freed (:meth:`unstart`)."""
         if self.pool is None or self.pool.started:
             return
         try:
             self.pool.start()
         except BaseException:
-            self._close()
+            self.unstart()  # (ParallelReader._start_failed closes it where the source cannot be read again)
             raise
+
+    def unstart(self) -> None:
+        """Free everything :meth:`start` (and a first pass) started, keep the source and go back to
+        NEW: a start that failed, or that a Ctrl-C cut short, must not leave the reader closed for good
+        (a notebook's user interrupts the first batch and runs the cell again).  When close() was asked
+        for meanwhile, it is a close()."""
+        if self.closing:
+            self._close()
+            return
+        self._keep_source = True
+        try:
+            self._close()
+        finally:
+            self._keep_source = False
+            self.prefix = ""
+            self.lifeline = self.janitor = self.ring = self.slots = self.pool = self.spare = None
+            self.run = self.pinned = None
+            self.phase = Phase.NEW
 
     def prepare_spare(self, ended: Optional[ReaderHandle] = None) -> bool:
         """Have the next pass's reader process ready now, while this pass's last chunks are delivered:
@@ -331,7 +353,7 @@ class Resources:
                     janitor.kill()
                     janitor.wait(2)
         finally:
-            if self.source is not None:
+            if self.source is not None and not self._keep_source:
                 self.source.release()
 
     def forget_after_fork(self) -> None:

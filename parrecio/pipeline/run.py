@@ -107,6 +107,7 @@ class Run(Pass):
         if self.pinned is None and views:
             self.pinned = Pinned()
         ring_pos = (self.pinned.tail, self.pinned.head) if self.pinned is not None else (0, 0)
+        reader = None
         try:
             job = ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip, ring_pos,
                             views=self.pinned is not None, serve_on=res.serves_on())
@@ -117,7 +118,11 @@ class Run(Pass):
             self.feed = Feed(reader, self.stats, epoch, ring_pos, hold)
         except BaseException:
             self.closed = True
-            self.slots.close()
+            try:
+                if reader is not None:  # (a Ctrl-C after it started: it must not read on meanwhile)
+                    reader.stop()
+            finally:
+                self.slots.close()
             raise  # (an earlier pass's pinned chunks stay with res for the next try)
         if self.pinned is not None:
             self.pinned.give_back = self.feed.release_ring
