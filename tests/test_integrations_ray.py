@@ -20,6 +20,7 @@ from parrecio.decoders import (BoundingBoxes, ClassLabel, Image, ImageRecord, Js
                                RandomResizedCrop, Raw)
 from parrecio.decoders.base import sample_key  # noqa: E402
 from parrecio.integrations.ray import RecordIODatasource, plan_ranges, read_recordio  # noqa: E402
+from parrecio.recordio.index import IndexMismatch  # noqa: E402
 from parrecio.recordio.irheader import IRHeader, pack  # noqa: E402
 from ray.data.block import BlockAccessor  # noqa: E402
 
@@ -273,6 +274,19 @@ def test_bad_paths_options_and_indexes(ray_cluster, data, tmp_path):
             as info:
         read_recordio(str(tmp_path / "short.rec"), FIELDS)
     assert info.value.source == str(tmp_path / "short.rec") and info.value.offset >= 1000
+    # records added after the .idx was written: found when its last record is read, whatever on_error says
+    # (else they were left out without a word)
+    shutil.copy(root / "a.rec", tmp_path / "more.rec")
+    shutil.copy(root / "a.idx", tmp_path / "more.idx")
+    with RecordWriter(str(tmp_path / "extra.rec")) as w:
+        for r in _group(999):
+            w.write(r)
+    with open(tmp_path / "more.rec", "ab") as f:
+        f.write((tmp_path / "extra.rec").read_bytes())
+    for on_error in ("raise", "skip"):
+        with pytest.raises(CorruptRecordError, match="another record follows it there") as info:
+            read_recordio(str(tmp_path / "more.rec"), FIELDS, on_error=on_error, override_num_blocks=3).take_all()
+        assert isinstance(info.value, IndexMismatch)
     # a record count that is not a multiple of the group size
     with pytest.raises(CorruptRecordError, match="not a multiple of the group size 4"):
         read_recordio(paths[0], {**FIELDS, "extra": Raw()})

@@ -97,7 +97,7 @@ from ..decoders.base import ArraySpec, is_passthrough, is_random, payload_kinds,
 from ..decoders.imagerecord import ImageRecord
 from ..errors import CorruptRecordError, DecodeError, SourceError
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, JOINS, read_record
-from ..recordio.index import read_index
+from ..recordio.index import IndexMismatch, check_end, check_offsets, read_index
 from ..recordio.paths import index_path
 from ..recordio.reader import RecordReader
 
@@ -214,6 +214,8 @@ class _File:
     path: str
     size: int
     offsets: Optional[np.ndarray]   # sorted start offsets of its whole groups' records (from the .idx)
+    index: str = ""                 # its .idx
+    stop: int = 0                   # where its last whole group ends: the first record left out, or its size
 
 
 class ReadRange(NamedTuple):
@@ -304,22 +306,15 @@ def _files(paths: Sequence[str], nf: int, on_error: str, use_index: bool) -> Lis
         if not (use_index and os.path.isfile(idx)):
             out.append((_File(path, st.st_size, None), None))
             continue
-        offs, cut = whole_groups([o for _, o in read_index(idx)], nf, path, on_error)
+        listed = sorted(o for _, o in read_index(idx))
+        check_offsets(listed, st.st_size, path, idx)  # (each record's end is checked as it is read)
+        offs, cut = whole_groups(listed, nf, path, on_error)
         if cut:
             log.warning("parrecio: %s: the index lists a last group of fewer than %d records; it is skipped",
                         path, nf)
         arr = np.asarray(offs, dtype=np.int64)
-        if len(arr) and arr[-1] >= st.st_size:
-            bad = int(arr[np.argmax(arr >= st.st_size)])
-            raise CorruptRecordError(
-                f"{idx} lists a record at byte offset {bad}, at or past the end of the file ({st.st_size} "
-                f"bytes): the index is not this file's (or the file was truncated)", bad, source=path)
-        same = np.flatnonzero(np.diff(arr) == 0) if len(arr) > 1 else ()
-        if len(same):
-            bad = int(arr[same[0]])
-            raise CorruptRecordError(f"{idx} lists the record at byte offset {bad} more than once", bad,
-                                     source=path)
-        out.append((_File(path, st.st_size, arr), len(arr) // nf))
+        stop = listed[len(offs)] if cut else st.st_size
+        out.append((_File(path, st.st_size, arr, idx, stop), len(arr) // nf))
     return out
 
 
@@ -334,6 +329,8 @@ class _Task:
     offsets: Optional[np.ndarray]    # the range's record offsets (None: stream the whole file)
     end: int                         # the offset after the range's last record (its span), or the file size
     block_bytes: int                 # the target size of an output block
+    size: int = 0                    # the file's size
+    index: str = ""                  # the file's .idx (its records' ends are checked against it)
 
 
 # -- decoding ------------------------------------------------------------------------------------------
@@ -508,8 +505,10 @@ def _indexed_groups(task: _Task) -> Iterator[Tuple[int, int, Optional[List[Any]]
                     if got is None:
                         raise CorruptRecordError("no record here: offset at or past the end of the file",
                                                  offset, source=path)
+                    check_end(offset, got[1], int(nxt[r]), task.size, path, task.index,
+                              lambda at, n: os.pread(fd, n, at))
                 except CorruptRecordError as exc:
-                    if st.on_error == "raise":
+                    if st.on_error == "raise" or isinstance(exc, IndexMismatch):  # (not one sample's)
                         raise exc.located(index) from None
                     log.warning("parrecio: skipped %s", exc.located(index))
                     payloads = None
@@ -624,11 +623,11 @@ class _Plan:
                 out.append((_Task(st, f.path, i, 0, None, f.size, block), None, f.size))
                 continue
             offs = f.offsets[a * nf:b * nf].copy()
-            end = int(f.offsets[b * nf]) if b * nf < len(f.offsets) else f.size
+            end = int(f.offsets[b * nf]) if b * nf < len(f.offsets) else f.stop
             nbytes = end - int(offs[0])
             rows = b - a
-            out.append((_Task(st, f.path, i, a, offs, end, block), None if st.on_error == "skip" else rows,
-                        max(nbytes, rows * st.fixed_bytes)))
+            task = _Task(st, f.path, i, a, offs, end, block, f.size, f.index)
+            out.append((task, None if st.on_error == "skip" else rows, max(nbytes, rows * st.fixed_bytes)))
         return out
 
 

@@ -368,12 +368,15 @@ class GroupStream:
         ``readers``: one per file of ``cfg.index_paths`` (:func:`parrecio.sources.resolver.open_indexed`);
         ``on_stream(stream_id, name)`` is told each file before any group.  A group that cannot be read
         keeps its place in the order (``parts`` None) under ``on_error="skip"``."""
+        from ..recordio.index import IndexMismatch, check_index
         from ..sources.resolver import read_groups
         cfg, nf = self.cfg, self.cfg.nfields
         offsets = []
         for stream_id, r in enumerate(readers):
             if on_stream is not None:
                 on_stream(stream_id, names[stream_id])
+            # (before any group: an index that does not fit its file would pair or leave out records)
+            check_index(r, sorted(r.offsets), nf)
             offs, cut = whole_groups(r.offsets, nf, names[stream_id], cfg.on_error)
             self.count.skipped_groups += cut
             offsets.append(offs)
@@ -387,7 +390,7 @@ class GroupStream:
         try:
             for stream_id, offs, payloads in groups:
                 if isinstance(payloads, CorruptRecordError):
-                    if cfg.on_error == "raise":
+                    if cfg.on_error == "raise" or isinstance(payloads, IndexMismatch):  # (not one sample's)
                         raise payloads
                     self.count.skipped_groups += 1
                     self.count.skipped_records += 1

@@ -52,7 +52,8 @@ def indexed_order(counts: Sequence[int], *, shuffle: bool, seed: int, epoch: int
 
 def whole_groups(offsets: Sequence[int], nf: int, source: str, on_error: str) -> Tuple[List[int], bool]:
     """An index's record offsets, sorted and cut to whole groups of ``nf`` records, and whether an
-    incomplete last group was left out (under ``on_error="skip"``; ``"raise"`` raises)."""
+    incomplete last group was left out (under ``on_error="skip"``; ``"raise"`` raises).  (Whether the
+    offsets can be the file's at all: :func:`parrecio.recordio.index.check_offsets`.)"""
     offs = sorted(offsets)
     whole = len(offs) // nf * nf
     if whole < len(offs) and on_error == "raise":

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import bisect
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+import struct
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..errors import CorruptRecordError, SourceError
-from .framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
+from .framing import CFLAG_FIRST, CFLAG_FULL, DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, MAGIC, check_join, read_record
 from .joins import IndexedJoin
 from .paths import check_path_arg, index_path
 
-__all__ = ["IndexedRecordReader", "read_index", "indexed_count"]
+__all__ = ["IndexedRecordReader", "IndexMismatch", "read_index", "indexed_count", "check_end", "check_offsets",
+           "check_index", "next_listed"]
 
 Key = Union[int, str]
 _DEFAULT_READ = 64 << 10  # bytes asked for when the record's span is unknown
@@ -81,6 +83,105 @@ def read_index(idx_path: Union[str, "os.PathLike[str]"]) -> List[tuple]:
     return list(zip(keys, offsets))
 
 
+class IndexMismatch(CorruptRecordError):
+    """An index that does not fit its file: it lists an offset twice, one past the end, none at byte 0,
+    or a record that frames whole but does not end where the index lists the next one, there being
+    another record (or the end of the file).  The index then lists not every record (or records that are
+    not there): grouping by it would pair records of two samples or leave records out, so the pipeline
+    raises this whatever ``on_error`` says; it is not one damaged sample."""
+
+
+def _starts_record(head: bytes) -> bool:
+    """Whether ``head`` (8 bytes) is the header of a record's first frame."""
+    if len(head) < HEADER_SIZE:
+        return False
+    magic, lrec = struct.unpack_from("<II", head)
+    return magic == MAGIC and lrec >> 29 in (CFLAG_FULL, CFLAG_FIRST)
+
+
+def next_listed(sorted_offsets: List[int], offset: int, size: int) -> int:
+    """Where the record at ``offset`` must end by its index: the next listed offset, or ``size``."""
+    i = bisect.bisect_right(sorted_offsets, offset)
+    return sorted_offsets[i] if i < len(sorted_offsets) else size
+
+
+def check_end(offset: int, end: int, want: int, size: int, source: str, idx: str,
+              peek: Callable[[int, int], bytes]) -> None:
+    """Check that the record read by its index at ``offset`` ends (``end``: past its last frame) at
+    ``want``, where the index's next offset is, or the end of the file (``size`` bytes); without that
+    check a stale or foreign index returns records cut short or run on into the next ones, or leaves
+    records out silently (an index of one line per sample, a file appended to afterwards).
+
+    Raises :class:`IndexMismatch` when another record starts where it ends (``peek(at, n)`` reads the
+    file), or the file ends there: the index does not list every record.  Otherwise (the record's
+    length word is damaged: it ends amid other bytes) a :class:`~parrecio.errors.CorruptRecordError`,
+    one damaged sample, which ``on_error="skip"`` skips: the index still says where the next group is."""
+    if end == want:
+        return
+    last = want == size
+    if last and end < size and _starts_record(peek(end, HEADER_SIZE)):
+        raise IndexMismatch(f"the last record that {idx} lists ends at byte {end}, and another record follows "
+                            f"it there (the file has {size} bytes): the index lists not every record (records "
+                            f"added after it was written?)", offset, source=source)
+    if end == size or (end < size and _starts_record(peek(end, HEADER_SIZE))):
+        there = "the file ends" if end == size else "another record starts"
+        raise IndexMismatch(f"the record ends at byte {end}, where {there}, but {idx} lists the next record at "
+                            f"byte {want}: the index is not this file's (written for an earlier version of it, "
+                            f"or listing not every record: one line per record, as MXNet's im2rec writes it)",
+                            offset, source=source)
+    listed = f"the file has {size} bytes" if last else f"{idx} lists the next record at byte {want}"
+    raise CorruptRecordError(f"the record ends at byte {end}, but {listed} and no record starts at byte {end}: its "
+                             f"length word is damaged", offset, source=source)
+
+
+def check_offsets(offsets: List[int], size: int, source: str, idx: str) -> None:
+    """Raise :class:`~parrecio.errors.CorruptRecordError` when the sorted ``offsets`` of an index cannot
+    be its file's (``size`` bytes): an offset listed twice, one at or past the end, none at byte 0 (where
+    every writer puts the first record) or none at all for a file that is not empty."""
+    if not offsets:
+        if size:
+            raise IndexMismatch(f"{idx} lists no record, and the file has {size} bytes: the index is not "
+                                f"this file's", 0, source=source)
+        return
+    if offsets[0] != 0:
+        raise IndexMismatch(f"{idx} lists no record at byte 0 (its first is at byte {offsets[0]}): the "
+                            f"index is not this file's, or lists not every record", offsets[0], source=source)
+    if offsets[-1] >= size:
+        bad = offsets[bisect.bisect_left(offsets, size)]
+        raise IndexMismatch(f"{idx} lists a record at byte offset {bad}, at or past the end of the file "
+                            f"({size} bytes): the index is not this file's (or the file was truncated)", bad,
+                            source=source)
+    for a, b in zip(offsets, offsets[1:]):
+        if a == b:
+            raise IndexMismatch(f"{idx} lists the record at byte offset {a} more than once", a, source=source)
+
+
+_CHECKED: set = set()  # readers' index_identity() whose check_index passed (this process, any pass)
+
+
+def check_index(reader: Any, sorted_offsets: List[int], nfields: int) -> None:
+    """Check that ``reader``'s index fits its file before any group is read by it: the offsets
+    (:func:`check_offsets`), and the records of the first group and the last record read whole, each
+    ending where the next listed one starts (:func:`check_end`).  An index of one line per sample, of
+    another file or of the file before records were added then fails at once, whatever ``on_error``
+    says (it is not one damaged sample: every group would be wrong, or records left out silently).  A
+    record that does not frame is left to the group that holds it (a damaged sample).  Passed once per
+    process for an unchanged file and index (``reader.index_identity()``)."""
+    key = reader.index_identity()
+    if key is not None and key in _CHECKED:
+        return
+    check_offsets(sorted_offsets, reader.size, reader.rec_path, reader.idx_path)
+    for offset in {*sorted_offsets[:nfields + 1], *sorted_offsets[-1:]}:
+        try:
+            reader.read_at(offset)
+        except IndexMismatch:
+            raise
+        except CorruptRecordError:
+            pass
+    if key is not None:
+        _CHECKED.add(key)
+
+
 def spans_of(sorted_offsets: List[int], size: int) -> List[Tuple[int, int]]:
     """``(offset, bytes to the next record or the end)`` of each record start, in file order."""
     ends = sorted_offsets[1:] + [size]
@@ -121,7 +222,10 @@ class IndexedRecordReader:
 
     ``reader[key]`` returns the payload ``bytes`` (``KeyError`` for an unknown key), :meth:`read_at` reads
     the record whose first frame starts at a byte offset.  Framing errors raise
-    :class:`~parrecio.errors.CorruptRecordError`.  Iterating yields the keys in file order.
+    :class:`~parrecio.errors.CorruptRecordError`, and so does a record that does not end where the index
+    lists the next one (or at the end of the file), :class:`IndexMismatch`: the record is damaged or the
+    index is not this file's (never bytes cut short or run on into the next record).  Iterating yields
+    the keys in file order.
     """
 
     def __init__(self, rec_path: Union[str, "os.PathLike[str]"],
@@ -144,6 +248,7 @@ class IndexedRecordReader:
             raise SourceError(f"could not open {self.rec_path}: {err}") from err
         self._size = os.fstat(self._fd).st_size
         self._sorted = sorted(set(self._offsets))
+        self._listed = set(self._sorted)  # (read_at of an offset the index does not list: no end to check)
         self._auto = None if self.join != "auto" else IndexedJoin(
             self.rec_path, self._spans, lambda at, parts: self._read(at, "concat", parts))
 
@@ -190,7 +295,22 @@ class IndexedRecordReader:
         if got is None:
             raise CorruptRecordError("no record here: offset at or past the end of the file", offset,
                                      source=self.rec_path)
+        if offset in self._listed:
+            check_end(offset, got[1], next_listed(self._sorted, offset, self._size), self._size, self.rec_path,
+                      self.idx_path, lambda at, n: os.pread(fd, n, at))
         return got[0]
+
+    @property
+    def size(self) -> int:
+        """The ``.rec`` file's size in bytes when it was opened."""
+        return self._size
+
+    def index_identity(self) -> Tuple[Any, ...]:
+        """What :func:`check_index` remembers a passed check by: the paths, sizes and times of both files."""
+        idx = os.stat(self.idx_path)
+        rec = os.fstat(self._fd) if self._fd is not None else os.stat(self.rec_path)
+        return (self.rec_path, self.idx_path, rec.st_size, rec.st_mtime_ns, rec.st_ino, idx.st_size,
+                idx.st_mtime_ns, idx.st_ino)
 
     def _spans(self) -> List[Tuple[int, int]]:
         return spans_of(self._sorted, self._size)

@@ -85,7 +85,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import CorruptRecordError, SourceError
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
-from ..recordio.index import WindowSource, spans_of
+from ..recordio.index import WindowSource, check_end, next_listed, spans_of
 from ..recordio.paths import index_path, recordio_names
 from ..recordio.joins import IndexedJoin
 from .base import Source, Stream
@@ -822,7 +822,22 @@ class S3IndexedReader:
         if got is None:
             raise CorruptRecordError("no record here: offset at or past the end of the object", offset,
                                      source=self.rec_path)
+        assert self._sorted is not None  # (span() fetched it)
+        i = bisect.bisect_left(self._sorted, offset)
+        if i < len(self._sorted) and self._sorted[i] == offset:  # (a listed record: it ends at the next one)
+            check_end(offset, got[1], next_listed(self._sorted, offset, self._size), self._size, self.rec_path,
+                      self.idx_path, self.fetch)
         return got[0]
+
+    @property
+    def size(self) -> int:
+        """The object's size in bytes (of the listing)."""
+        return self._size
+
+    def index_identity(self) -> Optional[Tuple[Any, ...]]:
+        """What :func:`~parrecio.recordio.index.check_index` remembers a passed check by (the index is
+        fetched once per process): the object's URL, ETag and size."""
+        return (self.rec_path, self._etag, self._size, self.idx_path) if self._etag else None
 
     def _spans(self) -> List[Tuple[int, int]]:
         if self._sorted is None:

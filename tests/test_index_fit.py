@@ -1,0 +1,181 @@
+"""An ``.idx`` that does not fit its file (docs/ARCHITECTURE.md "Formats": ``.idx``).
+
+Reading by index (a shuffle or equal shards of indexed files, ``IndexedRecordReader``) groups records by
+the index's offsets alone.  An index of one line per sample, with a line twice, of a file appended to
+after it was written, of another file, or listing a multipart record's parts would pair records of two
+samples or leave records out without a word.  Every record read by its index must end where the index
+lists the next one (or where the file ends):
+- where another record starts there (or the file ends), the index lists not every record: an
+  ``IndexMismatch`` whatever ``on_error`` says (not one damaged sample), found before any sample for
+  the first group and the last record;
+- where no record starts there, the record's length word is damaged: one damaged sample, skipped
+  under ``on_error="skip"`` (the index still says where the next group is).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from parrecio import CorruptRecordError, IndexedRecordReader, ParallelReader
+from parrecio.decoders import Raw
+from parrecio.recordio.index import IndexMismatch
+from pipeline_helpers import deadline
+from recordio_helpers import M, frame
+
+N = 12  # samples of two records: b"S<i>-R<r>|" and filler
+
+
+def _payload(i: int, r: int) -> bytes:
+    return b"S%03d-R%d|" % (i, r) + bytes([65 + (i * 7 + r) % 26]) * ((i * 5 + r * 3) % 23)
+
+
+def _write(path, records):
+    """``records``: payloads or pre-built frame bytes; returns each record's offset."""
+    offs, out = [], b""
+    for rec in records:
+        offs.append(len(out))
+        out += rec if isinstance(rec, (bytes, bytearray)) and rec[:4] == M else frame(rec)
+    path.write_bytes(out)
+    return offs
+
+
+def _idx(path, offsets):
+    path.with_suffix(".idx").write_text("".join(f"{k}\t{o}\n" for k, o in enumerate(offsets)))
+
+
+def _samples():
+    return [(_payload(i, 0), _payload(i, 1)) for i in range(N)]
+
+
+def _records():
+    return [p for s in _samples() for p in s]
+
+
+def _read(path, workers, on_error, **kw):
+    """Every sample a shuffled pass delivers before it ends, and how it ended."""
+    got, err = [], None
+    with deadline(60), ParallelReader(str(path), fields=[Raw(), Raw()], workers=workers, shuffle=True, seed=3,
+                                      on_error=on_error, **kw) as reader:
+        try:
+            for s in reader:
+                got.append(tuple(bytes(x) for x in s))
+        except CorruptRecordError as exc:
+            err = exc
+        skipped = reader.stats.skipped
+    return got, err, skipped
+
+
+def _broken_indexes(tmp_path):
+    """(name, path) of files whose .idx does not fit them, each with the first group or the last record
+    showing it (found before any sample)."""
+    out = []
+    recs = _records()
+    p = tmp_path / "starts.rec"  # one line per sample
+    offs = _write(p, recs)
+    _idx(p, offs[::2])
+    out.append(("one line per sample", p, "another record starts"))
+    p = tmp_path / "twice.rec"   # a line twice
+    offs = _write(p, recs)
+    _idx(p, offs[:9] + [offs[8]] + offs[9:])
+    out.append(("a line twice", p, "more than once"))
+    p = tmp_path / "appended.rec"  # records added after the .idx was written
+    offs = _write(p, recs + [_payload(N, 0), _payload(N, 1)])
+    _idx(p, offs[:-2])
+    out.append(("appended", p, "another record follows it"))
+    p = tmp_path / "empty.rec"  # a writer that died before writing its index
+    _write(p, recs)
+    _idx(p, [])
+    out.append(("empty index", p, "lists no record"))
+    p = tmp_path / "nozero.rec"  # its first line lost
+    offs = _write(p, recs)
+    _idx(p, offs[1:])
+    out.append(("no line for byte 0", p, "no record at byte 0"))
+    p = tmp_path / "parts.rec"  # a multipart record's parts listed as records (sample 0's first record)
+    first = _payload(0, 0)
+    parts = [frame(first[:8], 1), frame(first[8:], 3)]
+    data, offs = b"", []
+    for rec in [parts[0], parts[1]] + recs[1:]:
+        offs.append(len(data))
+        data += rec if rec[:4] == M else frame(rec)
+    p.write_bytes(data)
+    _idx(p, offs)
+    out.append(("parts listed", p, "another record starts"))
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_an_index_that_does_not_fit_its_file_fails_before_any_sample(tmp_path, workers, on_error, no_leaks):
+    for name, path, says in _broken_indexes(tmp_path):
+        got, err, _ = _read(path, workers, on_error)
+        assert got == [], name
+        assert isinstance(err, IndexMismatch), (name, err)
+        assert says in str(err) and path.with_suffix(".idx").name in str(err) and str(path) in str(err), (name, err)
+
+
+def test_a_line_missing_mid_index_is_found_at_its_record_under_skip_too(tmp_path, no_leaks):
+    """Found when the record before the gap is read (each record's end is checked as it is read)."""
+    p = tmp_path / "gap.rec"
+    offs = _write(p, _records())
+    _idx(p, offs[:11] + offs[12:])  # sample 5's second record
+    got, err, _ = _read(p, 0, "raise")  # (an odd count of records: said first)
+    assert type(err) is CorruptRecordError and "not a multiple of the group size 2" in str(err)
+    got, err, _ = _read(p, 0, "skip")
+    assert isinstance(err, IndexMismatch) and err.offset == offs[10], err
+    assert f"ends at byte {offs[11]}, where another record starts" in str(err)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_damaged_length_word_loses_only_its_sample_under_skip(tmp_path, workers, no_leaks):
+    """The length word of sample 5's first record grows by 4: the record runs on into bytes that start no
+    record.  Damage, not a wrong index: that sample is skipped and counted, every other one is exact."""
+    p = tmp_path / "len.rec"
+    offs = _write(p, _records())
+    _idx(p, offs)
+    data = bytearray(p.read_bytes())
+    at = offs[10]
+    (lrec,) = struct.unpack_from("<I", data, at + 4)
+    struct.pack_into("<I", data, at + 4, lrec + 4)
+    p.write_bytes(bytes(data))
+    want = sorted(s for i, s in enumerate(_samples()) if i != 5)
+    got, err, skipped = _read(p, workers, "skip")
+    assert err is None and skipped == 1
+    assert sorted(got) == want
+    got, err, _ = _read(p, workers, "raise")
+    assert type(err) is CorruptRecordError and err.offset == at
+    assert f"no record starts at byte {at + 8 + (len(_payload(5, 0)) + 4 + 3) // 4 * 4}: its length word is " \
+           f"damaged" in str(err)
+
+
+def test_indexed_record_reader_checks_each_record_against_its_index(tmp_path):
+    p = tmp_path / "r.rec"
+    recs = _records()
+    offs = _write(p, recs + [b"late"])
+    _idx(p, offs[:-1])  # "late" was appended after the index was written
+    with IndexedRecordReader(p) as r:
+        assert [r[k] for k in range(len(recs) - 1)] == recs[:-1]  # exact, up to the last listed record
+        with pytest.raises(IndexMismatch, match="another record follows it there"):
+            r[len(recs) - 1]
+    _idx(p, offs)
+    with IndexedRecordReader(p) as r:
+        assert [r[k] for k in range(len(r))] == recs + [b"late"]
+
+
+def test_an_index_that_fits_reads_as_before(tmp_path, no_leaks):
+    """The checks cost nothing to a good index: every sample, each once, with shuffles, shards, skip."""
+    p = tmp_path / "ok.rec"
+    offs = _write(p, _records())
+    _idx(p, offs)
+    for workers in (0, 2):
+        got, err, skipped = _read(p, workers, "raise")
+        assert err is None and skipped == 0 and sorted(got) == sorted(_samples())
+    shards = []
+    for k in range(3):
+        with deadline(60), ParallelReader(str(p), fields=[Raw(), Raw()], workers=1, shuffle=True, seed=1,
+                                          num_shards=3, shard_index=k) as reader:
+            shards += [tuple(bytes(x) for x in s) for s in reader]
+    assert sorted(shards) == sorted(_samples())
+    assert np.unique(np.array([s[0] for s in shards], dtype=object)).size == N
