@@ -266,7 +266,7 @@ class GroupStream:
                 if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
                     skipped_seen = reader.skipped_records
                     # (several regions since the last record are one run: the error names its start)
-                    realign.damaged(reader.corrupt_run, bool(parts))
+                    realign.damaged(reader.corrupt_run, bool(parts), first_offset)
                     if parts:
                         parts, held = [], hold_all
                         place.broken()
@@ -300,6 +300,10 @@ class GroupStream:
                     else:
                         yield Group(stream_id, first_offset, parts, held)
                     parts, held = [], hold_all
+            if reader.skipped_records != skipped_seen and cfg.nfields > 1:  # damage ran on to the end
+                realign.damaged(reader.corrupt_run, bool(parts), first_offset)
+                parts = []
+            realign.ended()
         finally:
             self.count.records += records
             self.count.bytes += nbytes

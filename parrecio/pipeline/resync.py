@@ -22,9 +22,12 @@ every record after a corrupt region to one :class:`Realigner` until it says whic
    :class:`~parrecio.errors.CorruptRecordError` naming the corrupt region's offset -- under
    ``on_error="skip"`` too: a skipped sample is counted, a mispaired one would be delivered.
 
-A group of one record needs none of this: every record starts one.  A group left open by the damage,
-or one that lost its first records, is counted in :attr:`Realigner.skipped_groups` -- once per corrupt
-region: groups that one region swallowed whole leave no trace to count them by.
+A group of one record needs none of this: every record starts one.  The groups lost are counted in
+:attr:`Realigner.skipped_groups`: with an ``.idx``, every listed group start from the broken group's to
+the one where reading goes on (groups that one region swallowed whole included); without, the group
+left open by the damage or that lost its first records -- once per corrupt region: groups swallowed
+whole leave no trace to count them by.  Damage that runs on to the end of the stream (:meth:`ended`)
+counts the groups listed to the end, or one.
 """
 
 from __future__ import annotations
@@ -63,12 +66,14 @@ class Realigner:
         self._next_start: Optional[int] = None
         self._broken = False       # the group at the damage lost records already
         self._dropped = 0
+        self._lost_from = 0        # with an .idx: the start of the first group the damage broke
 
-    def damaged(self, region: int, open_group: bool) -> None:
+    def damaged(self, region: int, open_group: bool, open_at: Optional[int] = None) -> None:
         """A corrupt region at stream offset ``region`` was skipped; ``open_group``: the records of a
-        group were read before it (that group is broken)."""
+        group were read before it (that group, whose first record is at ``open_at``, is broken)."""
         if self.nf == 1:
             return
+        first = not self.aligning
         if self.aligning:  # more damage before a group start was found: the error names the first
             self._broken = self._broken or open_group
         else:
@@ -81,6 +86,11 @@ class Realigner:
                 self._starts = offs[:len(offs) // self.nf * self.nf:self.nf]
             i = bisect.bisect_right(self._starts, region)
             self._next_start = self._starts[i] if i < len(self._starts) else -1
+            if first:  # the group the damage is in, unless it was whole before it (garbage between groups)
+                at = self._starts[i - 1] if i else None
+                if open_group and open_at is not None:  # (a length word that ran on: the region is further)
+                    at = open_at
+                self._lost_from = at if at is not None and (open_group or at == region) else self._next_start
 
     def starts_group(self, offset: int, payload: Any) -> bool:
         """While :attr:`aligning`: whether the record at ``offset`` starts a group (then aligning ends)
@@ -94,7 +104,7 @@ class Realigner:
             start = self._by_kind(offset, payload)
         if start:
             self.aligning = False
-            self.skipped_groups += self._broken
+            self.skipped_groups += self._lost(offset) if self._starts is not None else self._broken
             return True
         self._broken = True
         self._dropped += 1
@@ -106,6 +116,22 @@ class Realigner:
                 f"{self._region}: {self._dropped} records dropped, {how} (the index or the fields do not "
                 f"describe this stream)", self._region, source=self.source)
         return False
+
+    def ended(self) -> None:
+        """The stream ended while records were being dropped (damage that ran on to its end): count the
+        groups lost -- those its ``.idx`` lists from the broken one on, or one."""
+        if not self.aligning:
+            return
+        self.aligning = False
+        self.skipped_groups += self._lost(None) if self._starts is not None else 1
+
+    def _lost(self, start: Optional[int]) -> int:
+        """Groups the .idx lists from the first one the damage broke up to ``start`` (None: the end)."""
+        assert self._starts is not None
+        if self._lost_from < 0:  # (the damage began past the last listed group start)
+            return int(self._broken)
+        end = len(self._starts) if start is None else bisect.bisect_left(self._starts, start)
+        return max(end - bisect.bisect_left(self._starts, self._lost_from), int(self._broken))
 
     def _by_kind(self, offset: int, payload: Any) -> bool:
         kind = sniff(payload)

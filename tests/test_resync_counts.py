@@ -1,0 +1,86 @@
+"""What damage costs is counted (docs/ARCHITECTURE.md "Formats": resync; README "Reliability").
+
+Random damage to the frame headers of a stream of ``[Raw()] * nf`` groups with its ``.idx``, read in
+order under ``on_error="skip"``: no sample pairs records of two samples, the order holds, and -- where
+the pass ends without an error -- every group that was not delivered is counted in ``stats.skipped``
+(with the ``.idx``: exactly; groups one corrupt region swallowed whole, and damage that runs on to the
+end of the file, included).  A plain reference (the payloads are tagged by sample and record) says
+which groups were delivered.
+
+The damage is to what framing can see: the magic and the continuation flag (a length word changed so
+that the record still frames, ending on another record's start, swallows records without a trace in a
+stream: RecordIO has no checksum; read by index, the record's end is checked, tests/test_index_fit.py).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from parrecio import CorruptRecordError, ParallelReader
+from parrecio.decoders import Raw
+from recordio_helpers import frame
+
+N = 16
+
+
+def _groups(nf):
+    return [[(b"S%03d-R%d|" % (i, r)) * (1 + (i * 7 + r * 13) % 5) for r in range(nf)] for i in range(N)]
+
+
+def _tag(payload):
+    b = bytes(payload)
+    if b[:1] == b"S" and b[4:6] == b"-R" and b"|" in b:
+        return int(b[1:4]), int(b[6:b.index(b"|")])
+    return None
+
+
+def _write(path, groups):
+    data, offs = b"", []
+    for g in groups:
+        for rec in g:
+            offs.append(len(data))
+            data += frame(rec)
+    path.write_bytes(data)
+    path.with_suffix(".idx").write_text("".join(f"{k}\t{o}\n" for k, o in enumerate(offs)))
+    return bytearray(data), offs
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(nf=st.sampled_from([2, 3]), cut=st.booleans(),
+       hits=st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from([0, 1, 2, 3, 7]), st.integers(1, 255)),
+                     min_size=1, max_size=3))
+def test_damaged_headers_lose_only_counted_groups(tmp_path_factory, nf, cut, hits):
+    path = tmp_path_factory.mktemp("dmg") / "d.rec"
+    groups = _groups(nf)
+    data, offs = _write(path, groups)
+    for rec, byte, x in hits:
+        data[offs[rec % len(offs)] + byte] ^= x if byte < 4 else x & 0xE0 or 0x20  # (byte 7: the flag bits)
+    if cut:  # and the file ends inside its last records
+        data = data[:offs[-1] + 5 + hits[0][0] % 20]
+    path.write_bytes(bytes(data))
+    out, err = [], None
+    with ParallelReader(str(path), fields=[Raw()] * nf, workers=0, on_error="skip") as reader:
+        try:
+            for sample in reader:
+                out.append(sample)
+        except CorruptRecordError as exc:
+            err = exc
+        skipped = reader.stats.skipped
+    seen, changed = [], 0
+    for sample in out:
+        tags = [_tag(p) for p in sample]
+        owners = {t[0] for t in tags if t is not None}
+        assert len(owners) <= 1, f"records of samples {sorted(owners)} paired in one sample"
+        assert all(t is None or t[1] == r for r, t in enumerate(tags)), tags
+        if not owners:
+            changed += 1
+            continue
+        i = owners.pop()
+        if [bytes(p) for p in sample] != groups[i]:  # a length word damaged within its record's bytes
+            changed += 1
+        seen.append(i)
+    assert seen == sorted(set(seen))
+    if err is None:
+        assert skipped == N - len(seen) - changed, (skipped, N, seen, changed)
