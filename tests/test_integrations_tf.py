@@ -327,3 +327,40 @@ def test_keras_generator_with_epochs_reads_exactly_those_passes(cls_rec, no_leak
         before = reader.stats.samples
         assert _fit(model, generator(reader), steps_per_epoch=BATCHES, epochs=3) == [BATCHES] * 3
         assert reader.stats.samples - before > 3 * N
+
+
+def _resumed_at_epoch_end(path):
+    """The state of a reader saved right after epoch 0's last batch (its position: the epoch's length)."""
+    with ParallelReader(path, fields=[Image(SIZE), ClassLabel()], workers=0, batch_size=BATCH) as reader:
+        it = iter(reader)
+        want = [_copy(next(it)) for _ in range(BATCHES)]  # (the loop has not asked for the end yet)
+        state = reader.state_dict()
+        it.close()
+    assert (state["epoch"], state["position"]) == (0, N)
+    return state, want
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_generator_and_dataset_of_a_reader_resumed_after_an_epochs_last_batch(cls_rec, no_leaks, workers):
+    """Checkpoints every k steps, k a divisor of the epoch's batches: the state is (epoch e, its length).
+    The resumed pass (the rest of epoch e) is empty; the generator and the dataset go on with the next
+    epoch instead of calling the stream empty."""
+    state, want = _resumed_at_epoch_end(cls_rec)
+    kw = dict(fields=[Image(SIZE), ClassLabel()], workers=workers, batch_size=BATCH)
+    with ParallelReader(cls_rec, **kw) as reader:
+        reader.load_state_dict(state)
+        got = list(generator(reader, epochs=2))
+        assert len(got) == 2 * BATCHES and reader.epoch == 3
+        for b, (x, y) in enumerate(got):
+            assert x.tobytes() == want[b % BATCHES][0].tobytes() and y.tobytes() == want[b % BATCHES][1].tobytes()
+    with ParallelReader(cls_rec, **kw) as reader:
+        reader.load_state_dict(state)
+        ds = dataset(reader)
+        assert_passes(ds, want, passes=1)
+        assert reader.epoch == 2
+    empty = cls_rec.parent / "empty.rec"
+    empty.write_bytes(b"")
+    with ParallelReader(empty, fields=[Raw(), Raw()], workers=workers, batch_size=BATCH) as reader:
+        with pytest.raises(ValueError, match="stream is empty"):  # two empty passes in a row: it is
+            next(generator(reader, epochs=1))
+        assert reader.epoch == 2

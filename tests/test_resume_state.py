@@ -243,3 +243,31 @@ def test_a_state_taken_at_the_end_of_a_padded_epoch(tmp_path, workers, batch_siz
             after = [_ids(item, batched) for item in r]
         assert first + rest == whole, (k, state, rest)
         assert after == whole and n in (None, len(rest)), (k, after, n)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_an_iterator_dropped_before_its_first_next_leaves_nothing_open(tmp_path, workers, batch_size, no_leaks):
+    """``iter(loader)`` only to look at it: a generator never started runs no ``finally``, and its pass
+    stayed open -- load_state_dict() refused ("while a pass is being iterated") and the next loop was the
+    next epoch's shuffle.  A file can be read again: the pass does not count, the next loop is epoch 0."""
+    import gc
+    path = str(tmp_path / "s.rec")
+    _write(path, 30, index=True)
+    kw = dict(fields={"i": Json()}, workers=workers, batch_size=batch_size, shuffle=True, seed=5)
+    with ParallelReader(path, **kw) as reader:
+        epoch0 = _delivered(reader, batch_size is not None)
+        epoch1 = _delivered(reader, batch_size is not None)
+    assert sorted(epoch0) == sorted(epoch1) == list(range(30)) and epoch0 != epoch1
+    with ParallelReader(path, **kw) as reader:
+        state = reader.state_dict()
+        it = iter(reader)
+        del it
+        gc.collect()
+        reader.load_state_dict(state)  # (refused before)
+        assert _delivered(reader, batch_size is not None) == epoch0
+        it = iter(reader)
+        del it
+        gc.collect()
+        assert reader.epoch == 1 and _delivered(reader, batch_size is not None) == epoch1
+        assert reader.stats.epochs == 2

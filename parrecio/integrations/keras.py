@@ -89,7 +89,9 @@ def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,
     ``1``, the ``(image, label)`` of ``fields=[Image(...), ClassLabel()]``; names for dict fields, e.g.
     ``inputs="image", targets="label"``; ``inputs={"pixels": "image", "meta": "extra"}`` for a model
     with named inputs. ``epochs``: the passes to run, ``fit``'s ``epochs`` (see the module's docstring for
-    why); ``None``: endless. The reader is not closed when the generator ends: close it yourself.
+    why); ``None``: endless. An empty pass does not count (a reader resumed from a state saved after an
+    epoch's last batch has nothing left of it); two in a row raise ``ValueError`` (the stream is empty).
+    The reader is not closed when the generator ends: close it yourself.
     """
     if epochs is not None and epochs < 0:
         raise ValueError(f"epochs must be >= 0 or None, not {epochs}")
@@ -97,7 +99,7 @@ def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,
 
 
 def _generate(reader, inputs, targets, sample_weights, epochs):
-    done = 0
+    done = empty = 0
     while epochs is None or done < epochs:
         it = iter(reader)
         produced = False
@@ -115,6 +117,12 @@ def _generate(reader, inputs, targets, sample_weights, epochs):
             close = getattr(it, "close", None)
             if close is not None:
                 close()
-        done += 1
-        if not produced:
+        if produced:
+            done, empty = done + 1, 0
+            continue
+        # An empty pass is not an epoch of training: a reader resumed from a state saved after an epoch's
+        # last batch has nothing left of that epoch, and its next pass is the next epoch.  Two in a row:
+        # the stream is empty.
+        empty += 1
+        if empty == 2:
             raise ValueError("the reader's stream is empty: an endless generator would never yield")

@@ -261,6 +261,24 @@ class ParallelReader:
                              "fields=None or a Raw() field (its records' bytes), or iterate the reader")
         return self._pass(views=True)
 
+    def _drop_unstarted(self) -> None:
+        """End the pass whose iterator was dropped before its first ``next()`` (``iter(loader)`` only to
+        look at it): a generator never started runs no ``finally`` to end it.  Where the source can be
+        read again it does not count as an epoch either: the next pass is that epoch again, from where
+        it would have started (a stream its reader process may have read from is used up, as by a pass
+        left after some batches).  (Under ``res.lock``.)"""
+        res = self._res
+        run = res.run
+        if run is None or run.user_iter is None or run.user_iter() is not None:
+            return
+        run.abort()
+        res.run = None
+        if res.source.rereadable():
+            res.stats.epochs -= 1
+            self._epoch, self._skip, self._handed = run.epoch, run.skip, run.before
+        if self._state is State.RUNNING:
+            self._state = State.IDLE
+
     def _start_failed(self, exc: BaseException) -> None:
         """A pass failed to start (a Ctrl-C included) after its reader process may have read some of the
         source: where the source can be read again the next pass starts anew (the same epoch); where it
@@ -281,6 +299,7 @@ class ParallelReader:
             if self._state is State.CLOSED or res.closing:
                 raise PipelineError("this ParallelReader is closed" + (f": {res.closed_why}" if res.closed_why
                                                                         else ""))
+            self._drop_unstarted()
             if res.run is not None:  # a previous pass was left unfinished: end it first
                 other = res.run.thread
                 if other is not threading.current_thread() and other.is_alive():
@@ -318,8 +337,11 @@ class ParallelReader:
             else:
                 items = run.items(self.batch_size, self.drop_last, self._inline_ended)
             # (views of the copies: the reader refills its buffer in place)
-            return as_views(items, res.cfg.passthrough, res.cfg.kind, res.cfg.names) if views else items
-        return self._iterate(run, views)
+            out = as_views(items, res.cfg.passthrough, res.cfg.kind, res.cfg.names) if views else items
+        else:
+            out = self._iterate(run, views)
+        run.user_iter = weakref.ref(out)  # (dropped before its first next(), it never ends the pass itself)
+        return out
 
     def _inline_ended(self, run: InlineRun, seconds: float) -> None:
         """The end of a ``workers=0`` pass (:mod:`parrecio.pipeline.inline`): what ``_iterate`` does in
@@ -463,8 +485,10 @@ class ParallelReader:
         sharding, shuffle or group size, from other data (another source, a file or object of another
         size), or names a position past the epoch's end where that is known (the ``.idx``); and
         ``PipelineError`` while a pass is being iterated."""
-        cfg = self._res.cfg
-        if self._res.run is not None:
+        cfg, res = self._res.cfg, self._res
+        with res.lock:
+            self._drop_unstarted()
+        if res.run is not None:
             raise PipelineError("load_state_dict() while a pass is being iterated: call it before "
                                 "the next `for` loop")
         mine = {"seed": cfg.seed, "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,

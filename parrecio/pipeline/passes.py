@@ -68,6 +68,7 @@ class Pass:
         self.aborted = False        # ended from outside (close(), a new pass) before the consumer was done
         self.completed = False      # the whole stream was delivered without an error
         self.delivered = 0          # samples yielded in this pass
+        self.user_iter: Any = None  # a weak reference to the iterator the user got for it
 
     @property
     def opened_stream(self) -> bool:
