@@ -197,3 +197,65 @@ def test_pack_manifest_with_one_split_record_reads_back_by_default(tmp_path):
     with ParallelReader(str(out), fields=[Raw(), Raw()], workers=2) as reader:
         assert [p for group in reader for p in group] == want
     assert json.loads(cli("inspect", out, "--json"))["join"].startswith("auto: concat (")
+
+
+def _mxnet_file(path, payloads):
+    """``payloads`` framed as dmlc-core writes them (cut at every aligned magic), with the ``.idx``
+    MXIndexedRecordIO writes: an independent writer (recordio_helpers.mxnet_frames)."""
+    from recordio_helpers import mxnet_frames
+    data, offs = b"", []
+    for p in payloads:
+        offs.append(len(data))
+        data += mxnet_frames(p)
+    path.write_bytes(data)
+    path.with_suffix(".idx").write_text("".join(f"{k}\t{o}\n" for k, o in enumerate(offs)))
+
+
+M4 = b"\x0a\x23\xd7\xce"
+
+
+def test_two_records_cut_at_one_size_are_no_split_when_a_later_record_is_longer(tmp_path):
+    """MXNet records A and B both hold the magic at byte 8 (parts 8 and 4, 8 and 8), then a 100-byte
+    record: the two cuts at 8 bytes said "concat" at once and the magic of both was dropped (dmlc-core
+    reads them with it).  The look-ahead goes on past them: the long record decides MXNet's."""
+    payloads = [b"A" * 8 + M4 + b"a" * 4, b"B" * 8 + M4 + b"b" * 8, b"C" * 100]
+    path = tmp_path / "m.rec"
+    _mxnet_file(path, payloads)
+    for chunk in (8, 64, 1 << 16):
+        with RecordReader(io.BytesIO(path.read_bytes()), chunk_size=chunk) as r:
+            assert [x.payload for x in r] == payloads and r.guess.join == "mxnet"
+    with RecordReader(str(path)) as r:
+        assert [x.payload for x in r] == payloads and r.guess.join == "mxnet"
+    with ParallelReader(str(path), workers=0) as reader:
+        assert [bytes(p) for p in reader] == payloads
+
+
+@pytest.mark.parametrize("first", [0, 2])
+def test_reading_by_index_decides_the_same_whichever_record_comes_first(tmp_path, first, no_leaks):
+    """[A (cut at 8), C (100 bytes, one part), B (cut at 8)] read by index, B first (a shuffle): B and A
+    were two cuts at 8 -- "concat" -- before C was probed; every seed but one returned A and B without
+    their magic."""
+    payloads = [b"A" * 8 + M4 + b"a" * 8, b"C" * 100, b"B" * 8 + M4 + b"b" * 8]
+    path = tmp_path / "m.rec"
+    _mxnet_file(path, payloads)
+    with IndexedRecordReader(path) as r:
+        assert r[first] == payloads[first] and [r[k] for k in range(3)] == payloads
+    for seed in range(6):
+        with ParallelReader(str(path), workers=0 if seed % 2 else 2, shuffle=True, seed=seed) as reader:
+            assert sorted(bytes(p) for p in reader) == sorted(payloads), seed
+
+
+def test_a_fixed_split_with_nothing_longer_after_its_cuts_still_reads_as_concat(tmp_path):
+    """SageMaker's split (parts of 8 bytes): short records between and after the cut ones say nothing
+    against it; the look-ahead reaches the end (or its bound) and decides concat."""
+    want = [b"a" * 12, b"b" * 3, b"c" * 16, b"d" * 8, b"e" * 2]
+    split = io.BytesIO()
+    write_sagemaker_recordio(want, split, split_bytes=8)
+    for chunk in (8, 1 << 16):
+        r = RecordReader(io.BytesIO(split.getvalue()), chunk_size=chunk)
+        assert [x.payload for x in r] == want and r.guess.join == "concat"
+        assert "no record in the stream up to its end is longer than that" in r.guess.why
+    path = tmp_path / "s.rec"
+    path.write_bytes(split.getvalue())
+    with RecordReader(str(path)) as r:
+        assert [x.payload for x in r] == want and r.guess.join == "concat"

@@ -15,8 +15,10 @@ convention only: a part whose length is not a multiple of 4 (not MXNet's: concat
 of one size, as SageMaker cuts them, or not, as in ML-IO's test files); aligned parts of unequal lengths, a
 last part longer than the others, or a single-part record longer than the parts (not a fixed split); a
 second multipart record cut at the same ``S`` (MXNet's writer cuts where the magic happens to be: two
-records with the magic at one offset, each no longer than ``2 S``, and no record longer than ``S``
-otherwise, do not happen by chance).  A stream without multipart records needs no decision (both joins
+records with the magic at one offset, each no longer than ``2 S``, and no single-part record longer
+than ``S`` in the look-ahead after them -- 16 MiB of a stream, up to :data:`PROBES` long records by
+index -- do not happen by chance; a single-part record longer than ``S`` anywhere it looks decides
+MXNet's, whichever record was read first).  A stream without multipart records needs no decision (both joins
 read it alike).  Where the stream ends, or the look-ahead bound is reached, with one record that fits
 both, :func:`ambiguous` is the error: the reader never guesses.
 
@@ -55,7 +57,7 @@ class AmbiguousJoin(SourceError):
 class JoinGuess:
     """What one stream has shown of its multipart convention; ``join`` once decided, with ``why``."""
 
-    __slots__ = ("join", "why", "split", "max_single", "multi", "first")
+    __slots__ = ("join", "why", "split", "max_single", "multi", "first", "second")
 
     def __init__(self) -> None:
         self.join: Optional[str] = None
@@ -64,6 +66,7 @@ class JoinGuess:
         self.max_single = 0                # the longest single-part record seen
         self.multi = 0                     # multipart records seen that fit both conventions
         self.first: Optional[int] = None   # the first such record's offset
+        self.second: Optional[int] = None  # the second's
 
     def _decide(self, join: str, why: str) -> str:
         self.join, self.why = join, why
@@ -104,10 +107,21 @@ class JoinGuess:
         self.multi += 1
         if self.split is None:
             self.split, self.first = size, offset
-        if self.multi >= 2:
-            return self._decide("concat", f"the multipart records at bytes {self.first} and {offset} are both "
-                                          f"cut every {size} bytes, and no record is longer than that otherwise")
+        elif self.second is None:
+            self.second = offset
+        # (two records cut at one size are a fixed-size split only if no single-part record is longer:
+        # that is for the look-ahead to show, settle() decides where it ends)
         return None
+
+    def settle(self, source: Optional[str], looked: str) -> str:
+        """Where a look-ahead (``looked``: what it read) ends without a decision: ``"concat"`` when two
+        multipart records were cut at one size ``S`` and no single-part record it saw is longer than
+        ``S``; else :class:`AmbiguousJoin`, raised."""
+        if self.multi >= 2:
+            return self._decide("concat", f"the multipart records at bytes {self.first} and {self.second} are "
+                                          f"both cut every {self.split} bytes, and no record in {looked} is "
+                                          f"longer than that otherwise")
+        raise ambiguous(self, source, looked)
 
     def describe(self) -> str:
         """For ``stats`` and ``inspect``: what was chosen, and why."""
@@ -191,5 +205,5 @@ class IndexedJoin:
                 return got
             if probed >= PROBES:
                 break
-        raise ambiguous(guess, self.source, "its index (no other record is longer than one part)"
-                        if not probed else f"reading {probed} more of its longest records")
+        return guess.settle(self.source, "its index (no other record is longer than one part)"
+                            if not probed else f"{probed} more of its longest records")

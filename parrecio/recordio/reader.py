@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, Callable, Iterator, List, NamedTuple, Optional
 from ..errors import CorruptRecordError, SourceError
 from .framing import (DEFAULT_MAX_RECORD_BYTES, HEADER, HEADER_SIZE, LENGTH_MASK, MAGIC, check_join,
                       find_next_head, padded_size, read_record)
-from .joins import LOOKAHEAD_BYTES, AmbiguousJoin, JoinGuess, ambiguous, join_parts
+from .joins import LOOKAHEAD_BYTES, AmbiguousJoin, JoinGuess, join_parts
 from .paths import check_path_arg
 
 __all__ = ["Record", "RecordReader", "Buffers", "DEFAULT_CHUNK_SIZE", "MAX_CORRUPT_REGIONS", "ON_CORRUPT"]
@@ -355,9 +355,11 @@ class RecordReader:
             got = guess.single(lengths[0]) if len(lengths) == 1 else guess.multipart(lengths, at)
             if got is not None:
                 return got
+            if limit is None and guess.multi >= 2:  # (a mapped file: 16 MiB past the second is enough)
+                limit = pos + LOOKAHEAD_BYTES
         looked = "the stream up to its end" if limit is None or pos < limit else \
             f"the next {LOOKAHEAD_BYTES >> 20} MiB of the stream"
-        raise ambiguous(guess, self.source_name, looked)
+        return guess.settle(self.source_name, looked)
 
     def _frames_at(self, pos: int) -> List[int]:
         """The part lengths of the record at ``pos`` from its headers; [] where there is none."""
