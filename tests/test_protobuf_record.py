@@ -200,8 +200,24 @@ def test_a_record_that_does_not_match_its_batch_names_the_sample(tmp_path, worke
         with pytest.raises(DecodeError) as info:
             next(it)
     assert info.value.index == 9
-    assert str(info.value).startswith("'values' is a dense float32 tensor of shape (6,) where the batch's first "
-                                      "sample's is a dense float32 tensor of shape (5,)")
+    assert str(info.value).startswith("'values' is a dense float32 tensor of shape (6,) where the batch's others "
+                                      "are a dense float32 tensor of shape (5,)")
+
+
+@pytest.mark.parametrize("odd", [4, 5, 7])
+def test_the_sample_unlike_its_batch_is_named_wherever_it_is_in_it(tmp_path, odd, no_leaks):
+    """The odd record first in its batch was taken as the batch's measure: the error named the good sample
+    after it."""
+    path = tmp_path / "odd.rec"
+    with RecordWriter(str(path)) as w:
+        for i in range(8):
+            w.write(encode_record(2, np.arange(4 if i == odd else 3, dtype=np.float32)))
+    with ParallelReader(str(path), fields=ProtobufRecord(), workers=0, batch_size=4) as reader:
+        with pytest.raises(DecodeError) as info:
+            list(reader)
+    assert info.value.index == odd
+    assert "is a dense float32 tensor of shape (4,) where the batch's others are a dense float32 tensor of " \
+           "shape (3,)" in str(info.value)
 
 
 def _pb_record(rng, names, sparse):
@@ -374,6 +390,14 @@ HOSTILE = {
     "a group": (b"\x0b\x0c", "wire type 3 (a group)"),
     "huge declared shape": (_record_with(_tensor_body(values=b"\0" * 12, shape=b"\x80\x80\x80\x80\x80\x80\x80\x80\x40")),
                             "holds 4611686018427387904 values, the tensor has 3"),
+    # (each record alone fitted; a batch's int64 indices wrapped: a csr_matrix 0 columns wide)
+    "a sparse shape of 2**64 elements": (_record_with(_tensor_body(values=b"\0" * 4, keys=b"\x07",
+                                                                   shape=b"\x80\x80\x80\x80\x10" * 2)),
+                                         "shape [4294967296, 4294967296] has 18446744073709551616 elements, "
+                                         "more than an array can index"),
+    "a dimension of 2**64 - 1": (_record_with(_tensor_body(values=b"\0" * 4, keys=b"\x07",
+                                                           shape=b"\xff" * 9 + b"\x01")),
+                                 "more than an array can index"),
     "keys outside the shape": (_record_with(_tensor_body(values=b"\0" * 8, keys=b"\x01\x09", shape=b"\x05")),
                                "key 9 outside the shape [5]"),
     "keys without a shape": (_record_with(_tensor_body(values=b"\0" * 4, keys=b"\x01")), "without a shape"),
@@ -416,6 +440,22 @@ def test_a_hostile_record_in_a_file_names_its_sample(tmp_path, workers, no_leaks
     assert "field '0' (ProtobufRecord()): feature 'values': shape [4611686018427387904] holds" in str(info.value)
     with ParallelReader(str(path), fields=ProtobufRecord(), workers=workers, on_error="skip") as reader:
         assert len(list(reader)) == 8 and reader.stats.skipped == 1
+
+
+@pytest.mark.parametrize("parser", ["c", "python"])
+def test_a_feature_given_twice_is_its_last_entry_in_both_parsers(parser, monkeypatch):
+    """protobuf keeps a map's last entry for a key; the C path checked every entry, and refused a record
+    whose overwritten first entry was invalid (the Python parser read it)."""
+    if parser == "python":
+        monkeypatch.setattr(protobuf_record, "_protobuf", None)
+    elif protobuf_record._protobuf is None:
+        pytest.skip("the _protobuf C extension is not built")
+    bad = _record_with(_tensor_body(values=np.arange(3, dtype="<f4").tobytes(), shape=b"\x02"))
+    good = _record_with(_tensor_body(values=np.array([4, 5], "<f4").tobytes(), shape=b"\x02"))
+    got = ProtobufRecord()(bad + good)
+    assert list(got) == ["values"] and got["values"].tolist() == [4.0, 5.0]
+    with pytest.raises(DecodeError, match="shape \\[2\\] holds 2 values, the tensor has 3"):
+        ProtobufRecord()(good + bad)
 
 
 def test_features_and_options():

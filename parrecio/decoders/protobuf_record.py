@@ -216,6 +216,9 @@ class _Pending(NamedTuple):
     dims: Tuple[int, ...]
 
 
+_INDEX_LIMIT = 1 << 63  # elements of a shape, and each dimension, stay below it (int64 indices, keys)
+
+
 def _finish(name: str, vals: np.ndarray, k: Optional[np.ndarray], dims: Tuple[int, ...]) -> Any:
     """A tensor's values, keys (None: dense) and shape -> an array of its shape, or a SparseTensor; the
     checks of the schema's meaning (the same for the C and the Python parser)."""
@@ -223,6 +226,9 @@ def _finish(name: str, vals: np.ndarray, k: Optional[np.ndarray], dims: Tuple[in
     size = 1
     for d in dims:
         size *= d
+    if size >= _INDEX_LIMIT or any(d >= _INDEX_LIMIT for d in dims):  # (a batch indexes it with int64)
+        raise DecodeError(f"feature {name!r}: shape {list(dims)} has {size} elements, more than an array "
+                          f"can index (2**63)")
     if k is not None and len(k):
         if len(k) != len(vals):
             raise DecodeError(f"feature {name!r}: {len(k)} keys for {len(vals)} values")
@@ -285,8 +291,12 @@ def parse_record(payload: Any) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str
             raise DecodeError(f"not a whole aialgs.data.Record ({memoryview(payload).nbytes} bytes): "
                               f"{text[len('truncated: '):]}") from None
         raise DecodeError(text) from None
-    return ({n: _assembled(n, kind, v, k, d) for n, kind, v, k, d in features},
-            {n: _assembled(f"label_{n}", kind, v, k, d) for n, kind, v, k, d in label},
+    # (a name given twice: the last entry is the map's, as protobuf and the Python parser keep it; only
+    # that one is checked)
+    last_features = {n: rest for n, *rest in features}
+    last_label = {n: rest for n, *rest in label}
+    return ({n: _assembled(n, *rest) for n, rest in last_features.items()},
+            {n: _assembled(f"label_{n}", *rest) for n, rest in last_label.items()},
             strings)
 
 
@@ -333,28 +343,26 @@ class ProtobufSample(dict):
     def collate_batch(cls, samples: List["ProtobufSample"]) -> Dict[str, Any]:
         """A batch of samples -> ``{name: stacked array | SparseCOO | csr_matrix | list}``; a sample that
         does not match the first raises DecodeError whose ``index`` is its position in ``samples``."""
-        first = samples[0]
-        names = list(first)
+        # The odd sample is the one unlike most of the batch (not merely unlike its first sample: the
+        # first may be the odd one).
+        names = _most_common([tuple(s) for s in samples])
         out: Dict[str, Any] = {}
         for i, s in enumerate(samples):
-            if list(s) != names:
-                raise DecodeError(f"its record has {sorted(s)} where the batch's first has {sorted(names)}",
+            if tuple(s) != names:
+                raise DecodeError(f"its record has {sorted(s)} where the batch's others have {sorted(names)}",
                                   index=i)
         for name in names:
             col = [s[name] for s in samples]
-            head = col[0]
+            kinds = [_kind(v) for v in col]
+            common = _most_common(kinds)
+            head = col[kinds.index(common)]
+            for i, kind in enumerate(kinds):
+                if kind != common:
+                    raise DecodeError(f"{name!r} is {_describe(col[i])} where the batch's others are "
+                                      f"{_describe(head)}", index=i)
             if isinstance(head, np.ndarray):
-                for i, v in enumerate(col):
-                    if not isinstance(v, np.ndarray) or v.dtype != head.dtype or v.shape != head.shape:
-                        raise DecodeError(f"{name!r} is {_describe(v)} where the batch's first sample's is "
-                                          f"{_describe(head)}", index=i)
                 out[name] = np.stack(col)
             elif isinstance(head, SparseTensor):
-                for i, v in enumerate(col):
-                    if not isinstance(v, SparseTensor) or v.values.dtype != head.values.dtype or \
-                            v.shape != head.shape:
-                        raise DecodeError(f"{name!r} is {_describe(v)} where the batch's first sample's is "
-                                          f"{_describe(head)}", index=i)
                 out[name] = _sparse_batch(col, cls.sparse_batch)
             else:
                 out[name] = col
@@ -380,6 +388,23 @@ def as_coo(value: Any) -> Optional[SparseCOO]:
 
 class _CSRSample(ProtobufSample):
     sparse_batch = "csr"
+
+
+def _kind(v: Any) -> Any:
+    """What must be alike in a batch's column: dense or sparse, the dtype, the shape."""
+    if isinstance(v, np.ndarray):
+        return ("dense", v.dtype.str, v.shape)
+    if isinstance(v, SparseTensor):
+        return ("sparse", v.values.dtype.str, tuple(v.shape))
+    return ("other",)
+
+
+def _most_common(items: List[Any]) -> Any:
+    """The item most of ``items`` are (the first of them on a tie)."""
+    counts: Dict[Any, int] = {}
+    for x in items:
+        counts[x] = counts.get(x, 0) + 1
+    return max(counts, key=counts.__getitem__)
 
 
 def _describe(v: Any) -> str:
