@@ -166,8 +166,9 @@ def check_index(reader: Any, sorted_offsets: List[int], nfields: int) -> None:
     another file or of the file before records were added then fails at once, whatever ``on_error``
     says (it is not one damaged sample: every group would be wrong, or records left out silently).  A
     record that does not frame is left to the group that holds it (a damaged sample).  Passed once per
-    process for an unchanged file and index (``reader.index_identity()``)."""
-    key = reader.index_identity()
+    process for an unchanged file (``reader.index_identity()``) and the same offsets."""
+    ident = reader.index_identity()
+    key = None if ident is None else (ident, len(sorted_offsets), hash(tuple(sorted_offsets)))
     if key is not None and key in _CHECKED:
         return
     check_offsets(sorted_offsets, reader.size, reader.rec_path, reader.idx_path)
