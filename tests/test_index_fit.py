@@ -179,3 +179,21 @@ def test_an_index_that_fits_reads_as_before(tmp_path, no_leaks):
             shards += [tuple(bytes(x) for x in s) for s in reader]
     assert sorted(shards) == sorted(_samples())
     assert np.unique(np.array([s[0] for s in shards], dtype=object)).size == N
+
+
+def test_len_is_not_taken_from_an_index_that_does_not_fit(tmp_path, no_leaks):
+    """len() counts the .idx lines (also for a streamed pass, shuffle=False): records appended after the
+    index was written made it short of the pass (10 of 15 samples), which Keras takes as an epoch."""
+    p = tmp_path / "appended.rec"
+    offs = _write(p, _records() + [_payload(N, 0), _payload(N, 1)])
+    _idx(p, offs[:-2])
+    with ParallelReader(str(p), fields=[Raw(), Raw()], workers=0) as reader:
+        with pytest.raises(TypeError, match="not known: an .idx does not fit its file: .*another record follows "
+                                            "it there") as info:
+            len(reader)
+        assert isinstance(info.value.__cause__, IndexMismatch)
+        # the stream itself is read whole (its .idx is read only after damage); list() asks len() for a hint
+        assert len(list(reader)) == N + 1 and len(reader) == N + 1  # (from the pass now)
+    _idx(p, offs)
+    with ParallelReader(str(p), fields=[Raw(), Raw()], workers=0) as reader:
+        assert len(reader) == N + 1

@@ -33,7 +33,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ..decoders.base import ArraySpec, is_passthrough, payload_kinds, spec_of
-from ..errors import PipelineError
+from ..errors import CorruptRecordError, PipelineError
 from ..recordio.paths import index_beside
 from ..sources import resolve
 from .batching import deliver, unbatched_blocks
@@ -503,8 +503,14 @@ class ParallelReader:
             _same_data([tuple(x) for x in saved], data)
         epoch = count("epoch", state["epoch"], minimum=0)
         pos = count("position", state["position"], minimum=0)
+        listed = None
         if pos and cfg.index_paths:
-            n = shard_length(self._groups_listed(), cfg.num_shards, cfg.shard_index, cfg.even_shards)
+            try:
+                listed = self._groups_listed()
+            except CorruptRecordError:  # (no length to check against; a read by that index says why)
+                pass
+        if listed is not None:
+            n = shard_length(listed, cfg.num_shards, cfg.shard_index, cfg.even_shards)
             if pos > n:
                 raise ValueError(f"state_dict position {pos} is past the end of epoch {epoch}: this "
                                  f"shard's order has {n} samples (the data changed since it was saved?)")
@@ -528,13 +534,18 @@ class ParallelReader:
 
         A whole pass is known from the ``.idx`` files when every file has one, else from the previous
         complete pass; ``TypeError`` when not known yet (a stream read for the first time, stdin, a
-        Pipe-mode channel before its first epoch ends).  A resumed pass (after :meth:`load_state_dict`)
-        yields only what remains of its epoch, and that is what its length is: the saved position is
-        left out (the passes after it are whole again)."""
+        Pipe-mode channel before its first epoch ends, an ``.idx`` that does not fit its file).  A
+        resumed pass (after :meth:`load_state_dict`) yields only what remains of its epoch, and that is
+        what its length is: the saved position is left out (the passes after it are whole again)."""
         n = self._pass_samples
         if n is None and self._res.cfg.index_paths:
             cfg = self._res.cfg
-            n = shard_length(self._groups_listed(), cfg.num_shards, cfg.shard_index, cfg.even_shards)
+            try:
+                listed = self._groups_listed()
+            except CorruptRecordError as exc:  # (TypeError: list(reader) asks len() for a hint, and reads on)
+                raise TypeError(f"the number of samples is not known: an .idx does not fit its file: {exc}") \
+                    from exc
+            n = shard_length(listed, cfg.num_shards, cfg.shard_index, cfg.even_shards)
         if n is None:
             raise TypeError("the number of samples is not known before a first complete pass "
                             "(no .idx file next to every .rec file)")
@@ -726,12 +737,23 @@ def _indexed_groups(index_paths: tuple, nfields: int) -> int:
     for each in turn."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..recordio import read_index
-    idxs = [idx for _, idx in index_paths]
-    if len(idxs) == 1:
-        return len(read_index(idxs[0])) // nfields
-    with ThreadPoolExecutor(min(16, len(idxs))) as pool:
-        return sum(n // nfields for n in pool.map(lambda idx: len(read_index(idx)), idxs))
+    from ..recordio import IndexedRecordReader, read_index
+    from ..recordio.index import check_index
+
+    def listed(pair: tuple) -> int:
+        rec, idx = pair
+        if isinstance(rec, str) and os.path.isfile(rec):
+            # a local file: its index must fit it (as a read by index checks it), or the length would not
+            # be its epoch's (records appended after the .idx was written, one line per sample)
+            with IndexedRecordReader(rec, idx) as r:
+                check_index(r, sorted(r.offsets), nfields)
+                return len(r) // nfields
+        return len(read_index(idx)) // nfields
+
+    if len(index_paths) == 1:
+        return listed(index_paths[0])
+    with ThreadPoolExecutor(min(16, len(index_paths))) as pool:
+        return sum(pool.map(listed, index_paths))
 
 
 def _index_paths(source: Any) -> tuple:
