@@ -12,7 +12,7 @@ import pytest
 
 from parrecio import CorruptRecordError, DecodeError, ParallelReader, Tuning
 from parrecio.decoders import Json, Raw
-from pipeline_helpers import (Fixed, FixedNoInto, FailOn, Pair, Ragged, Sleepy, digest_array, feed_fifo,
+from pipeline_helpers import (Fixed, FixedNoInto, FailOn, Pair, Ragged, Sleepy, deadline, digest_array, feed_fifo,
                               payloads, write_rec)
 
 
@@ -415,4 +415,8 @@ def test_full_dev_shm_is_a_clear_error_not_a_sigbus(stream, monkeypatch, no_leak
     reader = ParallelReader(path, fields=Fixed(), workers=1)
     with pytest.raises(PipelineError, match=r"cannot allocate 64\.0 MiB of shared memory.*--shm-size"):
         iter(reader)
-    assert reader.state.value == "closed"
+    assert reader.state.value == "new"  # freed, and ready to try again (tests/test_interrupted_start.py)
+    monkeypatch.undo()
+    with deadline(60):
+        assert len(list(reader)) > 0
+    reader.close()
