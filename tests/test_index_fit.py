@@ -129,16 +129,20 @@ def test_a_line_missing_mid_index_is_found_at_its_record_under_skip_too(tmp_path
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_damaged_length_word_loses_only_its_sample_under_skip(tmp_path, workers, no_leaks):
-    """The length word of sample 5's first record grows by 4: the record runs on into bytes that start no
-    record.  Damage, not a wrong index: that sample is skipped and counted, every other one is exact."""
+@pytest.mark.parametrize("grow", [4, -4, "next"])
+def test_a_damaged_length_word_loses_only_its_sample_under_skip(tmp_path, workers, grow, no_leaks):
+    """The length word of sample 5's first record changes: it runs on over the next record (which is
+    there, where the index says: 4, and "next" -- exactly to the record after, where another record starts
+    too), or stops short amid its own bytes (-4).  Damage, not a wrong index: that sample is skipped and
+    counted, every other one is exact."""
     p = tmp_path / "len.rec"
     offs = _write(p, _records())
     _idx(p, offs)
     data = bytearray(p.read_bytes())
     at = offs[10]
     (lrec,) = struct.unpack_from("<I", data, at + 4)
-    struct.pack_into("<I", data, at + 4, lrec + 4)
+    new = offs[12] - at - 8 if grow == "next" else lrec + grow
+    struct.pack_into("<I", data, at + 4, new)
     p.write_bytes(bytes(data))
     want = sorted(s for i, s in enumerate(_samples()) if i != 5)
     got, err, skipped = _read(p, workers, "skip")
@@ -146,8 +150,25 @@ def test_a_damaged_length_word_loses_only_its_sample_under_skip(tmp_path, worker
     assert sorted(got) == want
     got, err, _ = _read(p, workers, "raise")
     assert type(err) is CorruptRecordError and err.offset == at
-    assert f"no record starts at byte {at + 8 + (len(_payload(5, 0)) + 4 + 3) // 4 * 4}: its length word is " \
-           f"damaged" in str(err)
+    end = at + 8 + (new + 3) // 4 * 4
+    if grow == -4:
+        assert f"no record starts at byte {end}: its length word is damaged" in str(err)
+    else:
+        assert f"the record runs on to byte {end}, past the record that {p.with_suffix('.idx')} lists at byte " \
+               f"{offs[11]}: its length word is damaged" in str(err)
+
+
+def test_bytes_after_the_last_record_are_not_its_damage(tmp_path, no_leaks):
+    """Padding after the last record (a writer that rounds the file up) is no reason to refuse it by
+    index: every sample, as the streamed read gives it."""
+    p = tmp_path / "pad.rec"
+    offs = _write(p, _records())
+    _idx(p, offs)
+    p.write_bytes(p.read_bytes() + b"\0" * 8)
+    got, err, skipped = _read(p, 0, "raise")
+    assert err is None and skipped == 0 and sorted(got) == sorted(_samples())
+    with IndexedRecordReader(p) as r:
+        assert r[len(offs) - 1] == _records()[-1]
 
 
 def test_indexed_record_reader_checks_each_record_against_its_index(tmp_path):

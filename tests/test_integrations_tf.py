@@ -22,6 +22,7 @@ from parrecio.decoders import BoundingBoxes, ClassLabel, Image, Json, Raw  # noq
 from parrecio.integrations.keras import generator, steps_per_epoch  # noqa: E402
 from parrecio.integrations.tf import FieldSpec, dataset  # noqa: E402
 from parrecio.pipeline.shm import leftover  # noqa: E402
+from pipeline_helpers import deadline  # noqa: E402
 
 N = 37          # samples: 4 full batches of 8 and a last one of 5
 BATCH = 8
@@ -361,6 +362,24 @@ def test_generator_and_dataset_of_a_reader_resumed_after_an_epochs_last_batch(cl
     empty = cls_rec.parent / "empty.rec"
     empty.write_bytes(b"")
     with ParallelReader(empty, fields=[Raw(), Raw()], workers=workers, batch_size=BATCH) as reader:
-        with pytest.raises(ValueError, match="stream is empty"):  # two empty passes in a row: it is
+        with pytest.raises(ValueError, match="stream is empty"):  # not resumed: at once (a FIFO would wait)
             next(generator(reader, epochs=1))
-        assert reader.epoch == 2
+        assert reader.epoch == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_empty_fifo_is_an_empty_stream_at_once(tmp_path, workers, no_leaks):
+    """Only the empty rest of a resumed epoch is passed over: an empty FIFO raises at once (a second pass
+    would wait for a writer that never comes)."""
+    import threading
+    fifo = tmp_path / "f.fifo"
+    os.mkfifo(fifo)
+    for make in (lambda r: next(generator(r, epochs=1)), dataset):
+        writer = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+        writer.start()
+        with deadline(30), ParallelReader(str(fifo), fields=[Raw(), Raw()], workers=workers,
+                                          batch_size=BATCH) as reader:
+            with pytest.raises(ValueError, match="stream is empty"):
+                make(reader)
+        writer.join(10)
+        assert not writer.is_alive()

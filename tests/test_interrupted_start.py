@@ -208,3 +208,33 @@ def test_workers0_interrupted_in_its_start_reads_a_fifo_whole_next_time(tmp_path
     finally:
         reader.close()
         writer.join(10)
+
+
+def test_close_from_another_thread_while_a_failed_start_is_freed(tmp_path, monkeypatch, no_leaks):
+    """close() lands while the failed start is being freed (the phase reads CLOSED meanwhile): it returned
+    at once, then the reader went back to NEW with its source never released.  It is closed after all."""
+    path = tmp_path / "s.rec"
+    write_rec(path, payloads(50, seed=15))
+    reader = ParallelReader(path, fields=Fixed(), workers=1)
+    released = []
+    source = reader._res.source
+    original_release = source.release
+    monkeypatch.setattr(source, "release", lambda: (released.append(1), original_release())[1])
+    _once(monkeypatch, resources, "SlotPool", _before)
+    original_rest = resources.Resources._close_rest
+    closer = []
+
+    def close_rest(self):
+        if not closer:  # close() from another thread, while this one frees the failed start
+            closer.append(threading.Thread(target=reader.close))
+            closer[0].start()
+            wait_until(lambda: self.close_asked, what="close() to be asked")
+        return original_rest(self)
+    monkeypatch.setattr(resources.Resources, "_close_rest", close_rest)
+    with deadline(60), pytest.raises(KeyboardInterrupt):
+        next(iter(reader))
+    closer[0].join(30)
+    assert not closer[0].is_alive()
+    assert reader.state.value == "closed" and reader._res.closed and released
+    with pytest.raises(PipelineError, match="closed"):
+        iter(reader)

@@ -442,6 +442,19 @@ def test_a_hostile_record_in_a_file_names_its_sample(tmp_path, workers, no_leaks
         assert len(list(reader)) == 8 and reader.stats.skipped == 1
 
 
+def test_features_in_another_order_batch_together():
+    """A map's entries have no order: records that list the same features in another order are alike."""
+    a = np.arange(3, dtype="<f4").tobytes()
+    def entry(name):
+        value = b"\x12" + _len(_tensor_body(values=a)) + _tensor_body(values=a)
+        body = b"\x0a" + _len(name) + name + b"\x12" + _len(value) + value
+        return b"\x0a" + _len(body) + body
+    one, two = entry(b"a") + entry(b"b"), entry(b"b") + entry(b"a")
+    samples = [ProtobufRecord()(p) for p in (one, two, two, one)]
+    batch = type(samples[0]).collate_batch(samples)
+    assert sorted(batch) == ["a", "b"] and batch["a"].shape == (4, 3) and batch["b"].tolist() == [[0, 1, 2]] * 4
+
+
 @pytest.mark.parametrize("parser", ["c", "python"])
 def test_a_feature_given_twice_is_its_last_entry_in_both_parsers(parser, monkeypatch):
     """protobuf keeps a map's last entry for a key; the C path checked every entry, and refused a record

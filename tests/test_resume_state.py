@@ -271,3 +271,26 @@ def test_an_iterator_dropped_before_its_first_next_leaves_nothing_open(tmp_path,
         gc.collect()
         assert reader.epoch == 1 and _delivered(reader, batch_size is not None) == epoch1
         assert reader.stats.epochs == 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_after_an_iterator_dropped_before_its_first_next(tmp_path, workers, no_leaks):
+    """The dropped pass is ended before set_epoch sets the next one (it set back its own epoch after)."""
+    import gc
+    path = str(tmp_path / "s.rec")
+    _write(path, 30, index=True)
+    kw = dict(fields={"i": Json()}, workers=workers, shuffle=True, seed=5)
+    with ParallelReader(path, **kw) as reader:
+        reader.set_epoch(3)
+        epoch3 = _delivered(reader, False)
+    with ParallelReader(path, **kw) as reader:
+        it = iter(reader)
+        del it
+        gc.collect()
+        reader.set_epoch(3)
+        assert _delivered(reader, False) == epoch3
+        assert reader.state_dict()["epoch"] == 4
+        it = iter(reader)
+        del it
+        gc.collect()
+        assert reader.state_dict()["epoch"] == 4 and reader.state_dict()["position"] == 0

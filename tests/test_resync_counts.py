@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from parrecio import CorruptRecordError, ParallelReader
@@ -84,3 +85,39 @@ def test_damaged_headers_lose_only_counted_groups(tmp_path_factory, nf, cut, hit
     assert seen == sorted(set(seen))
     if err is None:
         assert skipped == N - len(seen) - changed, (skipped, N, seen, changed)
+
+
+def _read_skip(path, nf):
+    with ParallelReader(str(path), fields=[Raw()] * nf, workers=0, on_error="skip") as reader:
+        got = [[bytes(p) for p in s] for s in reader]
+        return got, reader.stats.skipped
+
+
+@pytest.mark.parametrize("tail", [b"\0" * 8, b"\0" * 3, b"\x0a\x23\xd7"])
+@pytest.mark.parametrize("index", [False, True])
+def test_bytes_after_the_last_group_are_no_lost_group(tmp_path, tail, index):
+    """Padding or a torn magic after the last whole group: every group delivered, none counted lost."""
+    path = tmp_path / "t.rec"
+    groups = _groups(2)
+    data, _ = _write(path, groups)
+    if not index:
+        path.with_suffix(".idx").unlink()
+    path.write_bytes(bytes(data) + tail)
+    got, skipped = _read_skip(path, 2)
+    assert got == groups and skipped == 0
+
+
+@pytest.mark.parametrize("g", [3, N - 2])
+def test_a_group_swallowed_by_the_length_word_before_it_is_counted(tmp_path, g):
+    """Group g's last record runs on over group g+1's first record, into its second: g is delivered (its
+    last record changed: RecordIO has no checksum), g+1 is lost -- and counted, the .idx saying it was
+    there."""
+    path = tmp_path / "r.rec"
+    groups = _groups(2)
+    data, offs = _write(path, groups)
+    at = offs[2 * g + 1]
+    struct.pack_into("<I", data, at + 4, offs[2 * g + 3] - at - 8 + 4)  # (ends 4 bytes into g+1's second)
+    path.write_bytes(bytes(data))
+    got, skipped = _read_skip(path, 2)
+    tags = [_tag(s[0])[0] for s in got]
+    assert g + 1 not in tags and len(got) == N - 1 and skipped == 1

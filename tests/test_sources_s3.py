@@ -314,8 +314,9 @@ def test_index_shuffle_corrupt_record_as_local(aws, tmp_path, no_leaks):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_index_that_does_not_fit_its_object_is_refused_as_locally(aws, tmp_path, workers, no_leaks):
     """An object appended to after its .idx was written, and an .idx of one line per sample: an
-    IndexMismatch naming the object's URL before any sample, whatever on_error says (ranged GETs check
-    each record's end against the index as pread does)."""
+    IndexMismatch naming the object's URL, whatever on_error says (ranged GETs check each record's end
+    against the index as pread does).  Not before the first sample, as for a local file: that would cost
+    GETs of every object before any sample (thousands of objects); when the record that shows it is read."""
     from parrecio.recordio.index import IndexMismatch
     bucket, local = write_data(aws, tmp_path, index=True, sizes=(20,))
     path, idx = local / "part-0.rec", local / "part-0.idx"
@@ -324,13 +325,14 @@ def test_an_index_that_does_not_fit_its_object_is_refused_as_locally(aws, tmp_pa
     path.write_bytes(path.read_bytes() + (tmp_path / "late.rec").read_bytes())
     aws.upload_file(str(path), bucket, "data/part-0.rec")
     url = f"s3://{bucket}/data/part-0.rec"
+    genuine = set(records_of((local / "part-0.rec").read_bytes()))
     for on_error in ("raise", "skip"):
         with ParallelReader(url, shuffle=True, seed=1, on_error=on_error, workers=workers) as reader:
             got = []
             with pytest.raises(IndexMismatch, match=rf"another record follows it there.*byte offset \d+ of {url}"):
                 for sample in reader:
-                    got.append(sample)
-            assert got == []
+                    got.append(bytes(sample))
+            assert len(got) < 20 and set(got) <= genuine  # (the records read before it are right)
     lines = idx.read_text().splitlines()
     aws.put_object(Bucket=bucket, Key="data/part-0.idx", Body=("\n".join(lines[:20:2]) + "\n").encode())
     with ParallelReader(url, fields=[Raw(), Raw()], shuffle=True, seed=1, on_error="skip", workers=workers) as reader:

@@ -345,19 +345,21 @@ class ProtobufSample(dict):
         does not match the first raises DecodeError whose ``index`` is its position in ``samples``."""
         # The odd sample is the one unlike most of the batch (not merely unlike its first sample: the
         # first may be the odd one).
-        names = _most_common([tuple(s) for s in samples])
-        out: Dict[str, Any] = {}
-        for i, s in enumerate(samples):
-            if tuple(s) != names:
-                raise DecodeError(f"its record has {sorted(s)} where the batch's others have {sorted(names)}",
+        keys = [tuple(sorted(s)) for s in samples]  # (a map's entries have no order)
+        common = _most_common(keys)
+        for i, k in enumerate(keys):
+            if k != common:
+                raise DecodeError(f"its record has {list(k)} where the batch's others have {list(common)}",
                                   index=i)
+        names = list(samples[keys.index(common)])
+        out: Dict[str, Any] = {}
         for name in names:
             col = [s[name] for s in samples]
             kinds = [_kind(v) for v in col]
-            common = _most_common(kinds)
-            head = col[kinds.index(common)]
+            usual = _most_common(kinds)
+            head = col[kinds.index(usual)]
             for i, kind in enumerate(kinds):
-                if kind != common:
+                if kind != usual:
                     raise DecodeError(f"{name!r} is {_describe(col[i])} where the batch's others are "
                                       f"{_describe(head)}", index=i)
             if isinstance(head, np.ndarray):

@@ -89,8 +89,9 @@ def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,
     ``1``, the ``(image, label)`` of ``fields=[Image(...), ClassLabel()]``; names for dict fields, e.g.
     ``inputs="image", targets="label"``; ``inputs={"pixels": "image", "meta": "extra"}`` for a model
     with named inputs. ``epochs``: the passes to run, ``fit``'s ``epochs`` (see the module's docstring for
-    why); ``None``: endless. An empty pass does not count (a reader resumed from a state saved after an
-    epoch's last batch has nothing left of it); two in a row raise ``ValueError`` (the stream is empty).
+    why); ``None``: endless. The empty rest of a resumed epoch (a reader resumed from a state saved after
+    the epoch's last batch) does not count; any other empty pass raises ``ValueError`` (the stream is
+    empty).
     The reader is not closed when the generator ends: close it yourself.
     """
     if epochs is not None and epochs < 0:
@@ -101,6 +102,7 @@ def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,
 def _generate(reader, inputs, targets, sample_weights, epochs):
     done = empty = 0
     while epochs is None or done < epochs:
+        resumed = bool(getattr(reader, "resuming", False))
         it = iter(reader)
         produced = False
         try:
@@ -120,9 +122,9 @@ def _generate(reader, inputs, targets, sample_weights, epochs):
         if produced:
             done, empty = done + 1, 0
             continue
-        # An empty pass is not an epoch of training: a reader resumed from a state saved after an epoch's
-        # last batch has nothing left of that epoch, and its next pass is the next epoch.  Two in a row:
-        # the stream is empty.
-        empty += 1
-        if empty == 2:
+        # The empty rest of a resumed epoch (a state saved after its last batch) is not an epoch of
+        # training: the next pass is the next epoch.  Any other empty pass: the stream is empty (asking
+        # again could wait for ever, on a FIFO).
+        if not resumed or empty:
             raise ValueError("the reader's stream is empty: an endless generator would never yield")
+        empty += 1

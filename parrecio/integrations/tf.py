@@ -346,23 +346,24 @@ def dataset(reader: Any, output_signature: Any = None) -> "tf.data.Dataset":
     ``tf.SparseTensor``. The tensors are copies of the reader's arrays
     (see the module docstring: shared memory stays bounded). Raises ``TypeError`` naming the column when
     the first item cannot be described (that first pass is then ended), ``ValueError`` when the stream is
-    empty (an empty first pass, the rest of an epoch a resumed reader had finished, is passed over).
+    empty (the empty rest of an epoch a resumed reader had finished is passed over).
     """
     import tensorflow as tf
 
     batched = getattr(reader, "batch_size", None) is not None
     first = it = None
     if output_signature is None:
-        for again in (False, True):
+        while True:
             # (a reader resumed from a state saved after an epoch's last batch has nothing left of that
             # epoch: its next pass, the next epoch, is the dataset's first iteration)
+            resumed = bool(getattr(reader, "resuming", False))
             it = iter(reader)
             try:
                 first = next(it)
                 break
             except StopIteration:
                 _close(it)
-                if again:
+                if not resumed:
                     raise ValueError("cannot infer output_signature: the reader's stream is empty") from None
         try:
             output_signature = infer_signature(first, batched=batched)

@@ -254,7 +254,7 @@ class GroupStream:
         hold_all = place.holds
         parts: list = []
         held = hold_all
-        first_offset, skipped_seen, keep = 0, 0, True
+        first_offset, skipped_seen, keep, done_at = 0, 0, True, -1
         records = nbytes = 0
         realign = for_stream(cfg, name, place.start)
         try:
@@ -266,7 +266,7 @@ class GroupStream:
                 if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
                     skipped_seen = reader.skipped_records
                     # (several regions since the last record are one run: the error names its start)
-                    realign.damaged(reader.corrupt_run, bool(parts), first_offset)
+                    realign.damaged(reader.corrupt_run, bool(parts), first_offset, done_at)
                     if parts:
                         parts, held = [], hold_all
                         place.broken()
@@ -290,6 +290,7 @@ class GroupStream:
                 if len(parts) == nf:
                     g = self.group_index
                     self.group_index += 1
+                    done_at = first_offset
                     place.framed(offset, view)
                     if even is not None:
                         self.count.sharded_out += g % num_shards != shard
@@ -301,7 +302,7 @@ class GroupStream:
                         yield Group(stream_id, first_offset, parts, held)
                     parts, held = [], hold_all
             if reader.skipped_records != skipped_seen and cfg.nfields > 1:  # damage ran on to the end
-                realign.damaged(reader.corrupt_run, bool(parts), first_offset)
+                realign.damaged(reader.corrupt_run, bool(parts), first_offset, done_at)
                 parts = []
             realign.ended()
         finally:

@@ -437,6 +437,12 @@ class ParallelReader:
         run = self._res.run
         return run.epoch if run is not None else self._epoch
 
+    @property
+    def resuming(self) -> bool:
+        """Whether the next pass is the rest of an epoch (after :meth:`load_state_dict`), which may be
+        empty: a state saved after the epoch's last batch."""
+        return bool(self._skip or self._handed)
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (as ``DistributedSampler.set_epoch``): every rank that
         calls it with the same value gets its part of the same global order.
@@ -444,6 +450,8 @@ class ParallelReader:
         After :meth:`load_state_dict`, ``set_epoch`` of the loaded epoch keeps the loaded position (the
         resumed loop of the README); another epoch drops it, with a warning."""
         epoch = count("epoch", epoch, minimum=0)
+        with self._res.lock:
+            self._drop_unstarted()  # (before its epoch is set: it would set back its own)
         if self._skip and epoch != self._epoch:
             warnings.warn(f"set_epoch({epoch}) after load_state_dict() of epoch {self._epoch} at position "
                           f"{self._skip}: the saved position is dropped and epoch {epoch} starts from its "
@@ -462,6 +470,8 @@ class ParallelReader:
         reader made with the same arguments to go on from there.  After an error you caught, the
         position is that of the samples delivered before it."""
         cfg = self._res.cfg
+        with self._res.lock:
+            self._drop_unstarted()
         run = self._res.run
         if run is not None:  # mid-pass: after the last item handed out
             epoch, pos, done, handed = run.epoch, run.cursor.pos, False, run.cursor.handed

@@ -112,6 +112,7 @@ class Resources:
         self.pinned: Any = None                   # views.Pinned: chunks an ended pass's views still hold
         self.phase = Phase.NEW
         self._keep_source = False                 # (unstart: a close that keeps the source)
+        self.close_asked = False                  # close() was called (from any thread)
         self.closed_why = ""                      # why a reader was closed by itself (said when used again)
         self.lock = threading.RLock()
         self.owner_pid = os.getpid()
@@ -209,18 +210,20 @@ class Resources:
         NEW: a start that failed, or that a Ctrl-C cut short, must not leave the reader closed for good
         (a notebook's user interrupts the first batch and runs the cell again).  When close() was asked
         for meanwhile, it is a close()."""
-        if self.closing:
+        if self.closing or self.close_asked:
             self._close()
             return
         self._keep_source = True
         try:
             self._close()
         finally:
-            self._keep_source = False
             self.prefix = ""
             self.lifeline = self.janitor = self.ring = self.slots = self.pool = self.spare = None
             self.run = self.pinned = None
             self.phase = Phase.NEW
+            self._keep_source = False
+            if self.close_asked:  # close() from another thread meanwhile: it is closed after all
+                self._close()
 
     def prepare_spare(self, ended: Optional[ReaderHandle] = None) -> bool:
         """Have the next pass's reader process ready now, while this pass's last chunks are delivered:
@@ -273,7 +276,10 @@ class Resources:
     def close(self) -> None:
         """End the pass, stop every process, remove the shared memory, release the source.  Idempotent;
         callable from any thread; returns within a few seconds whatever the other threads do."""
-        if self.closed or os.getpid() != self.owner_pid:
+        if os.getpid() != self.owner_pid:
+            return
+        self.close_asked = True  # (an unstart() in another thread, which looks CLOSED meanwhile, closes)
+        if self.closed and not self._keep_source:
             return
         self.phase = Phase.CLOSING
         # Wait for the iterating thread to step out of the pipeline (it does within poll_interval);

@@ -27,7 +27,8 @@ A group of one record needs none of this: every record starts one.  The groups l
 the one where reading goes on (groups that one region swallowed whole included); without, the group
 left open by the damage or that lost its first records -- once per corrupt region: groups swallowed
 whole leave no trace to count them by.  Damage that runs on to the end of the stream (:meth:`ended`)
-counts the groups listed to the end, or one.
+counts the groups listed to the end; without an ``.idx``, the group it broke, if records of it were
+read (bytes after the last whole group are no group).
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ class Realigner:
         self._dropped = 0
         self._lost_from = 0        # with an .idx: the start of the first group the damage broke
 
-    def damaged(self, region: int, open_group: bool, open_at: Optional[int] = None) -> None:
+    def damaged(self, region: int, open_group: bool, open_at: Optional[int] = None, done_at: int = -1) -> None:
         """A corrupt region at stream offset ``region`` was skipped; ``open_group``: the records of a
-        group were read before it (that group, whose first record is at ``open_at``, is broken)."""
+        group were read before it (that group, whose first record is at ``open_at``, is broken);
+        ``done_at``: the first record of the last group completed before it (-1: none)."""
         if self.nf == 1:
             return
         first = not self.aligning
@@ -90,7 +92,10 @@ class Realigner:
                 at = self._starts[i - 1] if i else None
                 if open_group and open_at is not None:  # (a length word that ran on: the region is further)
                     at = open_at
-                self._lost_from = at if at is not None and (open_group or at == region) else self._next_start
+                # (a group that starts before the region and was not completed was swallowed: a length
+                # word of the group before it ran on over its records)
+                lost = at is not None and (open_group or at == region or at > done_at)
+                self._lost_from = at if lost else self._next_start
 
     def starts_group(self, offset: int, payload: Any) -> bool:
         """While :attr:`aligning`: whether the record at ``offset`` starts a group (then aligning ends)
@@ -123,7 +128,10 @@ class Realigner:
         if not self.aligning:
             return
         self.aligning = False
-        self.skipped_groups += self._lost(None) if self._starts is not None else 1
+        # (without an .idx, bytes after the last whole group that start no record -- padding, a torn
+        # write -- cannot be told from a group whose records were all cut off: counted only when records
+        # of a group were read or dropped)
+        self.skipped_groups += self._lost(None) if self._starts is not None else int(self._broken)
 
     def _lost(self, start: Optional[int]) -> int:
         """Groups the .idx lists from the first one the damage broke up to ``start`` (None: the end)."""

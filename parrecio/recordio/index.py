@@ -111,27 +111,40 @@ def check_end(offset: int, end: int, want: int, size: int, source: str, idx: str
     ``want``, where the index's next offset is, or the end of the file (``size`` bytes); without that
     check a stale or foreign index returns records cut short or run on into the next ones, or leaves
     records out silently (an index of one line per sample, a file appended to afterwards).
+    ``peek(at, n)`` reads the file.
 
-    Raises :class:`IndexMismatch` when another record starts where it ends (``peek(at, n)`` reads the
-    file), or the file ends there: the index does not list every record.  Otherwise (the record's
-    length word is damaged: it ends amid other bytes) a :class:`~parrecio.errors.CorruptRecordError`,
-    one damaged sample, which ``on_error="skip"`` skips: the index still says where the next group is."""
+    - Another record starts where it ends (or the file ends there), and none where the index lists the
+      next one: the index does not list every record (or lists what is no record start, such as a
+      multipart record's parts): :class:`IndexMismatch`.
+    - It runs on over the next listed record, which is there; or it ends amid bytes that start no
+      record: its length word is damaged -- one damaged sample, a
+      :class:`~parrecio.errors.CorruptRecordError` that ``on_error="skip"`` skips (the index still says
+      where the next group is).
+    - The last record ends before bytes that start no record: trailing bytes (padding, a torn write),
+      not this record's business: a streamed read says what they are."""
     if end == want:
         return
     last = want == size
-    if last and end < size and _starts_record(peek(end, HEADER_SIZE)):
-        raise IndexMismatch(f"the last record that {idx} lists ends at byte {end}, and another record follows "
-                            f"it there (the file has {size} bytes): the index lists not every record (records "
-                            f"added after it was written?)", offset, source=source)
-    if end == size or (end < size and _starts_record(peek(end, HEADER_SIZE))):
-        there = "the file ends" if end == size else "another record starts"
-        raise IndexMismatch(f"the record ends at byte {end}, where {there}, but {idx} lists the next record at "
-                            f"byte {want}: the index is not this file's (written for an earlier version of it, "
-                            f"or listing not every record: one line per record, as MXNet's im2rec writes it)",
-                            offset, source=source)
-    listed = f"the file has {size} bytes" if last else f"{idx} lists the next record at byte {want}"
-    raise CorruptRecordError(f"the record ends at byte {end}, but {listed} and no record starts at byte {end}: its "
-                             f"length word is damaged", offset, source=source)
+    if end > want and not last and _starts_record(peek(want, HEADER_SIZE)):
+        raise CorruptRecordError(f"the record runs on to byte {end}, past the record that {idx} lists at byte "
+                                 f"{want}: its length word is damaged", offset, source=source)
+    if end < size and _starts_record(peek(end, HEADER_SIZE)):
+        if last:
+            raise IndexMismatch(f"the last record that {idx} lists ends at byte {end}, and another record "
+                                f"follows it there (the file has {size} bytes): the index lists not every record "
+                                f"(records added after it was written?)", offset, source=source)
+        raise IndexMismatch(f"the record ends at byte {end}, where another record starts, but {idx} lists the "
+                            f"next record at byte {want}: the index is not this file's (written for an earlier "
+                            f"version of it, or listing not every record: one line per record, as MXNet's "
+                            f"im2rec writes it)", offset, source=source)
+    if end == size:
+        raise IndexMismatch(f"the record ends at byte {end}, where the file ends, but {idx} lists the next record "
+                            f"at byte {want}, where none starts: the index is not this file's", offset,
+                            source=source)
+    if last and end < size:
+        return
+    raise CorruptRecordError(f"the record ends at byte {end}, but {idx} lists the next record at byte {want} and "
+                             f"no record starts at byte {end}: its length word is damaged", offset, source=source)
 
 
 def check_offsets(offsets: List[int], size: int, source: str, idx: str) -> None:
@@ -161,18 +174,19 @@ _CHECKED: set = set()  # readers' index_identity() whose check_index passed (thi
 
 def check_index(reader: Any, sorted_offsets: List[int], nfields: int) -> None:
     """Check that ``reader``'s index fits its file before any group is read by it: the offsets
-    (:func:`check_offsets`), and the records of the first group and the last record read whole, each
-    ending where the next listed one starts (:func:`check_end`).  An index of one line per sample, of
-    another file or of the file before records were added then fails at once, whatever ``on_error``
-    says (it is not one damaged sample: every group would be wrong, or records left out silently).  A
-    record that does not frame is left to the group that holds it (a damaged sample).  Passed once per
-    process for an unchanged file (``reader.index_identity()``) and the same offsets."""
+    (:func:`check_offsets`), and -- where reads are cheap (``reader.probe_upfront``: a local file, not
+    an object each read of which is a GET) -- its first and last records read whole, each ending where
+    the next listed one starts (:func:`check_end`).  An index of one line per sample, of another file or
+    of the file before records were added then fails at once, whatever ``on_error`` says (it is not one
+    damaged sample: every group would be wrong, or records left out silently); elsewhere when those
+    records are read.  A damaged record is left to the group that holds it.  Passed once per process for
+    an unchanged file (``reader.index_identity()``) and the same offsets."""
     ident = reader.index_identity()
     key = None if ident is None else (ident, len(sorted_offsets), hash(tuple(sorted_offsets)))
     if key is not None and key in _CHECKED:
         return
     check_offsets(sorted_offsets, reader.size, reader.rec_path, reader.idx_path)
-    for offset in {*sorted_offsets[:nfields + 1], *sorted_offsets[-1:]}:
+    for offset in {*sorted_offsets[:1], *sorted_offsets[-1:]} if reader.probe_upfront else ():
         try:
             reader.read_at(offset)
         except IndexMismatch:
@@ -300,6 +314,8 @@ class IndexedRecordReader:
             check_end(offset, got[1], next_listed(self._sorted, offset, self._size), self._size, self.rec_path,
                       self.idx_path, lambda at, n: os.pread(fd, n, at))
         return got[0]
+
+    probe_upfront = True  # (check_index: reads are preads)
 
     @property
     def size(self) -> int:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, List, Optional, Sequence
 
-from ..errors import SourceError
+from ..errors import CorruptRecordError, SourceError
 from .framing import HEADER_SIZE, MAGIC_BYTES, padded_size
 
 __all__ = ["JoinGuess", "IndexedJoin", "AmbiguousJoin", "ambiguous", "join_parts", "LOOKAHEAD_BYTES",
@@ -198,9 +198,14 @@ class IndexedJoin:
             if at == offset or span <= limit:
                 continue
             more: List[int] = []
-            self._read_parts(at, more)
-            got = guess.multipart(more, at) if len(more) > 1 else guess.single(more[0])
             probed += 1
+            try:
+                self._read_parts(at, more)
+            except CorruptRecordError:  # (a damaged record tells nothing; it is its own group's error)
+                more = []
+            got = None
+            if more:
+                got = guess.multipart(more, at) if len(more) > 1 else guess.single(more[0])
             if got is not None:
                 return got
             if probed >= PROBES:

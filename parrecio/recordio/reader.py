@@ -357,8 +357,8 @@ class RecordReader:
                 return got
             if limit is None and guess.multi >= 2:  # (a mapped file: 16 MiB past the second is enough)
                 limit = pos + LOOKAHEAD_BYTES
-        looked = "the stream up to its end" if limit is None or pos < limit else \
-            f"the next {LOOKAHEAD_BYTES >> 20} MiB of the stream"
+        looked = f"the stream up to byte {pos} (its end, or bytes that are no record)" if limit is None or \
+            pos < limit else f"the next {LOOKAHEAD_BYTES >> 20} MiB of the stream"
         return guess.settle(self.source_name, looked)
 
     def _frames_at(self, pos: int) -> List[int]:

@@ -829,6 +829,9 @@ class S3IndexedReader:
                       self.idx_path, self.fetch)
         return got[0]
 
+    probe_upfront = False  # (check_index: each read is a GET, and a channel may hold thousands of objects;
+    #                       each record's end is checked as it is read)
+
     @property
     def size(self) -> int:
         """The object's size in bytes (of the listing)."""
