@@ -108,7 +108,7 @@ def test_len_reads_the_indexes_once_and_side_by_side(tmp_path, monkeypatch, no_l
     """len() of many files: each .idx read once per reader, concurrently (an s3:// index is a GET each)."""
     import threading
 
-    import parrecio.recordio as recordio
+    import parrecio.recordio.index as recordio  # (a local file's index is read, and checked, there)
     paths = []
     for i in range(4):
         paths.append(tmp_path / f"part-{i}.rec")
