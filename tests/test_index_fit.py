@@ -218,3 +218,33 @@ def test_len_is_not_taken_from_an_index_that_does_not_fit(tmp_path, no_leaks):
     _idx(p, offs)
     with ParallelReader(str(p), fields=[Raw(), Raw()], workers=0) as reader:
         assert len(reader) == N + 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("defect", ["line lost", "line twice"])
+def test_a_read_in_order_does_not_realign_by_an_index_that_does_not_fit(tmp_path, workers, defect, no_leaks):
+    """Read in order, the .idx is read only after damage, to find the next group start: with a line lost
+    before the damage its group starts were the second records of the stream's groups (S03R1+S04R0, ...
+    to the end, under skip, without a word).  The record before the damage must be the index's record of
+    that number, and the offsets must be an index's: else an IndexMismatch, after the samples before."""
+    p = tmp_path / "s.rec"
+    offs = _write(p, _records())
+    listed = offs[:3] + offs[4:] if defect == "line lost" else offs[:3] + offs[2:]
+    _idx(p, listed)
+    data = bytearray(p.read_bytes())
+    data[offs[14]:offs[14] + 4] = b"XXXX"  # sample 7's first record: damage, which needs the index
+    p.write_bytes(bytes(data))
+    got, err = [], None
+    with deadline(60), ParallelReader(str(p), fields=[Raw(), Raw()], workers=workers, on_error="skip") as reader:
+        try:
+            for s in reader:
+                got.append(tuple(bytes(x) for x in s))
+        except CorruptRecordError as exc:
+            err = exc
+    assert got == _samples()[:7]
+    assert isinstance(err, IndexMismatch)
+    if defect == "line lost":
+        assert f"does not list this stream's records: the record at byte {offs[13]} is the stream's record 13" \
+               in str(err)
+    else:
+        assert "more than once" in str(err)

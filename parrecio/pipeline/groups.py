@@ -256,6 +256,7 @@ class GroupStream:
         held = hold_all
         first_offset, skipped_seen, keep, done_at = 0, 0, True, -1
         records = nbytes = 0
+        last = -1  # the offset of the record framed before this one
         realign = for_stream(cfg, name, place.start)
         try:
             for offset, view in reader.iter_views():
@@ -266,11 +267,13 @@ class GroupStream:
                 if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
                     skipped_seen = reader.skipped_records
                     # (several regions since the last record are one run: the error names its start)
-                    realign.damaged(reader.corrupt_run, bool(parts), first_offset, done_at)
+                    realign.damaged(reader.corrupt_run, bool(parts), first_offset, done_at,
+                                    last if records > 1 else None, records - 1)
                     if parts:
                         parts, held = [], hold_all
                         place.broken()
-                if realign.aligning and not realign.starts_group(offset, view):
+                last = offset
+                if realign.aligning and not realign.starts_group(offset, view, records):
                     place.framed(offset, view)  # dropped: a record of a group the damage broke
                     place.garbage()
                     continue
@@ -302,9 +305,10 @@ class GroupStream:
                         yield Group(stream_id, first_offset, parts, held)
                     parts, held = [], hold_all
             if reader.skipped_records != skipped_seen and cfg.nfields > 1:  # damage ran on to the end
-                realign.damaged(reader.corrupt_run, bool(parts), first_offset, done_at)
+                realign.damaged(reader.corrupt_run, bool(parts), first_offset, done_at,
+                                last if records else None, records)
                 parts = []
-            realign.ended()
+            realign.ended(last if records else None, records)
         finally:
             self.count.records += records
             self.count.bytes += nbytes

@@ -38,7 +38,7 @@ from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
 from ..decoders.sniff import describe, sniff
 from ..errors import CorruptRecordError
-from ..recordio.index import read_index
+from ..recordio.index import IndexMismatch, check_offsets, read_index
 from ..recordio.paths import index_beside
 
 __all__ = ["Realigner", "for_stream", "EXTRA_DROPS"]
@@ -54,12 +54,14 @@ class Realigner:
     only when damage occurs), or None."""
 
     def __init__(self, kinds: Sequence[Optional[FrozenSet[str]]], names: Sequence[str], source: str,
-                 index: Optional[Callable[[], Sequence[int]]] = None) -> None:
+                 index: Optional[Callable[[], Sequence[int]]] = None, index_name: str = "its .idx") -> None:
         self.nf = len(kinds)
         self.kinds = tuple(kinds)
         self.names = tuple(names)
         self.source = source
         self._index = index
+        self._index_name = index_name
+        self._count = 0
         self._starts: Optional[List[int]] = None  # group starts from the .idx, once read
         self.aligning = False      # records are being dropped until a group start
         self.skipped_groups = 0    # groups known broken by damage
@@ -68,11 +70,17 @@ class Realigner:
         self._broken = False       # the group at the damage lost records already
         self._dropped = 0
         self._lost_from = 0        # with an .idx: the start of the first group the damage broke
+        self._offsets: List[int] = []  # with an .idx: every record's offset, sorted (once read)
+        # where the stream and the .idx were last known to agree: the record counted ``_sync_count``-th
+        # (1-based count of the framing loop, less one) is the .idx's record ``_sync_pos``
+        self._sync_pos, self._sync_count = 0, 0
 
-    def damaged(self, region: int, open_group: bool, open_at: Optional[int] = None, done_at: int = -1) -> None:
+    def damaged(self, region: int, open_group: bool, open_at: Optional[int] = None, done_at: int = -1,
+                last: Optional[int] = None, count: int = 0) -> None:
         """A corrupt region at stream offset ``region`` was skipped; ``open_group``: the records of a
         group were read before it (that group, whose first record is at ``open_at``, is broken);
-        ``done_at``: the first record of the last group completed before it (-1: none)."""
+        ``done_at``: the first record of the last group completed before it (-1: none); ``last``: the
+        offset of the last record framed before it, the ``count``-th of the stream (None: none)."""
         if self.nf == 1:
             return
         first = not self.aligning
@@ -85,7 +93,11 @@ class Realigner:
         if self._index is not None:
             if self._starts is None:
                 offs = sorted(self._index())
+                check_offsets(offs, None, self.source, self._index_name)
+                self._offsets = offs
                 self._starts = offs[:len(offs) // self.nf * self.nf:self.nf]
+            if first and last is not None:
+                self._check_agrees(last, count)
             i = bisect.bisect_right(self._starts, region)
             self._next_start = self._starts[i] if i < len(self._starts) else -1
             if first:  # the group the damage is in, unless it was whole before it (garbage between groups)
@@ -97,9 +109,11 @@ class Realigner:
                 lost = at is not None and (open_group or at == region or at > done_at)
                 self._lost_from = at if lost else self._next_start
 
-    def starts_group(self, offset: int, payload: Any) -> bool:
-        """While :attr:`aligning`: whether the record at ``offset`` starts a group (then aligning ends)
-        or is dropped.  Raises CorruptRecordError where the start cannot be known."""
+    def starts_group(self, offset: int, payload: Any, count: int = 0) -> bool:
+        """While :attr:`aligning`: whether the record at ``offset`` (the ``count``-th of the stream)
+        starts a group (then aligning ends) or is dropped.  Raises CorruptRecordError where the start
+        cannot be known."""
+        self._count = count
         if self._next_start is not None:
             if offset > self._next_start >= 0:  # that start was inside the damage too: the next one
                 i = bisect.bisect_left(self._starts, offset)
@@ -110,6 +124,8 @@ class Realigner:
         if start:
             self.aligning = False
             self.skipped_groups += self._lost(offset) if self._starts is not None else self._broken
+            if self._starts is not None:  # (the stream and the .idx agree again from here)
+                self._sync_pos, self._sync_count = bisect.bisect_left(self._offsets, offset), self._count - 1
             return True
         self._broken = True
         self._dropped += 1
@@ -122,10 +138,30 @@ class Realigner:
                 f"describe this stream)", self._region, source=self.source)
         return False
 
-    def ended(self) -> None:
-        """The stream ended while records were being dropped (damage that ran on to its end): count the
-        groups lost -- those its ``.idx`` lists from the broken one on, or one."""
+    def _check_agrees(self, last: int, count: int) -> None:
+        """The record at ``last``, the ``count``-th of the stream, must be the .idx's record of that
+        number (counting from where they last agreed): else the .idx lists not every record of the
+        stream -- a line lost, or added, or a file changed after it was written -- and its group starts
+        are not the stream's (realigning by them would pair records of two samples)."""
+        pos = self._sync_pos + (count - self._sync_count) - 1
+        if count <= self._sync_count or (pos < len(self._offsets) and self._offsets[pos] == last):
+            return
+        listed = f"lists byte {self._offsets[pos]} there" if pos < len(self._offsets) else "lists fewer records"
+        raise IndexMismatch(
+            f"{self._index_name} does not list this stream's records: the record at byte {last} is the stream's "
+            f"record {pos} (counting from 0), and the index {listed} (a line lost or added, or the file changed "
+            f"after the index was written): its group starts cannot realign the groups after the corrupt "
+            f"region at byte {self._region}", last, source=self.source)
+
+    def ended(self, last: Optional[int] = None, count: int = 0) -> None:
+        """The stream ended (``last``: the offset of its last record, the ``count``-th).  Where records
+        were being dropped (damage that ran on to its end), count the groups lost -- those its ``.idx``
+        lists from the broken one on, or one.  Where the ``.idx`` realigned groups, the stream's last
+        record must be the one it counts to: else it did not list the stream's records (an error after
+        the samples, but not silence)."""
         if not self.aligning:
+            if self._starts is not None and last is not None:
+                self._check_agrees(last, count)
             return
         self.aligning = False
         # (without an .idx, bytes after the last whole group that start no record -- padding, a torn
@@ -168,4 +204,4 @@ def for_stream(cfg: Any, name: str, start: int = 0) -> Realigner:
         if idx is None:
             idx = index_beside(name)
     index = None if idx is None else (lambda: [off for _, off in read_index(idx)])
-    return Realigner(cfg.kinds, cfg.names, name, index)
+    return Realigner(cfg.kinds, cfg.names, name, index, str(idx) if idx is not None else "its .idx")

@@ -147,10 +147,10 @@ def check_end(offset: int, end: int, want: int, size: int, source: str, idx: str
                              f"no record starts at byte {end}: its length word is damaged", offset, source=source)
 
 
-def check_offsets(offsets: List[int], size: int, source: str, idx: str) -> None:
-    """Raise :class:`~parrecio.errors.CorruptRecordError` when the sorted ``offsets`` of an index cannot
-    be its file's (``size`` bytes): an offset listed twice, one at or past the end, none at byte 0 (where
-    every writer puts the first record) or none at all for a file that is not empty."""
+def check_offsets(offsets: List[int], size: Optional[int], source: str, idx: str) -> None:
+    """Raise :class:`IndexMismatch` when the sorted ``offsets`` of an index cannot be its file's (``size``
+    bytes; None: not known): an offset listed twice, one at or past the end, none at byte 0 (where every
+    writer puts the first record) or none at all for a file that is not empty."""
     if not offsets:
         if size:
             raise IndexMismatch(f"{idx} lists no record, and the file has {size} bytes: the index is not "
@@ -159,7 +159,7 @@ def check_offsets(offsets: List[int], size: int, source: str, idx: str) -> None:
     if offsets[0] != 0:
         raise IndexMismatch(f"{idx} lists no record at byte 0 (its first is at byte {offsets[0]}): the "
                             f"index is not this file's, or lists not every record", offsets[0], source=source)
-    if offsets[-1] >= size:
+    if size is not None and offsets[-1] >= size:
         bad = offsets[bisect.bisect_left(offsets, size)]
         raise IndexMismatch(f"{idx} lists a record at byte offset {bad}, at or past the end of the file "
                             f"({size} bytes): the index is not this file's (or the file was truncated)", bad,
