@@ -225,8 +225,9 @@ def test_len_is_not_taken_from_an_index_that_does_not_fit(tmp_path, no_leaks):
 def test_a_read_in_order_does_not_realign_by_an_index_that_does_not_fit(tmp_path, workers, defect, no_leaks):
     """Read in order, the .idx is read only after damage, to find the next group start: with a line lost
     before the damage its group starts were the second records of the stream's groups (S03R1+S04R0, ...
-    to the end, under skip, without a word).  The record before the damage must be the index's record of
-    that number, and the offsets must be an index's: else an IndexMismatch, after the samples before."""
+    to the end, under skip, without a word).  The last group read whole before the damage must start where
+    the index lists a group start, and the offsets must be an index's: else an IndexMismatch, after the
+    samples before."""
     p = tmp_path / "s.rec"
     offs = _write(p, _records())
     listed = offs[:3] + offs[4:] if defect == "line lost" else offs[:3] + offs[2:]
@@ -244,7 +245,7 @@ def test_a_read_in_order_does_not_realign_by_an_index_that_does_not_fit(tmp_path
     assert got == _samples()[:7]
     assert isinstance(err, IndexMismatch)
     if defect == "line lost":
-        assert f"does not list this stream's records: the record at byte {offs[13]} is the stream's record 13" \
-               in str(err)
+        assert f"the last group read before the corrupt region at byte {offs[14]} starts at byte {offs[12]}, " \
+               f"where {p.with_suffix('.idx')} lists no group start" in str(err)
     else:
         assert "more than once" in str(err)

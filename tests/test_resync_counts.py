@@ -107,17 +107,32 @@ def test_bytes_after_the_last_group_are_no_lost_group(tmp_path, tail, index):
     assert got == groups and skipped == 0
 
 
-@pytest.mark.parametrize("g", [3, N - 2])
-def test_a_group_swallowed_by_the_length_word_before_it_is_counted(tmp_path, g):
-    """Group g's last record runs on over group g+1's first record, into its second: g is delivered (its
-    last record changed: RecordIO has no checksum), g+1 is lost -- and counted, the .idx saying it was
-    there."""
+@pytest.mark.parametrize("g, over", [(3, 1), (N - 2, 1), (3, 2), (3, 3)])
+def test_groups_swallowed_by_the_length_word_before_them_are_counted(tmp_path, g, over):
+    """Group g's last record runs on over the groups after it, ending 4 bytes into a record of the
+    ``over``-th: g is delivered (its last record changed: RecordIO has no checksum), the groups it ran
+    into are lost -- and counted, the .idx saying they were there."""
     path = tmp_path / "r.rec"
     groups = _groups(2)
     data, offs = _write(path, groups)
     at = offs[2 * g + 1]
-    struct.pack_into("<I", data, at + 4, offs[2 * g + 3] - at - 8 + 4)  # (ends 4 bytes into g+1's second)
+    into = min(2 * (g + over) + 1, len(offs) - 1)  # (the second record of group g + over)
+    struct.pack_into("<I", data, at + 4, offs[into] - at - 8 + 4)
     path.write_bytes(bytes(data))
     got, skipped = _read_skip(path, 2)
     tags = [_tag(s[0])[0] for s in got]
-    assert g + 1 not in tags and len(got) == N - 1 and skipped == 1
+    lost = list(range(g + 1, min(g + over, N - 1) + 1))
+    assert [t for t in range(N) if t not in tags] == lost and skipped == len(lost)
+
+
+def test_two_damaged_groups_are_counted_once_each(tmp_path):
+    """The second damage's group is counted from where reading went on after the first (it counted the
+    first one's group again: 3 for 2)."""
+    path = tmp_path / "d.rec"
+    groups = _groups(2)
+    data, offs = _write(path, groups)
+    for k in (4, 7):  # group 2's first record, group 3's second
+        data[offs[k]] ^= 1
+    path.write_bytes(bytes(data))
+    got, skipped = _read_skip(path, 2)
+    assert [_tag(s[0])[0] for s in got] == [0, 1] + list(range(4, N)) and skipped == 2

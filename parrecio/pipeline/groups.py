@@ -267,13 +267,12 @@ class GroupStream:
                 if reader.skipped_records != skipped_seen:  # a corrupt region was skipped: group broken
                     skipped_seen = reader.skipped_records
                     # (several regions since the last record are one run: the error names its start)
-                    realign.damaged(reader.corrupt_run, bool(parts), first_offset, done_at,
-                                    last if records > 1 else None, records - 1)
+                    realign.damaged(reader.corrupt_run, bool(parts), done_at)
                     if parts:
                         parts, held = [], hold_all
                         place.broken()
                 last = offset
-                if realign.aligning and not realign.starts_group(offset, view, records):
+                if realign.aligning and not realign.starts_group(offset, view):
                     place.framed(offset, view)  # dropped: a record of a group the damage broke
                     place.garbage()
                     continue
@@ -305,10 +304,9 @@ class GroupStream:
                         yield Group(stream_id, first_offset, parts, held)
                     parts, held = [], hold_all
             if reader.skipped_records != skipped_seen and cfg.nfields > 1:  # damage ran on to the end
-                realign.damaged(reader.corrupt_run, bool(parts), first_offset, done_at,
-                                last if records else None, records)
+                realign.damaged(reader.corrupt_run, bool(parts), done_at)
                 parts = []
-            realign.ended(last if records else None, records)
+            realign.ended(last if records else None)
         finally:
             self.count.records += records
             self.count.bytes += nbytes

@@ -441,6 +441,8 @@ class ParallelReader:
     def resuming(self) -> bool:
         """Whether the next pass is the rest of an epoch (after :meth:`load_state_dict`), which may be
         empty: a state saved after the epoch's last batch."""
+        with self._res.lock:
+            self._drop_unstarted()  # (a pass made and dropped unstarted took the position: it is given back)
         return bool(self._skip or self._handed)
 
     def set_epoch(self, epoch: int) -> None:

@@ -22,9 +22,12 @@ every record after a corrupt region to one :class:`Realigner` until it says whic
    :class:`~parrecio.errors.CorruptRecordError` naming the corrupt region's offset -- under
    ``on_error="skip"`` too: a skipped sample is counted, a mispaired one would be delivered.
 
-A group of one record needs none of this: every record starts one.  The groups lost are counted in
-:attr:`Realigner.skipped_groups`: with an ``.idx``, every listed group start from the broken group's to
-the one where reading goes on (groups that one region swallowed whole included); without, the group
+Before the ``.idx`` realigns anything, the last group read whole before the damage must start at one of
+its group starts (else the index does not fit the stream: :class:`IndexMismatch`).  A group of one
+record needs none of this: every record starts one.  The groups lost are counted in
+:attr:`Realigner.skipped_groups`: with an ``.idx``, every listed group start after the last group read
+whole up to the one where reading goes on (groups that one region, or a length word that ran on,
+swallowed whole included); without, the group
 left open by the damage or that lost its first records -- once per corrupt region: groups swallowed
 whole leave no trace to count them by.  Damage that runs on to the end of the stream (:meth:`ended`)
 counts the groups listed to the end; without an ``.idx``, the group it broke, if records of it were
@@ -71,16 +74,12 @@ class Realigner:
         self._dropped = 0
         self._lost_from = 0        # with an .idx: the start of the first group the damage broke
         self._offsets: List[int] = []  # with an .idx: every record's offset, sorted (once read)
-        # where the stream and the .idx were last known to agree: the record counted ``_sync_count``-th
-        # (1-based count of the framing loop, less one) is the .idx's record ``_sync_pos``
-        self._sync_pos, self._sync_count = 0, 0
+        self._resumed_at = -1      # the group start where reading went on after the last damage
 
-    def damaged(self, region: int, open_group: bool, open_at: Optional[int] = None, done_at: int = -1,
-                last: Optional[int] = None, count: int = 0) -> None:
+    def damaged(self, region: int, open_group: bool, done_at: int = -1) -> None:
         """A corrupt region at stream offset ``region`` was skipped; ``open_group``: the records of a
-        group were read before it (that group, whose first record is at ``open_at``, is broken);
-        ``done_at``: the first record of the last group completed before it (-1: none); ``last``: the
-        offset of the last record framed before it, the ``count``-th of the stream (None: none)."""
+        group were read before it (that group is broken); ``done_at``: the first record of the last group
+        completed before it (-1: none)."""
         if self.nf == 1:
             return
         first = not self.aligning
@@ -91,29 +90,50 @@ class Realigner:
             self._region = region
         self._next_start = None
         if self._index is not None:
-            if self._starts is None:
-                offs = sorted(self._index())
-                check_offsets(offs, None, self.source, self._index_name)
-                self._offsets = offs
-                self._starts = offs[:len(offs) // self.nf * self.nf:self.nf]
-            if first and last is not None:
-                self._check_agrees(last, count)
-            i = bisect.bisect_right(self._starts, region)
-            self._next_start = self._starts[i] if i < len(self._starts) else -1
-            if first:  # the group the damage is in, unless it was whole before it (garbage between groups)
-                at = self._starts[i - 1] if i else None
-                if open_group and open_at is not None:  # (a length word that ran on: the region is further)
-                    at = open_at
-                # (a group that starts before the region and was not completed was swallowed: a length
-                # word of the group before it ran on over its records)
-                lost = at is not None and (open_group or at == region or at > done_at)
-                self._lost_from = at if lost else self._next_start
+            starts = self._load()
+            if first:
+                self._check_agrees(done_at)
+                # every group after the last one completed is lost up to where reading goes on: the one
+                # the damage is in, and any that a length word before it ran on over
+                # (not before where reading went on after earlier damage: those were counted then)
+                j = bisect.bisect_right(starts, max(done_at, self._resumed_at - 1))
+                self._lost_from = starts[j] if j < len(starts) else -1
+            i = bisect.bisect_right(starts, region)
+            self._next_start = starts[i] if i < len(starts) else -1
 
-    def starts_group(self, offset: int, payload: Any, count: int = 0) -> bool:
-        """While :attr:`aligning`: whether the record at ``offset`` (the ``count``-th of the stream)
-        starts a group (then aligning ends) or is dropped.  Raises CorruptRecordError where the start
-        cannot be known."""
-        self._count = count
+    def _load(self) -> List[int]:
+        """The group starts of the .idx (read once, checked to be an index's offsets)."""
+        if self._starts is None:
+            assert self._index is not None
+            offs = sorted(self._index())
+            check_offsets(offs, None, self.source, self._index_name)
+            self._offsets = offs
+            self._starts = offs[:len(offs) // self.nf * self.nf:self.nf]
+        return self._starts
+
+    def _check_agrees(self, done_at: int) -> None:
+        """The last group read whole before the damage, at ``done_at``, must start where the .idx lists a
+        group start: else its group starts are not the stream's -- a line lost or added, or a file changed
+        after it was written, or a length word earlier that ran on over records so that the stream's
+        groups were paired across them already -- and realigning by them would pair records of two
+        samples."""
+        starts = self._starts
+        assert starts is not None
+        if done_at < 0:
+            return
+        j = bisect.bisect_left(starts, done_at)
+        if j < len(starts) and starts[j] == done_at:
+            return
+        raise IndexMismatch(
+            f"the last group read before the corrupt region at byte {self._region} starts at byte {done_at}, "
+            f"where {self._index_name} lists no group start: the index does not fit this stream (a line lost "
+            f"or added, or the file changed after it was written), or a damaged length word before that ran "
+            f"on over records (RecordIO has no checksum); its group starts cannot realign the groups",
+            done_at, source=self.source)
+
+    def starts_group(self, offset: int, payload: Any) -> bool:
+        """While :attr:`aligning`: whether the record at ``offset`` starts a group (then aligning ends)
+        or is dropped.  Raises CorruptRecordError where the start cannot be known."""
         if self._next_start is not None:
             if offset > self._next_start >= 0:  # that start was inside the damage too: the next one
                 i = bisect.bisect_left(self._starts, offset)
@@ -124,8 +144,7 @@ class Realigner:
         if start:
             self.aligning = False
             self.skipped_groups += self._lost(offset) if self._starts is not None else self._broken
-            if self._starts is not None:  # (the stream and the .idx agree again from here)
-                self._sync_pos, self._sync_count = bisect.bisect_left(self._offsets, offset), self._count - 1
+            self._resumed_at = offset
             return True
         self._broken = True
         self._dropped += 1
@@ -138,30 +157,20 @@ class Realigner:
                 f"describe this stream)", self._region, source=self.source)
         return False
 
-    def _check_agrees(self, last: int, count: int) -> None:
-        """The record at ``last``, the ``count``-th of the stream, must be the .idx's record of that
-        number (counting from where they last agreed): else the .idx lists not every record of the
-        stream -- a line lost, or added, or a file changed after it was written -- and its group starts
-        are not the stream's (realigning by them would pair records of two samples)."""
-        pos = self._sync_pos + (count - self._sync_count) - 1
-        if count <= self._sync_count or (pos < len(self._offsets) and self._offsets[pos] == last):
-            return
-        listed = f"lists byte {self._offsets[pos]} there" if pos < len(self._offsets) else "lists fewer records"
-        raise IndexMismatch(
-            f"{self._index_name} does not list this stream's records: the record at byte {last} is the stream's "
-            f"record {pos} (counting from 0), and the index {listed} (a line lost or added, or the file changed "
-            f"after the index was written): its group starts cannot realign the groups after the corrupt "
-            f"region at byte {self._region}", last, source=self.source)
-
-    def ended(self, last: Optional[int] = None, count: int = 0) -> None:
-        """The stream ended (``last``: the offset of its last record, the ``count``-th).  Where records
-        were being dropped (damage that ran on to its end), count the groups lost -- those its ``.idx``
-        lists from the broken one on, or one.  Where the ``.idx`` realigned groups, the stream's last
-        record must be the one it counts to: else it did not list the stream's records (an error after
-        the samples, but not silence)."""
+    def ended(self, last: Optional[int] = None) -> None:
+        """The stream ended (``last``: the offset of its last record).  Where records were being dropped
+        (damage that ran on to its end), count the groups lost -- those its ``.idx`` lists from the
+        broken one on, or one.  Where the ``.idx`` realigned groups, the stream's last record must be one
+        it lists: else it does not fit the stream (an error after the samples, but not silence)."""
         if not self.aligning:
             if self._starts is not None and last is not None:
-                self._check_agrees(last, count)
+                j = bisect.bisect_left(self._offsets, last)
+                if j == len(self._offsets) or self._offsets[j] != last:
+                    raise IndexMismatch(
+                        f"the stream's last record, at byte {last}, is not one that {self._index_name} lists: "
+                        f"the index does not fit this stream (the groups realigned by it after the corrupt "
+                        f"region at byte {self._region} may pair records of two samples)", last,
+                        source=self.source)
             return
         self.aligning = False
         # (without an .idx, bytes after the last whole group that start no record -- padding, a torn
@@ -172,10 +181,10 @@ class Realigner:
     def _lost(self, start: Optional[int]) -> int:
         """Groups the .idx lists from the first one the damage broke up to ``start`` (None: the end)."""
         assert self._starts is not None
-        if self._lost_from < 0:  # (the damage began past the last listed group start)
-            return int(self._broken)
+        if self._lost_from < 0:  # (the damage began past the last listed group start: no listed group)
+            return 0
         end = len(self._starts) if start is None else bisect.bisect_left(self._starts, start)
-        return max(end - bisect.bisect_left(self._starts, self._lost_from), int(self._broken))
+        return max(0, end - bisect.bisect_left(self._starts, self._lost_from))
 
     def _by_kind(self, offset: int, payload: Any) -> bool:
         kind = sniff(payload)

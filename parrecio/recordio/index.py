@@ -175,18 +175,19 @@ _CHECKED: set = set()  # readers' index_identity() whose check_index passed (thi
 def check_index(reader: Any, sorted_offsets: List[int], nfields: int) -> None:
     """Check that ``reader``'s index fits its file before any group is read by it: the offsets
     (:func:`check_offsets`), and -- where reads are cheap (``reader.probe_upfront``: a local file, not
-    an object each read of which is a GET) -- its first and last records read whole, each ending where
-    the next listed one starts (:func:`check_end`).  An index of one line per sample, of another file or
-    of the file before records were added then fails at once, whatever ``on_error`` says (it is not one
-    damaged sample: every group would be wrong, or records left out silently); elsewhere when those
-    records are read.  A damaged record is left to the group that holds it.  Passed once per process for
-    an unchanged file (``reader.index_identity()``) and the same offsets."""
+    an object each read of which is a GET) -- the records of its first group and the one after, and its
+    last record, read whole, each ending where the next listed one starts (:func:`check_end`).  An index
+    of one line per sample, of another file or of the file before records were added then fails at once,
+    whatever ``on_error`` says (it is not one damaged sample: every group would be wrong, or records left
+    out silently); elsewhere when those records are read.  A damaged record is left to the group that
+    holds it.  Passed once per process for an unchanged file (``reader.index_identity()``) and the same
+    offsets."""
     ident = reader.index_identity()
     key = None if ident is None else (ident, len(sorted_offsets), hash(tuple(sorted_offsets)))
     if key is not None and key in _CHECKED:
         return
     check_offsets(sorted_offsets, reader.size, reader.rec_path, reader.idx_path)
-    for offset in {*sorted_offsets[:1], *sorted_offsets[-1:]} if reader.probe_upfront else ():
+    for offset in {*sorted_offsets[:nfields + 1], *sorted_offsets[-1:]} if reader.probe_upfront else ():
         try:
             reader.read_at(offset)
         except IndexMismatch:
