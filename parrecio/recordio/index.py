@@ -264,7 +264,6 @@ class IndexedRecordReader:
             raise SourceError(f"could not open {self.rec_path}: {err}") from err
         self._size = os.fstat(self._fd).st_size
         self._sorted = sorted(set(self._offsets))
-        self._listed = set(self._sorted)  # (read_at of an offset the index does not list: no end to check)
         self._auto = None if self.join != "auto" else IndexedJoin(
             self.rec_path, self._spans, lambda at, parts: self._read(at, "concat", parts))
 
@@ -303,17 +302,17 @@ class IndexedRecordReader:
 
     def _read(self, offset: int, join: str, parts: Optional[List[int]] = None) -> memoryview:
         i = bisect.bisect_right(self._sorted, offset)
-        span = (self._sorted[i] if i < len(self._sorted) else self._size) - offset
-        span = min(max(span, HEADER_SIZE), self.max_record_bytes + HEADER_SIZE + 3)
+        want = self._sorted[i] if i < len(self._sorted) else self._size  # (where a listed record ends)
+        span = min(max(want - offset, HEADER_SIZE), self.max_record_bytes + HEADER_SIZE + 3)
         fd = self._fd
         got = read_record(WindowSource(lambda at, n: os.pread(fd, n, at), span), offset, join=join,
                           max_record_bytes=self.max_record_bytes, source=self.rec_path, parts=parts)
         if got is None:
             raise CorruptRecordError("no record here: offset at or past the end of the file", offset,
                                      source=self.rec_path)
-        if offset in self._listed:
-            check_end(offset, got[1], next_listed(self._sorted, offset, self._size), self._size, self.rec_path,
-                      self.idx_path, lambda at, n: os.pread(fd, n, at))
+        if got[1] != want and i and self._sorted[i - 1] == offset:  # (a listed record: it ends at the next)
+            check_end(offset, got[1], want, self._size, self.rec_path, self.idx_path,
+                      lambda at, n: os.pread(fd, n, at))
         return got[0]
 
     probe_upfront = True  # (check_index: reads are preads)
