@@ -229,6 +229,18 @@ def feed_fifo(src, fifo, chunk: int, pause: float) -> subprocess.Popen:
 WAIT = 30.0  # seconds: the default deadline of wait_until
 
 
+def read_until_error(reader, errors=(Exception,), take=lambda item: item):
+    """``(items, error)``: ``take(item)`` of each item one pass of ``reader`` yields until it ends, and
+    the exception of ``errors`` that ended it (None when it ended cleanly)."""
+    items = []
+    try:
+        for item in reader:
+            items.append(take(item))
+    except errors as exc:
+        return items, exc
+    return items, None
+
+
 def wait_until(predicate, timeout: float = WAIT, what: str = "the condition", interval: float = 0.01):
     """Poll ``predicate()`` until it returns something truthy; return that.  After ``timeout`` seconds
     raise AssertionError naming ``what`` was awaited."""

@@ -22,7 +22,7 @@ import pytest
 from parrecio import CorruptRecordError, IndexedRecordReader, ParallelReader
 from parrecio.decoders import Raw
 from parrecio.recordio.index import IndexMismatch
-from pipeline_helpers import deadline
+from pipeline_helpers import deadline, read_until_error
 from recordio_helpers import M, frame
 
 N = 12  # samples of two records: b"S<i>-R<r>|" and filler
@@ -56,16 +56,10 @@ def _records():
 
 def _read(path, workers, on_error, **kw):
     """Every sample a shuffled pass delivers before it ends, and how it ended."""
-    got, err = [], None
     with deadline(60), ParallelReader(str(path), fields=[Raw(), Raw()], workers=workers, shuffle=True, seed=3,
                                       on_error=on_error, **kw) as reader:
-        try:
-            for s in reader:
-                got.append(tuple(bytes(x) for x in s))
-        except CorruptRecordError as exc:
-            err = exc
-        skipped = reader.stats.skipped
-    return got, err, skipped
+        got, err = read_until_error(reader, CorruptRecordError, lambda s: tuple(bytes(x) for x in s))
+        return got, err, reader.stats.skipped
 
 
 def _broken_indexes(tmp_path):
@@ -235,13 +229,8 @@ def test_a_read_in_order_does_not_realign_by_an_index_that_does_not_fit(tmp_path
     data = bytearray(p.read_bytes())
     data[offs[14]:offs[14] + 4] = b"XXXX"  # sample 7's first record: damage, which needs the index
     p.write_bytes(bytes(data))
-    got, err = [], None
     with deadline(60), ParallelReader(str(p), fields=[Raw(), Raw()], workers=workers, on_error="skip") as reader:
-        try:
-            for s in reader:
-                got.append(tuple(bytes(x) for x in s))
-        except CorruptRecordError as exc:
-            err = exc
+        got, err = read_until_error(reader, CorruptRecordError, lambda s: tuple(bytes(x) for x in s))
     assert got == _samples()[:7]
     assert isinstance(err, IndexMismatch)
     if defect == "line lost":

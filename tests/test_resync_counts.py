@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from parrecio import CorruptRecordError, ParallelReader
 from parrecio.decoders import Raw
+from pipeline_helpers import read_until_error
 from recordio_helpers import frame
 
 N = 16
@@ -35,6 +36,14 @@ def _tag(payload):
     if b[:1] == b"S" and b[4:6] == b"-R" and b"|" in b:
         return int(b[1:4]), int(b[6:b.index(b"|")])
     return None
+
+
+def _read(path, nf):
+    """One pass under on_error="skip": the samples (lists of payload bytes), the error that ended it (or
+    None), stats.skipped."""
+    with ParallelReader(str(path), fields=[Raw()] * nf, workers=0, on_error="skip") as reader:
+        got, err = read_until_error(reader, CorruptRecordError, lambda s: [bytes(p) for p in s])
+        return got, err, reader.stats.skipped
 
 
 def _write(path, groups):
@@ -61,14 +70,7 @@ def test_damaged_headers_lose_only_counted_groups(tmp_path_factory, nf, cut, hit
     if cut:  # and the file ends inside its last records
         data = data[:offs[-1] + 5 + hits[0][0] % 20]
     path.write_bytes(bytes(data))
-    out, err = [], None
-    with ParallelReader(str(path), fields=[Raw()] * nf, workers=0, on_error="skip") as reader:
-        try:
-            for sample in reader:
-                out.append(sample)
-        except CorruptRecordError as exc:
-            err = exc
-        skipped = reader.stats.skipped
+    out, err, skipped = _read(path, nf)
     seen, changed = [], 0
     for sample in out:
         tags = [_tag(p) for p in sample]
@@ -88,9 +90,9 @@ def test_damaged_headers_lose_only_counted_groups(tmp_path_factory, nf, cut, hit
 
 
 def _read_skip(path, nf):
-    with ParallelReader(str(path), fields=[Raw()] * nf, workers=0, on_error="skip") as reader:
-        got = [[bytes(p) for p in s] for s in reader]
-        return got, reader.stats.skipped
+    got, err, skipped = _read(path, nf)
+    assert err is None, err
+    return got, skipped
 
 
 @pytest.mark.parametrize("tail", [b"\0" * 8, b"\0" * 3, b"\x0a\x23\xd7"])
