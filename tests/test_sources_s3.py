@@ -470,6 +470,19 @@ def test_a_broken_body_is_resumed_with_a_ranged_get(proxy, aws, tmp_path, no_lea
     assert int(gets[1][2][6:].rstrip("-")) > 0  # resumed where it stopped, not from the start
 
 
+def _quiet(proxy, seconds: float = 0.5, timeout: float = 20) -> None:
+    """Wait until the proxy has had no request for ``seconds``."""
+    end = time.monotonic() + timeout
+    seen = -1
+    while time.monotonic() < end:
+        n = len(proxy.log)
+        if n == seen:
+            return
+        seen = n
+        time.sleep(seconds)
+    raise AssertionError(f"the proxy was still asked after {timeout} s")
+
+
 @pytest.mark.parametrize("how", ["index", "resume"])
 def test_a_server_that_ignores_range_is_an_error_not_other_records(proxy, aws, tmp_path, how, no_leaks):
     """A ranged GET answered 200 with the whole object (HTTP allows a server or proxy to ignore Range)
@@ -495,6 +508,9 @@ def test_a_server_that_ignores_range_is_an_error_not_other_records(proxy, aws, t
                     got.append(bytes(p))
         assert len(got) < len(expected) and len(set(got)) == len(got)
         assert set(got) <= set(expected) if how == "index" else got == expected[:len(got)]
+        # (GETs the closed reader's read-ahead had in flight run to their end, discarded: they must not
+        # take the rules meant for the next reader)
+        _quiet(proxy)
         proxy.rules.clear()
         if how == "index":
             proxy.rule("GET", "/data/part-0.rec", ("norange",), times=3)
