@@ -256,7 +256,7 @@ class GroupStream:
         held = hold_all
         first_offset, skipped_seen, keep, done_at = 0, 0, True, -1
         records = nbytes = 0
-        last = -1  # the offset of the record framed before this one
+        last = -1  # the offset of the last record framed
         realign = for_stream(cfg, name, place.start)
         try:
             for offset, view in reader.iter_views():

@@ -64,7 +64,6 @@ class Realigner:
         self.source = source
         self._index = index
         self._index_name = index_name
-        self._count = 0
         self._starts: Optional[List[int]] = None  # group starts from the .idx, once read
         self.aligning = False      # records are being dropped until a group start
         self.skipped_groups = 0    # groups known broken by damage

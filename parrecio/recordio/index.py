@@ -25,7 +25,7 @@ from .joins import IndexedJoin
 from .paths import check_path_arg, index_path
 
 __all__ = ["IndexedRecordReader", "IndexMismatch", "read_index", "indexed_count", "check_end", "check_offsets",
-           "check_index", "next_listed"]
+           "check_index"]
 
 Key = Union[int, str]
 _DEFAULT_READ = 64 << 10  # bytes asked for when the record's span is unknown
@@ -97,12 +97,6 @@ def _starts_record(head: bytes) -> bool:
         return False
     magic, lrec = struct.unpack_from("<II", head)
     return magic == MAGIC and lrec >> 29 in (CFLAG_FULL, CFLAG_FIRST)
-
-
-def next_listed(sorted_offsets: List[int], offset: int, size: int) -> int:
-    """Where the record at ``offset`` must end by its index: the next listed offset, or ``size``."""
-    i = bisect.bisect_right(sorted_offsets, offset)
-    return sorted_offsets[i] if i < len(sorted_offsets) else size
 
 
 def check_end(offset: int, end: int, want: int, size: int, source: str, idx: str,

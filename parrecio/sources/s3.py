@@ -85,7 +85,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import CorruptRecordError, SourceError
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, check_join, read_record
-from ..recordio.index import WindowSource, check_end, next_listed, spans_of
+from ..recordio.index import WindowSource, check_end, spans_of
 from ..recordio.paths import index_path, recordio_names
 from ..recordio.joins import IndexedJoin
 from .base import Source, Stream
@@ -822,11 +822,12 @@ class S3IndexedReader:
         if got is None:
             raise CorruptRecordError("no record here: offset at or past the end of the object", offset,
                                      source=self.rec_path)
-        assert self._sorted is not None  # (span() fetched it)
-        i = bisect.bisect_left(self._sorted, offset)
-        if i < len(self._sorted) and self._sorted[i] == offset:  # (a listed record: it ends at the next one)
-            check_end(offset, got[1], next_listed(self._sorted, offset, self._size), self._size, self.rec_path,
-                      self.idx_path, self.fetch)
+        listed = self._sorted
+        assert listed is not None  # (span() fetched it)
+        i = bisect.bisect_right(listed, offset)
+        want = listed[i] if i < len(listed) else self._size
+        if got[1] != want and i and listed[i - 1] == offset:  # (a listed record: it ends at the next one)
+            check_end(offset, got[1], want, self._size, self.rec_path, self.idx_path, self.fetch)
         return got[0]
 
     probe_upfront = False  # (check_index: each read is a GET, and a channel may hold thousands of objects;
