@@ -10,6 +10,7 @@ gives a DecodeError for exactly the samples that came back damaged.
 
 from __future__ import annotations
 
+import io
 
 import numpy as np
 import pytest
@@ -73,6 +74,36 @@ def test_clean_images_decode_to_the_same_pixels(backend):
     assert np.array_equal(Image(strict=True, backend=backend)(grey), Image(backend=backend)(grey))
     p = png(60, 40)
     assert np.array_equal(Image(strict=True)(p), Image()(p))  # other formats: as before
+
+
+def mpo_and_its_first_picture(width: int, height: int, seed: int) -> tuple:
+    """A two-picture MPO (a JPEG with an MPF segment, as phones write with a gain or depth map) and the
+    plain JPEG of its first picture: the same encoder, so the same scan data."""
+    from PIL import Image as PILImage
+    first = PILImage.open(io.BytesIO(jpeg(width, height, seed=seed))).convert("RGB")
+    second = first.resize((width // 2, height // 2))
+    out = io.BytesIO()
+    first.save(out, "MPO", save_all=True, append_images=[second], quality=90)
+    plain = io.BytesIO()
+    first.save(plain, "JPEG", quality=90)
+    assert PILImage.open(io.BytesIO(out.getvalue())).format == "MPO"
+    return out.getvalue(), plain.getvalue()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_mpo_is_read_as_the_jpeg_it_starts_with(backend):
+    """Pillow names a JPEG with an MPF segment "MPO": strict, draft and the region decoder apply to it as to
+    any JPEG (they were skipped: a damaged MPO passed strict=True, and draft= decoded it whole)."""
+    mpo, plain = mpo_and_its_first_picture(320, 240, seed=5)
+    for kw in (dict(size=(40, 30), draft=True), dict(size=(24, 24), crop=RandomResizedCrop()),
+               dict(size=(64, 48), strict=True), dict(strict=True)):
+        decoder = Image(backend=backend, **kw)
+        assert np.array_equal(decoder(mpo, key=7), decoder(plain, key=7)), kw
+    assert not np.array_equal(Image((40, 30), draft=True)(mpo), Image((40, 30))(mpo))  # draft did scale
+    bad = damaged(mpo)["overwritten"]
+    Image(backend=backend)(bad)
+    with pytest.raises(DecodeError, match="^corrupt JPEG image of 320x240: libjpeg says"):
+        Image(backend=backend, strict=True)(bad)
 
 
 def test_both_checkers_give_the_same_verdicts(monkeypatch):

@@ -101,6 +101,9 @@ _TRANSPOSE = {  # EXIF orientation -> the transpose that shows the image upright
     8: PILImage.Transpose.ROTATE_90,
 }
 _EXIF_ORIENTATION = 0x0112
+# Pillow names a JPEG with an MPF segment (phones' gain or depth maps, 3D cameras) "MPO"; its first picture is
+# what Pillow and libjpeg decode, so every JPEG path (strict checks, draft, the region decoder) applies to it.
+_JPEG_FORMATS = ("JPEG", "MPO")
 
 Size = Union[int, Tuple[int, int]]
 _UPSAMPLE_MARGIN = 8  # columns around a decoded JPEG region (see _PillowDecoder._region_load)
@@ -420,19 +423,19 @@ class _PillowDecoder(Value):
         large as what the planned resize reads.
         """
         image = _open(payload, self.max_pixels, self.formats)
-        if getattr(self, "strict", False) and image.format == "JPEG":
+        if getattr(self, "strict", False) and image.format in _JPEG_FORMATS:
             _refuse_warned(payload, image)
         raw_size = image.size
         orientation = _orientation(image) if exif_transpose else 1
         upright = (raw_size[1], raw_size[0]) if orientation >= 5 else raw_size
         plan = self._plan_of(upright[0], upright[1], key)
-        if (self.crop is not None and orientation == 1 and _jpegregion is not None and image.format == "JPEG"
+        if (self.crop is not None and orientation == 1 and _jpegregion is not None and image.format in _JPEG_FORMATS
                 and image.mode in ("RGB", "L")):
             loaded = self._region_load(payload, image, plan, draft_mode, draft)
             if loaded is not None:
                 return loaded
         factors = (1.0, 1.0)
-        if (draft or draft_mode) and image.format == "JPEG":
+        if (draft or draft_mode) and image.format in _JPEG_FORMATS:
             request = self._draft_request(raw_size, orientation, draft, plan) if draft else None
             result = image.draft(draft_mode, request)
             if result is not None:
