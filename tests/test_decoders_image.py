@@ -336,6 +336,24 @@ def test_exif_orientations_with_letterbox(orientation):
     assert np.abs(got[pad_y:pad_y + h, pad_x:pad_x + w].astype(int) - expected).max() <= 3
 
 
+@pytest.mark.parametrize("orientation", [3, 6])
+def test_a_tiff_is_turned_upright_once(orientation):
+    """Pillow turns a TIFF upright by its orientation tag itself (at load, and it reports the upright size):
+    exif_transpose=True turned it a second time."""
+    arr = np.ascontiguousarray(photo(60, 40))
+    exif = PILImage.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    PILImage.fromarray(arr).save(out, "TIFF", exif=exif.tobytes())
+    payload = out.getvalue()
+    upright = np.asarray(ImageOps.exif_transpose(PILImage.open(io.BytesIO(payload))).convert("RGB"))
+    assert upright.shape != arr.shape or not np.array_equal(upright, arr)  # the tag does turn it
+    for transpose in (False, True):  # as PIL.Image.open gives it, whatever the option says
+        assert np.array_equal(Image(exif_transpose=transpose)(payload), upright)
+        expected = np.asarray(PILImage.fromarray(upright).resize((30, 20), PILImage.BILINEAR))
+        assert np.array_equal(Image((20, 30), exif_transpose=transpose)(payload), expected)
+
+
 # -- refusals ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("payload,words", [
     (b'{"image_size": [{"width": 5}]}', "JSON text"),

@@ -56,6 +56,7 @@ import io
 import math
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -326,11 +327,28 @@ def _refuse_warned(payload: Any, image: PILImage.Image) -> None:
 
 
 def _orientation(image: PILImage.Image) -> int:
+    """The EXIF orientation that is still to be applied to ``image`` once loaded (1: none)."""
+    if image.format == "TIFF" and _tiff_upright_on_load():
+        return 1  # Pillow reports the upright size and turns the pixels upright itself
     try:
         value = image.getexif().get(_EXIF_ORIENTATION, 1)
     except Exception:  # corrupt EXIF: show the image as stored
         return 1
     return value if value in _TRANSPOSE else 1
+
+
+@lru_cache(maxsize=1)
+def _tiff_upright_on_load() -> bool:
+    """Whether this Pillow turns TIFFs upright by their orientation tag on its own (12.x does, at ``load()``):
+    probed with a 2x1 TIFF tagged "rotate 90", which such a Pillow opens as 1x2."""
+    exif = PILImage.Exif()
+    exif[_EXIF_ORIENTATION] = 6
+    out = io.BytesIO()
+    PILImage.new("L", (2, 1)).save(out, "TIFF", exif=exif.tobytes())
+    try:
+        return PILImage.open(io.BytesIO(out.getvalue())).size == (1, 2)
+    except Exception:  # pragma: no cover - a Pillow without TIFF: nothing to turn
+        return False
 
 
 class _PillowDecoder(Value):
@@ -696,7 +714,8 @@ class Image(_PillowDecoder):
         by at least this factor (>= 1.0; 2.0 or 3.0 are typical).  Default ``None``: exact.
     exif_transpose:
         Turn images upright by their EXIF orientation tag (as ``ImageOps.exif_transpose``).  Default
-        ``False``: pixels as stored, as MXNet, OpenCV's ``imdecode`` and ``PIL.Image.open`` give them.
+        ``False``: pixels as stored, as MXNet, OpenCV's ``imdecode`` and ``PIL.Image.open`` give them (a TIFF
+        comes upright either way: Pillow turns it by its tag itself).
     allow_truncated:
         Accept truncated images (the missing part grey), as Pillow's ``LOAD_TRUNCATED_IMAGES`` would.
         Default ``False``: a truncated image raises :class:`DecodeError`, whatever that global says.
