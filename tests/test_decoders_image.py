@@ -418,7 +418,7 @@ def test_truncated_and_corrupt_png_raise():
     (png_claiming(20000, 20000), 64_000_000),   # 400 Mpx: beyond Pillow's own bomb error too
     (png_claiming(9000, 8000), 64_000_000),     # 72 Mpx: under Pillow's limits, over ours
     (jpeg_claiming(10000, 9500), 64_000_000),   # 95 Mpx: Pillow would only warn
-    (jpeg_claiming(10000, 9500), 200_000_000),  # ours allows it, Pillow's warning still refuses
+    (jpeg_claiming(20000, 20000), 300_000_000),  # over a max_pixels above Pillow's own limit
     (png(320, 240), 1000),
 ])
 def test_decompression_bombs_refused_before_allocation(payload, max_pixels, monkeypatch):
@@ -434,6 +434,20 @@ def test_decompression_bombs_refused_before_allocation(payload, max_pixels, monk
             decoder(payload)
     assert time.perf_counter() - start < 1.0
     assert psutil.Process().memory_info().rss - rss < 50 * 2**20
+
+
+def test_max_pixels_is_the_one_limit(monkeypatch):
+    """A max_pixels above Pillow's MAX_IMAGE_PIXELS (89 Mpx) is honoured: Pillow's bomb warning refused
+    every image over 89 Mpx whatever max_pixels said.  Pillow's setting is left as it was."""
+    payload = png(320, 240)
+    expected = np.asarray(pil(payload).resize((32, 24), PILImage.BILINEAR))
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 1000)  # stands for 89 Mpx: 320x240 is over it
+    assert np.array_equal(Image((24, 32), max_pixels=320 * 240)(payload), expected)
+    assert np.array_equal(Image((24, 32), max_pixels=320 * 240, backend="simplejpeg")(jpeg(320, 240)),
+                          Image((24, 32), backend="pillow")(jpeg(320, 240)))
+    assert PILImage.MAX_IMAGE_PIXELS == 1000
+    with pytest.raises(DecodeError, match=r"76800 pixels refused: more than max_pixels=76799"):
+        Image(max_pixels=320 * 240 - 1)(payload)
 
 
 def test_bad_parameters():

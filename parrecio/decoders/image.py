@@ -37,14 +37,15 @@ before resampling.  Both move pixels a little; the README ("Decoders") gives the
 
 JPEG backends.  ``backend="simplejpeg"`` decodes JPEG payloads with simplejpeg and hands the array to
 the same single Pillow ``resize``.  Everything it does not take -- other formats, CMYK/YCCK JPEGs,
-anything its header or strict decode rejects, images over Pillow's ``MAX_IMAGE_PIXELS`` -- goes
-through Pillow, so errors and options mean the same.  Its decode equals Pillow's only when both link
+anything its header or strict decode rejects -- goes through
+Pillow, so errors and options mean the same.  Its decode equals Pillow's only when both link
 compatible libjpeg builds, so ``"auto"`` checks that in each process on a few reference JPEGs and
 falls back to Pillow otherwise (:attr:`Image.jpeg_backend` says which is in use).
 
 Strictness.  A truncated image raises :class:`DecodeError` even when Pillow's global
 ``ImageFile.LOAD_TRUNCATED_IMAGES`` is set (``allow_truncated=True`` accepts them).  Images whose header
-claims more than ``max_pixels`` pixels are refused before any pixel memory is allocated.  A JPEG whose
+claims more than ``max_pixels`` pixels are refused before any pixel memory is allocated (the one limit:
+Pillow's ``MAX_IMAGE_PIXELS`` is not consulted, so a larger ``max_pixels`` is honoured).  A JPEG whose
 data is damaged, or cut short but still ending with an EOI marker, decodes with grey or smeared blocks
 (libjpeg only warns, and Pillow drops its warnings); ``strict=True`` refuses it with libjpeg's message,
 checked after the header (a bomb is refused before it is decoded at all).
@@ -248,18 +249,21 @@ def _check_formats(formats: Any) -> Optional[Tuple[str, ...]]:
 
 def _open(payload: Any, max_pixels: int, formats: Optional[Tuple[str, ...]]) -> PILImage.Image:
     """Open lazily (header only) and refuse bombs before any pixel memory is allocated."""
+    pillow_limit = PILImage.MAX_IMAGE_PIXELS
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", PILImage.DecompressionBombWarning)
             warnings.filterwarnings("ignore", "image file could not be identified")  # said below
+            # max_pixels is the one limit, checked below (Pillow's own, 89 Mpx by default, would cap it,
+            # and a value set in PIL.Image.MAX_IMAGE_PIXELS would not reach spawned decoder processes)
+            PILImage.MAX_IMAGE_PIXELS = None
             image = PILImage.open(io.BytesIO(payload), formats=formats)
-    except (PILImage.DecompressionBombError, PILImage.DecompressionBombWarning) as exc:
-        raise DecodeError(f"image refused as a decompression bomb: {exc}") from None
     except PILImage.UnidentifiedImageError:
         raise DecodeError(_unidentified(payload, formats)) from None
     except Exception as exc:  # Pillow raises SyntaxError, OSError, ValueError, struct.error, ...
         raise DecodeError(f"corrupt image header ({type(exc).__name__}: {exc}); the payload is "
                           f"{describe(payload)}") from exc
+    finally:
+        PILImage.MAX_IMAGE_PIXELS = pillow_limit
     width, height = image.size
     if width < 1 or height < 1:
         raise DecodeError(f"{image.format} image has an empty size {width}x{height}")
@@ -860,8 +864,6 @@ class Image(_PillowDecoder):
         if pixels > self.max_pixels:
             raise DecodeError(f"JPEG image of {width}x{height} = {pixels} pixels refused: more than "
                               f"max_pixels={self.max_pixels} (a decompression bomb?)")
-        if PILImage.MAX_IMAGE_PIXELS is not None and pixels > PILImage.MAX_IMAGE_PIXELS:
-            return None  # Pillow's own bomb warning/error, as with backend="pillow"
         orientation = 1
         if self.exif_transpose:  # simplejpeg ignores EXIF: Pillow reads it from the header (no decode)
             try:
