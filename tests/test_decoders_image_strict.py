@@ -106,6 +106,29 @@ def test_an_mpo_is_read_as_the_jpeg_it_starts_with(backend):
         Image(backend=backend, strict=True)(bad)
 
 
+def metadata_warned(payload: bytes) -> dict:
+    """Intact JPEGs that libjpeg warns about for their metadata alone: a JFIF 2.01 header, and an Adobe
+    marker with an unknown colour transform code (libjpeg keeps its default, YCbCr, as Pillow does)."""
+    i = payload.index(b"JFIF\0") + 5
+    assert payload[2:4] == b"\xff\xe0"  # the JFIF segment, which the Adobe one replaces (JFIF would win)
+    after_jfif = 4 + int.from_bytes(payload[4:6], "big")
+    adobe = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x07"
+    return {"JFIF 2.01": payload[:i] + b"\x02" + payload[i + 1:],
+            "Adobe transform 7": payload[:2] + adobe + payload[after_jfif:]}
+
+
+@pytest.mark.skipif(image_mod._jpegregion is None, reason="the C extension's checker (simplejpeg stops there)")
+@pytest.mark.parametrize("kind", ["JFIF 2.01", "Adobe transform 7"])
+def test_strict_accepts_warnings_about_metadata_alone(kind):
+    """They were refused as "corrupt JPEG"; damage after such a warning is still found."""
+    payload = jpeg(320, 240, seed=6)
+    odd = metadata_warned(payload)[kind]
+    assert np.array_equal(Image()(odd), Image()(payload))
+    assert np.array_equal(Image(strict=True)(odd), Image()(payload))
+    with pytest.raises(DecodeError, match="Corrupt JPEG data"):
+        Image(strict=True)(damaged(odd)["overwritten"])
+
+
 def test_both_checkers_give_the_same_verdicts(monkeypatch):
     payloads = [jpeg(200, 150, seed=s) for s in range(3)]
     cases = payloads + [b for p in payloads for b in damaged(p).values()]

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
+#include <jerror.h>
 
 #if JPEG_LIB_VERSION >= 70
 #define COMP_DCT_SIZE(c) ((c)->DCT_h_scaled_size)
@@ -269,7 +270,10 @@ struct verify_error {
 };
 
 static void on_verify_message(j_common_ptr cinfo, int level) {
-    if (level < 0) {
+    /* Two warnings are about metadata, not the image data: a JFIF version 2.x header and an Adobe marker's
+       unknown colour transform code (libjpeg then uses its default colour space, as Pillow's decode does). */
+    int code = cinfo->err->msg_code;
+    if (level < 0 && code != JWRN_JFIF_MAJOR && code != JWRN_ADOBE_XFORM) {
         struct verify_error *err = (struct verify_error *)cinfo->err;
         (*cinfo->err->format_message)(cinfo, err->message);
         longjmp(err->base.jump, 1);

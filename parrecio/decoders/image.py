@@ -303,7 +303,8 @@ def _load(image: PILImage.Image, allow_truncated: bool) -> None:
 
 def _jpeg_verifier() -> Optional[Any]:
     """``verify(payload) -> None | str`` (libjpeg's first warning or error of a whole decode), or None when
-    neither the C extension nor simplejpeg is installed."""
+    neither the C extension nor simplejpeg is installed.  The C extension passes over the two warnings about
+    metadata alone (JFIF 2.x, an unknown Adobe transform); simplejpeg stops at them, so they are refused."""
     if _jpegregion is not None and hasattr(_jpegregion, "verify"):
         return _jpegregion.verify
     module = _simplejpeg()
