@@ -412,6 +412,11 @@ def test_truncated_and_corrupt_png_raise():
         Image()(bytes(broken))
     with pytest.raises(DecodeError, match="cannot read this PNG image"):
         Image()(payload[:30])
+    for names in (("png",), ("PNG",)):  # the names in any case, as Pillow takes them
+        with pytest.raises(DecodeError, match=r"^cannot read this PNG image \(corrupt header\)"):
+            Image(formats=names)(payload[:30])
+    with pytest.raises(DecodeError, match=r"^cannot read this PNG image \(PNG is not in formats=\('jpeg',\)\)"):
+        Image(formats=("jpeg",))(payload[:30])
 
 
 @pytest.mark.parametrize("payload,max_pixels", [

@@ -281,7 +281,8 @@ def _unidentified(payload: Any, formats: Optional[Tuple[str, ...]]) -> str:
     if kind == "webp" and not features.check("webp"):
         why = "this Pillow build has no WEBP support"
     elif formats is not None:
-        why = f"{kind.upper()} is not in formats={formats}" if kind.upper() not in formats else "corrupt header"
+        listed = kind.upper() in (name.upper() for name in formats)  # Pillow takes the names in any case
+        why = "corrupt header" if listed else f"{kind.upper()} is not in formats={formats}"
     else:
         why = "corrupt or truncated header, or a variant Pillow does not read"
     return f"cannot read this {kind.upper()} image ({why}): the payload is {describe(payload)}"
