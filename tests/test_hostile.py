@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import struct
 import time
+from typing import NamedTuple
 
 import numpy as np
+import orjson
 import psutil
 import pytest
 
@@ -173,6 +175,43 @@ def test_deeply_nested_json(tmp_path, no_leaks):
         out, err = collect(reader)
         assert err is None and reader.stats.skipped == 2
     assert out == [{"a": i} for i in (0, 1, 2, 3, 5, 6, 8, 9)]
+
+
+def test_json_as_deep_as_orjson_reads_travels_back(tmp_path, no_leaks):
+    """1024 levels (orjson's limit) decode with workers=0; with workers their pickling ran past Python's
+    recursion limit, and the sample was an error there alone."""
+    deep_list = b"[" * 1024 + b"]" * 1024
+    deep_dict = b'{"a":' * 1023 + b"[]" + b"}" * 1023
+    recs = [b"[0]", deep_list, b"[1]", deep_dict, b"[2]"]
+    path = tmp_path / "deep.rec"
+    write_rec(path, recs)
+    for workers in (0, 2):
+        with ParallelReader(path, fields=Json(), workers=workers) as reader:
+            out, err = collect(reader)
+        assert err is None, (workers, err)
+        assert [flat(v) for v in out] == [r.decode() for r in recs], workers
+
+
+def flat(value) -> str:
+    """``value`` as compact JSON, without recursion (``==`` and every encoder recurse past 1000 levels)."""
+    out, todo = [], [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, Token):  # brackets, commas and keys, pushed below
+            out.append(v.text)
+        elif isinstance(v, list):
+            parts = [part for item in v for part in (Token(","), item)][1:]
+            todo.extend([Token("]"), *reversed(parts), Token("[")])
+        elif isinstance(v, dict):
+            parts = [part for k, item in v.items() for part in (Token(","), Token(f'"{k}":'), item)][1:]
+            todo.extend([Token("}"), *reversed(parts), Token("{")])
+        else:
+            out.append(orjson.dumps(v).decode())
+    return "".join(out)
+
+
+class Token(NamedTuple):
+    text: str
 
 
 def test_truncated_jpeg(tmp_path, no_leaks):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import sys
 import random
 import time
 import traceback
@@ -205,6 +206,24 @@ def _note(cfg: PipelineConfig, exc: BaseException, mem: memoryview, offs, lens, 
             r.release()
 
 
+# Json() returns values up to orjson's limit, 1024 levels deep; pickling one takes two recursion levels a
+# level, past the interpreter's 1000 (the consumer's unpickling does not recurse; workers=0 delivers them)
+_DEEPEST_VALUE = 1024
+
+
+def _dumps(value: Any) -> bytes:
+    """``pickle.dumps``, with the recursion limit raised for a value as deep as a decoder may return."""
+    try:
+        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except RecursionError:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + 2 * _DEEPEST_VALUE + 100)  # 100: the frames below this one
+        try:
+            return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        finally:
+            sys.setrecursionlimit(limit)
+
+
 def _pickled(done: TaskDone, split: bool, decoders: List[Any]) -> tuple:
     """``(body, split)``: the columns (arrays packed, see :func:`pack_column`) and errors pickled as one
     object, or -- when asked to (``split``), or when a value cannot be pickled -- each value pickled on
@@ -212,7 +231,7 @@ def _pickled(done: TaskDone, split: bool, decoders: List[Any]) -> tuple:
     columns, errors = done.values
     if not split:
         try:
-            return pickle.dumps(([pack_column(c) for c in columns], errors), pickle.HIGHEST_PROTOCOL), False
+            return _dumps(([pack_column(c) for c in columns], errors)), False
         except Exception:
             pass  # some value does not pickle: find it
     out: List[Optional[list]] = [None if c is None else [None] * len(c) for c in columns]
@@ -222,7 +241,7 @@ def _pickled(done: TaskDone, split: bool, decoders: List[Any]) -> tuple:
             if j in errors:
                 continue
             try:
-                out[f][j] = pickle.dumps(v, pickle.HIGHEST_PROTOCOL)
+                out[f][j] = _dumps(v)
             except Exception as exc:
                 err = TypeError(f"the value decoded by {decoders[f]!r} cannot be pickled to travel back "
                                 f"to the consumer: {type(exc).__name__}: {exc}")
