@@ -107,6 +107,22 @@ def test_a_mismatch_the_kinds_do_not_show_gets_no_suggestion(tmp_path, workers, 
     assert err.reason.endswith(f"; the payload is {describe(records[1])}"), err.reason
 
 
+@pytest.mark.parametrize("workers", WORKERS)
+def test_one_odd_payload_in_a_stream_grouped_right_gets_no_suggestion(tmp_path, workers, no_leaks):
+    """An S3 error body saved as sample 4's image: fields= is right.  Its own record, odd among the
+    records around it, made samples of 8 records "fit" them, and the error said to change fields=."""
+    path, records = manifest(tmp_path, "odd.rec", 2)
+    records[8] = b"<?xml version='1.0'?><Error><Code>AccessDenied</Code></Error>"
+    write_rec(path, records)
+    err = first_error(path, [Image(), ClassLabel()], workers)
+    assert err.index == 4
+    assert err.reason == f"field '0' (Image()): not an image: the payload is {describe(records[8])}"
+    assert group_hint([Image(), ClassLabel()], ["text", "json"], ["jpeg", "json"] * 3 + ["text", "json"]
+                      + ["jpeg", "json"] * 3).startswith("the records around it look like samples of 8")
+    assert group_hint([Image(), ClassLabel()], ["text", "json"], ["jpeg", "json"] * 3 + ["text", "json"]
+                      + ["jpeg", "json"] * 3, group_at=6) == ""  # its own records: any kind
+
+
 @pytest.mark.parametrize("workers", (0, 2))
 def test_skipped_samples_are_logged_with_the_hint(tmp_path, workers, caplog, no_leaks):
     path, records = manifest(tmp_path, "two.rec", 2)

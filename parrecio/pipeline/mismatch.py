@@ -35,13 +35,14 @@ _MAX_PERMUTED = 6   # fields tried in every order (6! = 720 checks, on an error 
 
 
 def field_note(reason: str, decoders: Sequence[Any], group: Sequence[Any], failed: int,
-               context: Optional[Sequence[str]] = None, where: str = "the records around it") -> str:
+               context: Optional[Sequence[str]] = None, where: str = "the records around it",
+               group_at: Optional[int] = None) -> str:
     """The text to append to the reason of field ``failed``'s error (``""`` for none): what its payload
     is, then :func:`group_hint`.  ``group``: the failed group's payloads; ``context``: the
     :func:`~parrecio.decoders.sniff.sniff` kinds of successive records of its stream (None: unknown), which
-    ``where`` names."""
+    ``where`` names; ``group_at``: where the failed group's records are in it, if they are."""
     kinds = [sniff(p) for p in group]
-    parts = [payload_note(reason, group[failed]), group_hint(decoders, kinds, context, where)]
+    parts = [payload_note(reason, group[failed]), group_hint(decoders, kinds, context, where, group_at)]
     text = "; ".join(p for p in parts if p)
     return f"; {text}" if text else ""
 
@@ -56,15 +57,16 @@ def payload_note(reason: str, payload: Any) -> str:
 
 
 def group_hint(decoders: Sequence[Any], group: Sequence[str], context: Optional[Sequence[str]] = None,
-               where: str = "the records around it") -> str:
+               where: str = "the records around it", group_at: Optional[int] = None) -> str:
     """A sentence suggesting another group size or field order, or ``""``.
 
     Only when a record of the group (whose kinds are ``group``) is of a kind its decoder does not read
     (decoders without ``payload_kinds`` read anything).  First the group size:
-    :func:`~parrecio.decoders.sniff.guess_from_kinds` over ``context`` (successive records' kinds),
-    believed when they hold more than one sample of the size it finds (a sample's kinds seen again) and
-    that size is not ``len(decoders)``.  Else the order: the group's records matched one to one to decoders
-    that read them.
+    :func:`~parrecio.decoders.sniff.guess_from_kinds` over ``context`` (successive records' kinds; the
+    failed group's own, at ``group_at``, count as any kind: one odd payload in a stream grouped right would
+    otherwise suggest a long group size that fits it), believed when they hold more than one sample of the
+    size it finds (a sample's kinds seen again) and that size is not ``len(decoders)``.  Else the order: the group's records matched one
+    to one to decoders that read them.
     """
     nf = len(decoders)
     wanted = [payload_kinds(d) for d in decoders]
@@ -72,8 +74,11 @@ def group_hint(decoders: Sequence[Any], group: Sequence[str], context: Optional[
         return ""
     guess: Tuple[str, ...] = ()
     if context:
+        kinds = list(context)
+        if group_at is not None:
+            kinds[group_at:group_at + nf] = ["empty"] * len(kinds[group_at:group_at + nf])
         try:
-            guess = guess_from_kinds(list(context), max_group=8)
+            guess = guess_from_kinds(kinds, max_group=8)
         except ValueError:
             pass
     if guess and len(guess) != nf and len(context or ()) > len(guess):

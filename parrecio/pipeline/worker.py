@@ -198,7 +198,7 @@ def _note(cfg: PipelineConfig, exc: BaseException, mem: memoryview, offs, lens, 
     try:
         group = records[(j - lo) * nf:(j - lo + 1) * nf]
         context = [sniff(r) for r in records] if hi - lo > 1 else None
-        return field_note(str(exc), cfg.decoders, group, f, context)
+        return field_note(str(exc), cfg.decoders, group, f, context, group_at=(j - lo) * nf)
     except Exception:  # a hint must never hide the error itself
         return ""
     finally:
