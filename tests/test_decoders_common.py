@@ -132,3 +132,19 @@ def test_json_takes_any_bytes_like_payload():
     for payload in (b'{"a": [1, 2]}', bytearray(b'{"a": [1, 2]}'), memoryview(b'{"a": [1, 2]}'),
                     np.frombuffer(b'{"a": [1, 2]}', np.uint8), np.frombuffer(b'{"a": [1, 2]}   ', np.uint32)):
         assert Json()(payload) == {"a": [1, 2]}
+
+
+def test_json_with_a_byte_order_mark():
+    """Some Windows tools write a UTF-8 BOM before JSON: sniff() called it JSON, but every JSON decoder refused
+    it (orjson does not skip it; RFC 8259 lets a reader)."""
+    from parrecio.decoders import BoundingBoxes, ClassLabel, Json
+    from parrecio.errors import DecodeError
+    bom = b"\xef\xbb\xbf"
+    for payload in (bom + b'{"a": [1, 2]}', memoryview(bom + b'{"a": [1, 2]}'), (bom + b'{"a": [1, 2]}').decode(),
+                    np.frombuffer(bom + b'{"a": [1, 2]}', np.uint8)):
+        assert Json()(payload) == {"a": [1, 2]}
+    assert ClassLabel()(bom + b"7") == 7
+    label = b'{"annotations": [{"class_id": 2, "left": 1, "top": 2, "width": 3, "height": 4}]}'
+    assert np.array_equal(BoundingBoxes()(bom + label), BoundingBoxes()(label))
+    with pytest.raises(DecodeError, match="invalid JSON"):
+        Json()(bom + bom + b"{}")  # one mark, once

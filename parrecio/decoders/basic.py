@@ -52,6 +52,11 @@ def json_loads(payload: Any) -> Any:
         payload = memoryview(payload)
     if isinstance(payload, memoryview) and (payload.ndim != 1 or payload.itemsize != 1):
         payload = payload.cast("B")
+    # a UTF-8 byte order mark, which some Windows tools write: RFC 8259 lets a reader ignore it; orjson does not
+    if isinstance(payload, str):
+        payload = payload[1:] if payload.startswith("\ufeff") else payload
+    elif payload[:3] == b"\xef\xbb\xbf":
+        payload = payload[3:]
     try:
         return orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
