@@ -65,8 +65,8 @@ def group_hint(decoders: Sequence[Any], group: Sequence[str], context: Optional[
     :func:`~parrecio.decoders.sniff.guess_from_kinds` over ``context`` (successive records' kinds; the
     failed group's own, at ``group_at``, count as any kind: one odd payload in a stream grouped right would
     otherwise suggest a long group size that fits it), believed when they hold more than one sample of the
-    size it finds (a sample's kinds seen again) and that size is not ``len(decoders)``.  Else the order: the group's records matched one
-    to one to decoders that read them.
+    size it finds (a sample's kinds seen again) and that size is not ``len(decoders)``.  Else the order:
+    the group's records matched one to one to decoders that read them.
     """
     nf = len(decoders)
     wanted = [payload_kinds(d) for d in decoders]
