@@ -84,6 +84,10 @@ class InlineRun(Pass):
                         raise ended()
         finally:
             items.close()  # a generator's
+            # what the pass opened (the readers by index) is closed here, as it comes out: shutdown() from
+            # on_end below runs inside this generator, where OpenFiles.close() would leave it to the pass
+            self.files.gen = None
+            self.files.close()
             self._count(on_end)
 
     def spans(self) -> Iterator[Span]:

@@ -258,8 +258,7 @@ class IndexedRecordReader:
             raise SourceError(f"could not open {self.rec_path}: {err}") from err
         self._size = os.fstat(self._fd).st_size
         self._sorted = sorted(set(self._offsets))
-        self._auto = None if self.join != "auto" else IndexedJoin(
-            self.rec_path, self._spans, lambda at, parts: self._read(at, "concat", parts))
+        self._auto = None if self.join != "auto" else IndexedJoin.of(self)
 
     @property
     def keys(self) -> List[Key]:

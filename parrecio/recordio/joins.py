@@ -33,7 +33,8 @@ the index shows to be long):
 from __future__ import annotations
 
 import threading
-from typing import Callable, List, Optional, Sequence
+import weakref
+from typing import Any, Callable, List, Optional, Sequence
 
 from ..errors import CorruptRecordError, SourceError
 from .framing import HEADER_SIZE, MAGIC_BYTES, padded_size
@@ -174,6 +175,14 @@ class IndexedJoin:
         self._spans = spans            # () -> [(offset, span bytes)] in file order
         self._read_parts = read_parts  # (offset, parts) -> payload joined by concatenation; parts filled
         self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, reader: Any) -> "IndexedJoin":
+        """The join of ``reader`` (its ``rec_path``, ``_spans()`` and ``_read(at, "concat", parts)``), which
+        it holds weakly: a reference cycle between the two kept a whole parsed ``.idx`` alive per pass (a new
+        reader each), freed only by a full garbage collection, which its few tracked objects hardly cause."""
+        ref = weakref.ref(reader)
+        return cls(reader.rec_path, lambda: ref()._spans(), lambda at, parts: ref()._read(at, "concat", parts))
 
     def payload(self, offset: int) -> memoryview:
         """The payload of the record at ``offset``, joined by the file's convention."""

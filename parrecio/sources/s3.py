@@ -775,8 +775,7 @@ class S3IndexedReader:
         self._size = obj.size
         self._entries: "Future" = executor.submit(self._read_index)
         self._sorted: Optional[List[int]] = None
-        self._auto = None if self.join != "auto" else IndexedJoin(
-            self.rec_path, self._spans, lambda at, parts: self._read(at, "concat", parts))
+        self._auto = None if self.join != "auto" else IndexedJoin.of(self)
         self.closed = False
 
     def _read_index(self) -> List[int]:
