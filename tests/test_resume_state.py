@@ -103,6 +103,48 @@ def test_a_state_belongs_to_its_data(tmp_path, no_leaks):
             r.load_state_dict(state)
 
 
+def test_a_state_belongs_to_its_shuffle(tmp_path, no_leaks):
+    """The order of a shuffled epoch depends on how it is shuffled: a state saved under a shuffle buffer of
+    another size, or by index where now a buffer shuffles (an .idx removed; or added), resumed into
+    repeated and missing samples."""
+    path = tmp_path / "s.rec"
+    _write(path, 300, index=True)
+    idx = tmp_path / "s.idx"
+    kept = idx.read_bytes()
+
+    def state_after(n, **kw):
+        with ParallelReader(path, fields={"i": Json()}, workers=0, shuffle=True, seed=5, **kw) as r:
+            assert len(_delivered(r, False, stop=n)) == n
+            return r.state_dict()
+
+    by_index = state_after(100)
+    idx.unlink()
+    by_buffer = state_after(100, shuffle_buffer=64)
+    with ParallelReader(path, fields={"i": Json()}, workers=0, shuffle=True, seed=5, shuffle_buffer=32) as r:
+        with pytest.raises(ValueError, match="state_dict was saved with shuffle_buffer=64, this reader has "
+                                             "shuffle_buffer=32: make the reader"):
+            r.load_state_dict(by_buffer)
+        with pytest.raises(ValueError, match=r"state_dict was saved with shuffle_mode='index', this reader has "
+                                             r"shuffle_mode='buffer' \(a shuffle by index needs an .idx"):
+            r.load_state_dict(by_index)
+    idx.write_bytes(kept)
+    with ParallelReader(path, fields={"i": Json()}, workers=0, shuffle=True, seed=5, shuffle_buffer=64) as r:
+        with pytest.raises(ValueError, match="saved with shuffle_mode='buffer', this reader has shuffle_mode='index'"):
+            r.load_state_dict(by_buffer)
+        r.load_state_dict(by_index)  # the same shuffle: the rest of the epoch
+        rest = _delivered(r, False)
+    with ParallelReader(path, fields={"i": Json()}, workers=0, shuffle=True, seed=5) as r:
+        whole = _delivered(r, False)
+    assert rest == whole[100:]
+    for bad in ({}, {"epoch": 0}, "epoch"):
+        with pytest.raises(ValueError, match="not a state_dict"):
+            r.load_state_dict(bad)
+    with pytest.raises(ValueError, match="state_dict version 99 is not one this parrecio reads"):
+        r.load_state_dict(dict(by_index, version=99))
+    old = {k: v for k, v in by_index.items() if k not in ("shuffle_mode", "shuffle_buffer")}
+    r.load_state_dict(dict(old, version=2))  # a state saved before the shuffle's kind was: still read
+
+
 def test_a_position_past_the_end_is_refused(tmp_path, no_leaks):
     path = tmp_path / "i.rec"
     _write(path, 50, index=True)

@@ -481,11 +481,8 @@ class ParallelReader:
             epoch, pos, done, handed = self._progress
         if done:
             epoch, pos, handed = epoch + 1, 0, 0
-        state = {"version": 2, "epoch": epoch, "position": pos, "seed": cfg.seed,
-                 "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
-                 "even_shards": cfg.even_shards, "shuffle": cfg.shuffle_mode is not None,
-                 "nfields": cfg.nfields, "source": str(self._res.source.name),
-                 "data": _fingerprint(self._res.source)}
+        state = {"version": _STATE_VERSION, "epoch": epoch, "position": pos, **_order_settings(self._res)}
+        state["data"] = _fingerprint(self._res.source)
         if pads(cfg):  # the samples delivered up to there: those skipped before it are padded too
             state["delivered"] = handed
         return state
@@ -503,13 +500,19 @@ class ParallelReader:
         if res.run is not None:
             raise PipelineError("load_state_dict() while a pass is being iterated: call it before "
                                 "the next `for` loop")
-        mine = {"seed": cfg.seed, "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
-                "even_shards": cfg.even_shards, "shuffle": cfg.shuffle_mode is not None, "nfields": cfg.nfields,
-                "source": str(self._res.source.name)}
+        if not isinstance(state, Mapping) or "epoch" not in state or "position" not in state:
+            raise ValueError(f"not a state_dict() of a ParallelReader (no epoch and position): {state!r}"[:300])
+        version = state.get("version", _STATE_VERSION)
+        if not isinstance(version, int) or not 1 <= version <= _STATE_VERSION:
+            raise ValueError(f"state_dict version {version!r} is not one this parrecio reads (1 to "
+                             f"{_STATE_VERSION}): saved by a newer parrecio?")
+        mine = _order_settings(res)
         for key, value in mine.items():
             if key in state and state[key] != value:
+                why = (" (a shuffle by index needs an .idx beside every file, else it is a shuffle buffer's)"
+                       if key == "shuffle_mode" else "")
                 raise ValueError(f"state_dict was saved with {key}={state[key]!r}, this reader has "
-                                 f"{key}={value!r}: make the reader with the same arguments and data")
+                                 f"{key}={value!r}{why}: make the reader with the same arguments and data")
         saved, data = state.get("data"), _fingerprint(self._res.source)
         if saved is not None and data is not None:
             _same_data([tuple(x) for x in saved], data)
@@ -706,6 +709,21 @@ def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
         return int(world), int(rank)
     except ValueError:
         raise ValueError(f"WORLD_SIZE={world!r} and RANK={rank!r} must be integers") from None
+
+
+# 3: the shuffle's kind and buffer are saved (a state saved under another order resumed into wrong samples)
+_STATE_VERSION = 3
+
+
+def _order_settings(res: Any) -> Dict[str, Any]:
+    """What a shard's order of an epoch depends on, besides the epoch, as state_dict() saves it and
+    load_state_dict() compares it (a key missing from a state saved by an older version is not compared)."""
+    cfg = res.cfg
+    return {"seed": cfg.seed, "num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
+            "even_shards": cfg.even_shards, "shuffle": cfg.shuffle_mode is not None,
+            "shuffle_mode": cfg.shuffle_mode,
+            "shuffle_buffer": cfg.shuffle_buffer if cfg.shuffle_mode == "buffer" else None,
+            "nfields": cfg.nfields, "source": str(res.source.name)}
 
 
 def _fingerprint(source: Any) -> Optional[List[List[Any]]]:
