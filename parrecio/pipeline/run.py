@@ -419,9 +419,11 @@ class Run(Pass):
         if pinned.release():
             return
         ring = self.res.ring.size
+        whose = ("iter_views(): the reader process waits for input-ring space that views still in use hold"
+                 if self.views else "the reader process waits for input-ring space that views kept from an "
+                 "earlier iter_views() pass hold (its last loop variable too: del it)")
         raise PipelineError(
-            f"iter_views(): the reader process waits for input-ring space that views still in use hold: "
-            f"{len(pinned)} delivered chunk(s), {(pinned.head - pinned.tail) / 2**20:.2f} MiB of a "
+            f"{whose}: {len(pinned)} delivered chunk(s), {(pinned.head - pinned.tail) / 2**20:.2f} MiB of a "
             f"{ring / 2**20:.2f} MiB ring (Tuning(ring_bytes=...)). A view keeps its chunk, and every "
             f"chunk after it, from being reused until it and everything made from it (slices, numpy "
             f"arrays) is gone: copy what you keep (bytes(view)), or give the reader a larger ring")
