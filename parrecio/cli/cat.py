@@ -41,8 +41,22 @@ def add_stream_options(parser: argparse.ArgumentParser) -> None:
                         help="multipart convention: auto (default: decided from the stream's multipart "
                              "records; an error where they fit both), mxnet (MXNet/im2rec .rec files) or "
                              "concat (SageMaker Pipe-mode streams, 'parrecio pack manifest --split-bytes')")
-    parser.add_argument("--max-record-bytes", type=int, default=64 << 20, metavar="N",
+    parser.add_argument("--max-record-bytes", type=positive_bytes, default=64 << 20, metavar="N",
                         help="records larger than this are treated as corrupt (default 64 MiB)")
+
+
+def positive_bytes(text: str) -> int:
+    """An ``argparse`` type: a byte count of at least 1 (a usage error, exit status 2, otherwise).
+
+    The reader takes 0 too, but then every non-empty record is "corrupt": never what a user means.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, not {value}")
+    return value
 
 
 def input_source(path: str):

@@ -17,7 +17,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .. import __version__
 from ..errors import ParrecioError
@@ -61,23 +61,104 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(run(args) or 0)
     except ParrecioError as exc:
-        print(f"parrecio {args.command}: error: {_explained(exc)}", file=sys.stderr)
+        print(f"parrecio {args.command}: error: {_explained(exc, args.command)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"parrecio {args.command}: interrupted", file=sys.stderr)
         return 130
 
 
-def _explained(exc: ParrecioError) -> str:
-    """A framing error at byte 0 of a file means the file is no RecordIO at all: say what it is, the same
-    way for every subcommand (parrecio.tools.inspect.not_recordio)."""
+#: How far into a file whose first frame head is broken RecordIO frame heads are looked for before it is
+#: called no RecordIO at all.  A zeroed first sector or page (4 KiB) hides the next head as far away as
+#: the first record ends: 1 MiB covers the records of im2rec files (JPEGs of tens to hundreds of KiB), and
+#: reading it costs nothing on an error path.  A first record beyond it, with only its magic damaged, is
+#: found through its length word all the same.
+FRAME_SEARCH_BYTES = 1 << 20
+
+#: How to read past a damaged record, per subcommand that can (extract reads through an .idx without
+#: scanning, and then cannot: the record asked for is the damaged one).
+SKIP_HINTS = {"cat": "--skip-corrupt reads past it",
+              "extract": "--skip-corrupt reads past it when scanning (--all; --index without an .idx, or --no-index)",
+              "bench": "--skip-errors reads past it"}
+
+
+def _explained(exc: ParrecioError, command: str) -> str:
+    """A framing error at byte 0 of a file means the file is no RecordIO at all, unless RecordIO records
+    follow (its start is damaged): say what the file is, the same way for every subcommand
+    (parrecio.tools.inspect.not_recordio), or that its start is damaged and how to read past it."""
     from ..errors import CorruptRecordError
     from ..tools.inspect import head_of, not_recordio
     if isinstance(exc, CorruptRecordError) and exc.offset == 0 and "bad magic" in exc.reason:
         head = head_of(exc.source)
         if head is not None:
-            return str(not_recordio(exc.source, head, os.path.getsize(exc.source)))
+            size = os.path.getsize(exc.source)
+            found = _records_after_damage(exc.source, size)
+            if found is None:
+                return str(not_recordio(exc.source, head, size))
+            # the reader's guess at byte 0 ("not a RecordIO stream? it starts with ...") is wrong here
+            reason = exc.reason.split("; not a RecordIO stream?")[0]
+            hint = SKIP_HINTS.get(command, "'parrecio inspect' lists the damaged regions")
+            return (f"{reason} (byte offset 0 of {exc.source}): the file's start is damaged, but RecordIO "
+                    f"records follow (a frame head at byte offset {found}); {hint}")
     return str(exc)
+
+
+def _records_after_damage(path: str, size: int) -> Optional[int]:
+    """The offset of the first intact-looking RecordIO record in the file ``path`` (``size`` bytes) whose
+    frame head at byte 0 is broken, or None when nothing says that it is RecordIO.
+
+    A record start is the magic at a 4-byte-aligned offset and a length word with cflag 0 or 1, whose
+    frame is followed by the next one (cflag as the first allows) or ends the file: two heads in a row, so
+    random bytes pass with odds of about 2**-68 per offset, not 2**-34.  It is looked for where the length
+    word at byte 4 points (only the magic damaged: any record size), then in the first
+    :data:`FRAME_SEARCH_BYTES`.
+    """
+    from ..recordio.framing import (CFLAG_FIRST, CFLAG_FULL, CFLAG_LAST, CFLAG_MIDDLE, HEADER, HEADER_SIZE,
+                                    LENGTH_MASK, MAGIC, MAGIC_BYTES, padded_size)
+
+    def frame_at(pos: int) -> Optional[Tuple[int, int]]:
+        """``(cflag, offset of the next frame)`` of a frame head at ``pos``, or None (``f``: opened below)."""
+        f.seek(pos)
+        raw = f.read(HEADER_SIZE)
+        if len(raw) < HEADER_SIZE:
+            return None
+        magic, lrec = HEADER.unpack(raw)
+        return (lrec >> 29, pos + HEADER_SIZE + padded_size(lrec & LENGTH_MASK)) if magic == MAGIC else None
+
+    def follows(cflag: int) -> Tuple[int, ...]:
+        """The cflags a frame after one of ``cflag`` may have: a record's start, or its next part."""
+        return (CFLAG_MIDDLE, CFLAG_LAST) if cflag in (CFLAG_FIRST, CFLAG_MIDDLE) else (CFLAG_FULL, CFLAG_FIRST)
+
+    def record_at(pos: int, cflags: Tuple[int, ...] = (CFLAG_FULL, CFLAG_FIRST)) -> bool:
+        """Whether a frame head with one of ``cflags`` is at ``pos``, and after it the next frame head that
+        its cflag allows, or the end of the file where a record ends."""
+        frame = frame_at(pos)
+        if frame is None or frame[0] not in cflags:
+            return False
+        if frame[1] == size:  # the last frame of the file: it must end its record
+            return frame[0] in (CFLAG_FULL, CFLAG_LAST)
+        after = frame_at(frame[1])
+        return after is not None and after[0] in follows(frame[0])
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(4)
+            word = f.read(4)
+            if len(word) == 4:
+                lrec = int.from_bytes(word, "little")
+                nxt = HEADER_SIZE + padded_size(lrec & LENGTH_MASK)
+                if lrec >> 29 in (CFLAG_FULL, CFLAG_FIRST) and nxt < size and record_at(nxt, follows(lrec >> 29)):
+                    return nxt
+            f.seek(HEADER_SIZE)
+            window = f.read(FRAME_SEARCH_BYTES)
+            pos = window.find(MAGIC_BYTES)
+            while pos >= 0:
+                if pos % 4 == 0 and record_at(HEADER_SIZE + pos):
+                    return HEADER_SIZE + pos
+                pos = window.find(MAGIC_BYTES, pos + 1)
+    except OSError:
+        pass
+    return None
 
 
 if __name__ == "__main__":

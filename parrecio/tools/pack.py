@@ -21,15 +21,17 @@ Pipe-mode framing (``join="concat"``), produced by :func:`parrecio.tools.manifes
 the same code that ``parrecio pipe-serve`` streams from.
 
 Outputs are written to temporary names next to their destination and renamed at the end, so a failed
-run leaves no half-written ``.rec`` behind.
+run leaves no half-written ``.rec`` behind (and an existing one as it was).  Two outputs on one path (an
+output ``o.idx``, whose index is ``o.idx`` too) are refused before anything is written.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import struct
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ..errors import SourceError
 from ..recordio import IRHeader, RecordWriter, pack
@@ -71,6 +73,29 @@ def output_paths(out_rec: str) -> Tuple[str, str]:
     check_path_arg(out_rec, "out_rec", file_ok=False)
     idx = index_path(out_rec)  # where every reader looks for it
     return idx, idx[:-4] + ".lst"
+
+
+# -- IRHeader fields: what pack() can store ------------------------------------------------------------
+
+_MAX_ID = 2 ** 64 - 1  # IRHeader.id is an unsigned 64-bit number
+_FLOAT32 = struct.Struct("<f")
+
+
+def _item_problem(index: int, labels: Sequence[float]) -> Optional[str]:
+    """Why ``index`` and ``labels`` cannot go into an IRHeader (and its float32 labels), or None.
+
+    A finite label beyond float32's range (about 3.4e38) is refused: one label would fail in
+    ``struct.pack``, several would silently become ``inf`` in numpy's float32 array.  ``inf`` and ``nan``
+    written as such are stored as they are, as im2rec does.
+    """
+    if not 0 <= index <= _MAX_ID:
+        return f"index {index} is out of range: a record's id is an unsigned 64-bit number (0 to {_MAX_ID})"
+    for label in labels:
+        try:
+            _FLOAT32.pack(label)
+        except OverflowError:
+            return f"label {label!r} is beyond the float32 range (about +-3.4e38) that labels are stored in"
+    return None
 
 
 # -- listing -------------------------------------------------------------------------------------------
@@ -116,8 +141,8 @@ def list_image_folder(root: str, *, extensions: Sequence[str] = IMAGE_EXTENSIONS
 def read_image_list(lst_path: str) -> List[ListItem]:
     """Parse an im2rec list file: ``index<TAB>label[<TAB>label...]<TAB>path`` per line.
 
-    Blank lines are skipped; a malformed line or a repeated index raises :class:`SourceError` naming the
-    line.
+    Blank lines are skipped; a malformed line, a repeated index, an index an IRHeader cannot hold (below 0,
+    above ``2**64 - 1``) or a label beyond float32's range raises :class:`SourceError` naming the line.
     """
     check_path_arg(lst_path, "lst_path", file_ok=False)
     try:
@@ -141,6 +166,9 @@ def read_image_list(lst_path: str) -> List[ListItem]:
             raise SourceError(f"{where}: {exc}") from None
         if index < 0:
             raise SourceError(f"{where}: negative index {index}")
+        why = _item_problem(index, labels)
+        if why is not None:
+            raise SourceError(f"{where}: {why}")
         if index in seen:
             raise SourceError(f"{where}: index {index} appears twice")
         seen.add(index)
@@ -184,10 +212,14 @@ def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_p
         random.Random(seed).shuffle(order)
     if idx_path is None:
         idx_path = output_paths(out_rec)[0]
+    for item in order:  # before anything is read or written (read_image_list has said so by line already)
+        why = _item_problem(item.index, item.labels)
+        if why is not None:
+            raise SourceError(f"{item.path}: {why}")
     skipped: List[Tuple[str, str]] = []
     packed: List[ListItem] = []
     total = len(order)
-    with _Outputs([out_rec, idx_path] + ([lst_path] if lst_path else [])) as tmp:
+    with _Outputs({"records": out_rec, "index": idx_path, **({"list": lst_path} if lst_path else {})}) as tmp:
         with RecordWriter(tmp[out_rec], index=tmp[idx_path]) as writer:
             for n, item in enumerate(order, 1):
                 path = item.path if os.path.isabs(item.path) else os.path.join(root, item.path)
@@ -273,7 +305,7 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
 
     split_bytes = telling_split(split_bytes)  # (parts join="auto" tells from MXNet's at the first one)
     if isinstance(out, str):
-        with _Outputs([out]) as tmp, open(tmp[out], "wb") as f:
+        with _Outputs({"records": out}) as tmp, open(tmp[out], "wb") as f:
             nbytes = write_sagemaker_recordio(records(), f, split_bytes)
         name = out
     else:
@@ -293,12 +325,27 @@ def _read_file(path: str) -> bytes:
 
 
 class _Outputs:
-    """Temporary names for output paths, renamed over them on success and removed on failure."""
+    """Temporary names for output paths, renamed over them on success and removed on failure.
 
-    def __init__(self, paths: Sequence[str]) -> None:
-        self.final = list(paths)
+    ``outputs`` maps what each output holds (``"records"``, ``"index"``, ``"list"``) to its path.  Two of
+    them on one file raise :class:`SourceError` before anything is written: they would share one temporary
+    file, and the rename would leave one output holding both (``pack protobuf X.npy o.idx``: records and
+    index lines interleaved in ``o.idx``).
+    """
+
+    def __init__(self, outputs: Dict[str, str]) -> None:
+        seen: Dict[str, str] = {}
+        for what, path in outputs.items():
+            key = _same_file(path)
+            if key in seen:
+                stem, ext = os.path.splitext(path)
+                hint = f"; name the output {stem}.rec" if seen[key] == "records" and ext in (".idx", ".lst") else ""
+                raise SourceError(f"{path}: the {seen[key]} and the {what} would both be written to this one "
+                                  f"file{hint}")
+            seen[key] = what
+        self.final = list(outputs.values())
         self.tmp = {p: os.path.join(os.path.dirname(p) or ".", f".{os.path.basename(p)}.tmp-{os.getpid()}")
-                    for p in paths}
+                    for p in self.final}
 
     def __enter__(self) -> dict:
         for path in self.final:
@@ -326,11 +373,18 @@ class _Outputs:
                 pass
 
 
+def _same_file(path: str) -> str:
+    """What two output paths share when they name one file: the real folder, then the name itself (not
+    resolved: a rename replaces a link, not what it points to)."""
+    folder = os.path.realpath(os.path.dirname(path) or ".")
+    return os.path.normcase(os.path.join(folder, os.path.basename(path)))
+
+
 def pack_protobuf(features_path: str, out: str, labels_path: Optional[str] = None) -> PackResult:
     """Write ``features_path`` (a 2-D ``.npy`` array, or a scipy sparse matrix saved with
     ``scipy.sparse.save_npz``) as SageMaker RecordIO-protobuf, one Record per row, into ``out`` and the
     ``.idx`` next to it (:mod:`parrecio.recordio.protobuf_writer`: the SageMaker SDK's bytes); the
-    labels from the 1-D ``.npy`` ``labels_path``."""
+    labels from the 1-D ``.npy`` ``labels_path``.  Both files are written atomically, as the other packs'."""
     import numpy as np
 
     from ..recordio.protobuf_writer import write_dense, write_sparse
@@ -365,9 +419,10 @@ def pack_protobuf(features_path: str, out: str, labels_path: Optional[str] = Non
     else:
         features = load(features_path)
         write = write_dense
-    idx = index_path(out)
-    try:
-        rows = write(out, features, labels, index=idx)
-    except (ValueError, TypeError) as exc:
-        raise SourceError(f"{features_path}: {exc}") from None
+    idx = output_paths(out)[0]
+    with _Outputs({"records": out, "index": idx}) as tmp:  # a failed run leaves the old out and idx as they were
+        try:
+            rows = write(tmp[out], features, labels, index=tmp[idx])
+        except (ValueError, TypeError) as exc:
+            raise SourceError(f"{features_path}: {exc}") from None
     return PackResult(records=rows, bytes=os.path.getsize(out), rec_path=out, idx_path=idx)

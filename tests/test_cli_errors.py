@@ -1,0 +1,282 @@
+"""The ``parrecio`` command line on user mistakes and damaged input: one-line errors (exit 1) or argparse's
+usage errors (exit 2), never a traceback; a failed ``pack`` leaves the files it would have replaced as they
+were and no temporary files; a RecordIO file with a damaged start is not called "not a RecordIO stream".
+
+Each test runs ``python -m parrecio.cli`` in a subprocess with the ``parrecio`` this process imported, so
+the same tests can be pointed at another copy of the code with ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+import parrecio
+from image_helpers import png
+from recordio_helpers import frame
+from parrecio.errors import SourceError
+from parrecio.recordio import IndexedRecordReader, RecordReader, unpack
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(parrecio.__file__)))
+MAGIC_ERROR = "bad magic 0x{:08X} (expected 0xCED7230A)"
+
+
+def cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    """Run ``parrecio ARGS`` (never checked: these tests look at failures); stdout/stderr as bytes."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "parrecio.cli", *map(str, args)], capture_output=True,
+                          env=env, cwd=cwd, timeout=120)
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    """stderr of a failed run, which must be one line and no traceback."""
+    err = proc.stderr.decode()
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return err.rstrip("\n")
+
+
+def snapshot(folder: Path) -> Dict[str, bytes]:
+    """Every file under ``folder`` (hidden temporary files included) -> its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> Path:
+    """``tmp_path/imgs/a/1.png``: one class of one image."""
+    (tmp_path / "imgs" / "a").mkdir(parents=True)
+    (tmp_path / "imgs" / "a" / "1.png").write_bytes(png(16, 16, seed=1))
+    return tmp_path / "imgs"
+
+
+# -- pack protobuf: atomic, like the other packs ------------------------------------------------------
+
+def test_pack_protobuf_that_fails_partway_leaves_the_old_outputs_as_they_were(tmp_path: Path):
+    """The last row cannot be an Int32Tensor: the error comes after 999 rows were written, into temporary
+    files that are removed; the .rec and .idx of an earlier run stay byte for byte."""
+    from parrecio.recordio.protobuf_writer import write_dense
+    rows = np.zeros((1000, 3), np.int64)
+    rows[-1, 0] = 2 ** 40
+    np.save(tmp_path / "x.npy", rows)
+    (tmp_path / "o.rec").write_bytes(b"PRECIOUS records")
+    (tmp_path / "o.idx").write_bytes(b"0\t0\n")
+    before = snapshot(tmp_path)
+    proc = cli("pack", "protobuf", "x.npy", "o.rec", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert error_line(proc) == "parrecio pack: error: x.npy: a value out of the int32 range for an Int32Tensor"
+    assert snapshot(tmp_path) == before  # (no .o.rec.tmp-PID either)
+
+    # A run that succeeds replaces both, with what write_dense writes, and leaves nothing else behind.
+    rows[-1, 0] = 7
+    np.save(tmp_path / "x.npy", rows)
+    assert cli("pack", "protobuf", "x.npy", "o.rec", "--quiet", cwd=tmp_path).returncode == 0
+    write_dense(str(tmp_path / "want.rec"), rows, index=str(tmp_path / "want.idx"))
+    after = snapshot(tmp_path)
+    assert sorted(after) == ["o.idx", "o.rec", "want.idx", "want.rec", "x.npy"]
+    assert after["o.rec"] == after["want.rec"] and after["o.idx"] == after["want.idx"]
+
+
+# -- pack: an output that is its own .idx or .lst ---------------------------------------------------------
+
+@pytest.mark.parametrize("kind, out, other", [
+    ("protobuf", "o.idx", "index"),
+    ("images", "p.lst", "list"),
+    ("images", "x.idx", "index"),
+    ("list", "y.idx", "index"),
+])
+def test_pack_refuses_an_output_named_like_its_own_index_or_list(tmp_path: Path, images: Path, kind: str,
+                                                                 out: str, other: str):
+    """Records and index (or list) would be one file: refused before anything is written, an existing file
+    of that name kept."""
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    (images / "a.lst").write_text("0\t1\ta/1.png\n")
+    source = {"protobuf": "x.npy", "images": "imgs", "list": "imgs/a.lst"}[kind]
+    (tmp_path / out).write_bytes(b"kept")
+    before = snapshot(tmp_path)
+    proc = cli("pack", kind, source, out, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert error_line(proc) == (f"parrecio pack: error: {out}: the records and the {other} would both be "
+                                f"written to this one file; name the output {out[0]}.rec")
+    assert snapshot(tmp_path) == before
+
+
+def test_pack_image_list_refuses_two_outputs_on_one_file(tmp_path: Path, images: Path):
+    """The library call: explicit paths that name one file (spelt differently) are refused, by role."""
+    from parrecio.tools.pack import ListItem, pack_image_list
+    items = [ListItem(0, (1.0,), "a/1.png")]
+    (tmp_path / "sub").mkdir()
+    rec, idx = str(tmp_path / "a.rec"), str(tmp_path / "sub" / ".." / "a.rec")
+    with pytest.raises(SourceError, match=r"a\.rec: the records and the index would both be written to this one "
+                                          r"file$"):
+        pack_image_list(items, str(images), rec, idx_path=idx)
+    with pytest.raises(SourceError, match=r"b\.idx: the index and the list would both be written to this one "
+                                          r"file$"):
+        pack_image_list(items, str(images), str(tmp_path / "b.rec"), lst_path=str(tmp_path / "b.idx"))
+    assert sorted(os.listdir(tmp_path)) == ["imgs", "sub"]
+
+
+# -- argument values that used to end in a traceback ------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["cat", "--format", "hex"], ["inspect"], ["extract", "--index", "0"]])
+@pytest.mark.parametrize("value", ["-1", "0"])
+def test_max_record_bytes_below_1_is_a_usage_error(tmp_path: Path, command: List[str], value: str):
+    """argparse refuses it (exit 2) in one line, as any bad argument; the reader would take 0, but then every
+    non-empty record is "corrupt"."""
+    rec = tmp_path / "r.rec"
+    rec.write_bytes(frame(b"123456789"))
+    proc = cli(command[0], rec, *command[1:], "--max-record-bytes", value)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "Traceback" not in err
+    assert err.splitlines()[-1] == (f"parrecio {command[0]}: error: argument --max-record-bytes: must be at "
+                                    f"least 1 byte, not {value}")
+
+
+def test_max_record_bytes_is_a_whole_number_of_bytes_and_an_inclusive_limit(tmp_path: Path):
+    """A record of exactly N bytes is read, one of N + 1 is corrupt; what is no number is a usage error."""
+    rec = tmp_path / "r.rec"
+    rec.write_bytes(frame(b"123456789"))
+    proc = cli("cat", rec, "--max-record-bytes", "9", "--format", "hex")
+    assert proc.stdout == b"0\t0\t" + b"123456789".hex().encode() + b"\n"
+    proc = cli("cat", rec, "--max-record-bytes", "8", "--format", "hex")
+    assert proc.returncode == 1 and "record length 9 bytes exceeds max_record_bytes" in error_line(proc)
+    proc = cli("cat", rec, "--max-record-bytes", "x")
+    assert proc.returncode == 2 and proc.stderr.decode().splitlines()[-1].endswith(
+        "argument --max-record-bytes: expected a number of bytes, not 'x'")
+    assert cli("cat", rec, "--max-record-bytes", "0").returncode == 2
+
+
+@pytest.mark.parametrize("labels, shown", [("1e40", "1e+40"), ("1\t1e40", "1e+40"), ("-3.5e38\t2", "-3.5e+38")])
+def test_pack_list_refuses_a_label_beyond_float32(tmp_path: Path, images: Path, labels: str, shown: str):
+    """One label (struct.pack's OverflowError) and several (numpy's silent inf) alike: a one-line error
+    naming the line, nothing written."""
+    lst = images / "l.lst"
+    lst.write_text(f"0\t0\ta/1.png\n\n1\t{labels}\ta/1.png\n")
+    before = snapshot(tmp_path)
+    proc = cli("pack", "list", lst, tmp_path / "o.rec")
+    assert proc.returncode == 1
+    assert error_line(proc) == (f"parrecio pack: error: {lst} line 3: label {shown} is beyond the float32 "
+                                f"range (about +-3.4e38) that labels are stored in")
+    assert snapshot(tmp_path) == before
+
+
+def test_pack_list_takes_float32_extremes_and_uint64_ids(tmp_path: Path, images: Path):
+    """The largest float32, inf and the largest id are stored as they are; one past the id range is refused
+    with a one-line error naming the line."""
+    top = float(np.finfo(np.float32).max)
+    lst = images / "l.lst"
+    lst.write_text(f"{2 ** 64 - 1}\t{top!r}\ta/1.png\n0\t-inf\t{-top!r}\ta/1.png\n")
+    assert cli("pack", "list", lst, tmp_path / "o.rec", "--quiet").returncode == 0
+    with IndexedRecordReader(str(tmp_path / "o.rec")) as rec:
+        header, _ = unpack(rec[2 ** 64 - 1])
+        assert (header.flag, header.label, header.id) == (0, top, 2 ** 64 - 1)
+        header, _ = unpack(rec[0])
+        assert header.flag == 2 and header.label.tolist() == [-np.inf, -top]
+    lst.write_text(f"{2 ** 64}\t1\ta/1.png\n")
+    proc = cli("pack", "list", lst, tmp_path / "p.rec")
+    assert proc.returncode == 1
+    assert error_line(proc) == (f"parrecio pack: error: {lst} line 1: index {2 ** 64} is out of range: a "
+                                f"record's id is an unsigned 64-bit number (0 to {2 ** 64 - 1})")
+    assert not (tmp_path / "p.rec").exists() and not (tmp_path / "p.idx").exists()
+
+
+def test_pack_image_list_refuses_items_no_irheader_holds(tmp_path: Path, images: Path):
+    """The library call with hand-made items: a SourceError naming the item before anything is written."""
+    from parrecio.tools.pack import ListItem, pack_image_list
+    out = str(tmp_path / "o.rec")
+    for item, why in ((ListItem(0, (1.0, 1e39), "a/1.png"), "label 1e+39 is beyond the float32 range"),
+                      (ListItem(-1, (1.0,), "a/1.png"), "index -1 is out of range")):
+        with pytest.raises(SourceError) as info:
+            pack_image_list([ListItem(1, (0.0,), "a/1.png"), item], str(images), out)
+        assert str(info.value).startswith(f"a/1.png: {why}")
+    assert sorted(os.listdir(tmp_path)) == ["imgs"]
+
+
+# -- a damaged start is not "not a RecordIO stream" -------------------------------------------------------
+
+def _damaged(path: Path, payloads: List[bytes], damage) -> bytes:
+    """``payloads`` framed by hand into ``path``, then ``damage(bytearray)`` applied; the intact data."""
+    data = bytearray(b"".join(frame(p) for p in payloads))
+    damage(data)
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def _flip(data: bytearray) -> None:
+    data[0] ^= 1  # one bit of the first magic
+
+
+def _zero_head(data: bytearray) -> None:
+    data[:8] = bytes(8)  # the whole first frame head
+
+
+@pytest.mark.parametrize("size, damage, magic", [
+    (10, _flip, 0xCED7230B),           # small records: the next heads are close by
+    (100_000, _flip, 0xCED7230B),      # an image-sized first record: found through its length word
+    (100_000, _zero_head, 0),          # length word gone too: found in the first MiB
+])
+@pytest.mark.parametrize("command, hint", [
+    (["cat", "--format", "hex"], "--skip-corrupt reads past it"),
+    (["extract", "--index", "0"], "--skip-corrupt reads past it when scanning (--all; --index without an .idx, "
+                                  "or --no-index)"),
+    (["bench", "--workers", "0", "--quiet"], "--skip-errors reads past it"),
+])
+def test_a_damaged_first_record_is_not_called_non_recordio(tmp_path: Path, size: int, damage, magic: int,
+                                                           command: List[str], hint: str):
+    """The reader's error with its offset, that records follow and the option that reads past it."""
+    rng = np.random.default_rng(size)
+    payloads = [rng.bytes(size) for _ in range(4)]
+    rec = tmp_path / "d.rec"
+    _damaged(rec, payloads, damage)
+    proc = cli(command[0], rec, *command[1:])
+    assert proc.returncode == 1
+    err = proc.stderr.decode()
+    assert "Traceback" not in err and "not a RecordIO stream" not in err, err
+    assert err.splitlines()[-1] == (f"parrecio {command[0]}: error: {MAGIC_ERROR.format(magic)} (byte offset 0 of "
+                                    f"{rec}): the file's start is damaged, but RecordIO records follow (a frame "
+                                    f"head at byte offset {len(frame(payloads[0]))}); {hint}")
+    if command[0] == "cat":  # and it does read past it: the other records, byte for byte
+        out = cli("cat", rec, "--skip-corrupt").stdout
+        assert out == b"".join(payloads[1:])
+
+
+def test_only_a_chain_of_frame_heads_makes_a_damaged_recordio_file(tmp_path: Path):
+    """Binary data with one aligned magic in it is no RecordIO (the old message, what it starts with); the
+    same with the next frame head where that one's length word points is a RecordIO file with a damaged
+    start.  A magic off the 4-byte grid counts for nothing."""
+    junk = bytes(range(7, 71))  # (no magic byte pair in it)
+    lone = junk + frame(b"abcd") + junk
+    unaligned = junk + b"\0\0" + frame(b"abcd") + frame(b"efgh")
+    chained = junk + frame(b"abcd") + frame(b"efgh")
+    for name, data in (("lone.bin", lone), ("unaligned.bin", unaligned)):
+        (tmp_path / name).write_bytes(data)
+        proc = cli("cat", tmp_path / name)
+        assert error_line(proc).startswith(f"parrecio cat: error: {tmp_path / name}: not a RecordIO stream "
+                                           f"({len(data)} bytes): it starts with binary data")
+    (tmp_path / "chained.rec").write_bytes(chained)
+    proc = cli("cat", tmp_path / "chained.rec", "--format", "hex")
+    assert error_line(proc).endswith(f"(byte offset 0 of {tmp_path / 'chained.rec'}): the file's start is damaged, "
+                                     f"but RecordIO records follow (a frame head at byte offset {len(junk)}); "
+                                     f"--skip-corrupt reads past it")
+    assert cli("cat", tmp_path / "chained.rec", "--skip-corrupt").stdout == b"abcdefgh"
+
+
+def test_a_damaged_multipart_first_record_points_at_its_next_part(tmp_path: Path):
+    """Only the magic of a first part (cflag 1) is damaged: its length word leads to the last part (cflag
+    3), which the skip then drops with it; the record after them is read."""
+    rec = tmp_path / "m.rec"
+    first, last = b"p" * 50_000, b"q" * 40
+    data = bytearray(frame(first, 1) + frame(last, 3) + frame(b"whole"))
+    data[:4] = struct.pack("<I", 0xCED7230B)
+    rec.write_bytes(bytes(data))
+    proc = cli("cat", rec, "--join", "concat")
+    assert error_line(proc).endswith(f"RecordIO records follow (a frame head at byte offset {8 + 50_000}); "
+                                     f"--skip-corrupt reads past it")
+    with RecordReader(str(rec), join="concat", on_corrupt="skip") as reader:
+        assert [r.payload for r in reader] == [b"whole"]
