@@ -140,7 +140,13 @@ class InlineRun(Pass):
 
     def _streams(self) -> Iterator[Any]:
         place = InProcess(self.cfg.nfields, self.groups.holds)
-        return local_streams(self.cfg, self.res.source, self.epoch, self.stats, self.names, place, self.files)
+        return local_streams(self.cfg, self.res.source, self.epoch, self.stats, self.names, place, self.files,
+                             self._check_aborted)
+
+    def _check_aborted(self) -> None:
+        """Raise when the pass was ended from another thread (``close()``) while it waits for its source."""
+        if self.aborted:
+            raise ended()
 
     def _failed(self, failure: FieldFailed, g: Group, index: int) -> Any:
         source = self.names.get(g.stream_id, self.res.source.name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import stat
 import time
 from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple
@@ -16,7 +17,7 @@ import numpy as np
 from ..decoders.sniff import sniff
 from ..errors import CorruptRecordError
 from ..recordio import RecordReader
-from ..sources.fifo import enlarge_pipe
+from ..sources.fifo import enlarge_pipe, stoppable
 from .decode import FieldFailed, failure_error
 from .groups import CONTEXT, Group, GroupStream, Placement
 from .mapped import FileCheck
@@ -176,17 +177,20 @@ def local_failure(cfg: Any, failure: FieldFailed, g: Group, index: int, source: 
 
 
 def local_streams(cfg: Any, source: Any, epoch: int, stats: Any, names: Dict[int, str], place: Placement,
-                  files: OpenFiles) -> Iterator[Tuple[int, str, RecordReader, Placement]]:
+                  files: OpenFiles, check: Optional[Callable[[], None]] = None
+                  ) -> Iterator[Tuple[int, str, RecordReader, Placement]]:
     """Each stream of ``source``'s epoch, opened and framed in this process for the group stream (its
-    name recorded in ``names``), closed after it is read; ``files.objs`` is what is open meanwhile."""
-    streams = source.streams(epoch)
+    name recorded in ``names``), closed after it is read; ``files.objs`` is what is open meanwhile.
+    ``check()`` raises when the pass was ended from another thread (``close()``): looked at while a FIFO
+    is waited for and while a read of a pipe or FIFO waits for data, which would otherwise never end."""
+    streams: Any = source.streams(epoch) if check is None else stoppable(source.streams(epoch), check)
     try:
         for stream_id, stream in enumerate(streams):
             names[stream_id] = stream.name
             objs: List[Any] = [stream.file]
             files.objs = objs
             try:
-                reader = RecordReader(_Timed(stream.file, stats), join=cfg.join, on_corrupt=cfg.on_error,
+                reader = RecordReader(_Timed(stream.file, stats, check), join=cfg.join, on_corrupt=cfg.on_error,
                                       max_record_bytes=cfg.max_record_bytes, source_name=stream.name)
                 objs.append(reader)
                 yield stream_id, stream.name, reader, place
@@ -201,14 +205,21 @@ def local_streams(cfg: Any, source: Any, epoch: int, stats: Any, names: Dict[int
         streams.close()
 
 
+_STOP_POLL_MS = 100  # how long a read of a pipe waits for data before it asks whether the pass was ended
+
+
 class _Timed:
     """The stream as RecordReader sees it: one underlying read per call (``readinto1``, so that a FIFO
-    never blocks for more than it has), the time spent reading counted in ``stats.read_time``."""
+    never blocks for more than it has), the time spent reading counted in ``stats.read_time``; with
+    ``stop``, a read of a pipe, FIFO or socket waits for data in steps of 0.1 s, calling ``stop()``
+    between them (it raises to end the pass)."""
 
-    def __init__(self, file: Any, stats: Any) -> None:
+    def __init__(self, file: Any, stats: Any, stop: Optional[Callable[[], None]] = None) -> None:
         self._file, self._stats = file, stats
         self._readinto = getattr(file, "readinto1", None) or getattr(file, "readinto", None)
         self.name = getattr(file, "name", None)
+        self._stop = stop
+        self._poll: Optional[Any] = None  # a pipe or FIFO with a stop(): data awaited in steps, stop() between
         # A regular file is checked after each read: one replaced, truncated, rewritten or grown meanwhile
         # is a SourceError, as when the reader process reads it in place (parrecio.pipeline.mapped).
         self._check: Optional[FileCheck] = None
@@ -220,8 +231,20 @@ class _Timed:
             fd = None
         if fd is not None and self._check is None:
             enlarge_pipe(fd)  # (a FIFO read in 64 KiB turns with its writer: 0.37-0.40x a plain loop)
+            mode = os.fstat(fd).st_mode
+            if stop is not None and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+                # read below any Python-level buffer, which poll() cannot see (as the reader process does)
+                raw = getattr(file, "raw", None)
+                if raw is not None and hasattr(raw, "readinto"):
+                    self._file, self._readinto = raw, raw.readinto
+                self._pending = getattr(self._file, "pending", lambda: 0)
+                self._poll = select.poll()
+                self._poll.register(fd, select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
 
     def readinto(self, buf: Any) -> Optional[int]:
+        if self._poll is not None and not self._pending():
+            while not self._poll.poll(_STOP_POLL_MS):
+                self._stop()  # type: ignore[misc]
         t0 = time.perf_counter()
         try:
             if self._readinto is not None:

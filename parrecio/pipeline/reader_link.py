@@ -74,6 +74,8 @@ class Link:
                 self.flight.oneoff -= msg.oneoff_bytes
                 self.flight.mapped -= msg.mapped_bytes
             elif isinstance(msg, Stop):
+                if self._held:  # (a stream's start: the consumer counts a Pipe-mode FIFO opened as used up)
+                    self._send_held()
                 raise Stopped()
 
     def watch(self, extra: List[Any], timeout: float) -> list:

@@ -47,7 +47,7 @@ from typing import Any, Iterator, Optional, Tuple
 
 from ..errors import ParrecioError, SourceError
 from ..recordio import RecordReader
-from ..sources.fifo import enlarge_pipe
+from ..sources.fifo import enlarge_pipe, stoppable
 from .config import PipelineConfig
 from .groups import GroupStream, Placement, open_indexed_all
 from .mapped import map_stream
@@ -208,7 +208,8 @@ class _Reader:
         read into a private buffer, not into the ring."""
         cfg = self.cfg
         held = self.groups.holds
-        for stream_id, stream in enumerate(self.job.source.streams(self.job.epoch)):
+        streams = stoppable(self.job.source.streams(self.job.epoch), self.link.handle_ctrl)  # (a Stop ends a FIFO wait)
+        for stream_id, stream in enumerate(streams):
             self.out.flush()
             self.link.announce(StreamStart(stream_id, stream.name))
             try:

@@ -37,13 +37,14 @@ import os
 import select
 import stat
 import sys
+import threading
 import time
-from typing import BinaryIO, Callable, Dict, Iterable, List, NamedTuple, Optional
+from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, TypeVar
 
 from ..errors import SourceError
 
-__all__ = ["open_fifo", "open_plain", "enlarge_pipe", "FifoWait", "fifo_readers", "Holder", "PrefixedRaw", "is_fifo",
-           "GRACE_S", "REPEAT_S", "MISSING", "NO_WRITER", "HELD", "GONE"]
+__all__ = ["open_fifo", "stoppable", "open_plain", "enlarge_pipe", "FifoWait", "fifo_readers", "Holder", "PrefixedRaw",
+           "is_fifo", "GRACE_S", "REPEAT_S", "MISSING", "NO_WRITER", "HELD", "GONE"]
 
 log = logging.getLogger("parrecio")
 
@@ -152,6 +153,40 @@ class FifoWait:
         return max(0.0, min(POLL_S, until - now))
 
 
+_T = TypeVar("_T")
+_waits = threading.local()  # .check: what a wait for a FIFO in this thread calls before each look
+
+
+def stoppable(items: Iterable[_T], check: Callable[[], None]) -> Iterator[_T]:
+    """``items`` (a source's streams, whose ``next()`` may wait for a FIFO), with every such wait calling
+    ``check()`` before each look at the FIFO (every 0.1 s at most): ``check`` raises to end the wait before
+    the FIFO is opened, so that a pass stopped meanwhile (``close()``, a Stop to the reader process) leaves
+    it to the next pass.  Once a writer is there, the FIFO is opened and returned whatever ``check`` says:
+    closing it then would lose what the writer serves."""
+    it = iter(items)
+    try:
+        while True:
+            outer = getattr(_waits, "check", None)
+            _waits.check = check
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            finally:
+                _waits.check = outer
+            yield item
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def _check_stop() -> None:
+    check = getattr(_waits, "check", None)
+    if check is not None:
+        check()
+
+
 def is_fifo(path: str) -> bool:
     try:
         return stat.S_ISFIFO(os.stat(path).st_mode)
@@ -171,6 +206,7 @@ def open_fifo(path: str, wait: FifoWait, *, appear: bool = False) -> BinaryIO:
     scanned = 0.0     # when the processes that hold it were last looked at
     try:
         while True:
+            _check_stop()
             try:
                 st: Optional[os.stat_result] = os.stat(path)
             except FileNotFoundError:
