@@ -98,6 +98,17 @@ def test_iter_manifest_records(dataset):
                                   "type": "groundtruth/object-detection"})]
 
 
+def test_manifest_values_keep_integers_beyond_64_bits(tmp_path):
+    """orjson reads an integer beyond 64 bits as a float: the records said 1.2345678901234568e+29 where the
+    manifest said 123456789012345678901234567890 (an id of a labelling job, say)."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"id": 123456789012345678901234567890, "label": {"k": [-18446744073709551617, 1.5]}}\n'
+                        '{"id": 7, "label": {"k": [18446744073709551615, "\u00e9"]}}\n')
+    got = list(iter_manifest_records(str(manifest), ["id", "label"]))
+    assert got == [b"123456789012345678901234567890", b'{"k":[-18446744073709551617,1.5]}',
+                   b"7", orjson.dumps({"k": [18446744073709551615, "\u00e9"]})]
+
+
 @pytest.mark.parametrize("line, names, message", [
     ('{"source-ref": "s3://bucket/a.jpg"}', ["source-ref"], "only local files are read here"),
     ('{"source-ref": "missing.jpg"}', ["source-ref"], "line 1: cannot read source-ref 'missing.jpg'"),

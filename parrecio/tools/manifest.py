@@ -13,14 +13,17 @@ each name of ``AttributeNames`` in that order, one record: an attribute whose na
 carries the bytes of the object it references, any other attribute its JSON text.  Here, for local
 emulation and packing, a ``-ref`` is a local path: absolute, relative to the manifest's directory, or a
 ``file://`` URL; ``s3://`` references are refused (nothing here talks to S3).  JSON text is
-``orjson.dumps(value)`` (compact, no spaces).  Blank lines are skipped; a line without one of the
-attributes is an error, as it is for SageMaker.
+``orjson.dumps(value)`` (compact, no spaces; a line with an integer beyond 64 bits, which orjson would
+read as a float, is read and written by the standard library, so the value is kept).  Blank lines are
+skipped; a line without one of the attributes is an error, as it is for SageMaker.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+import re
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import unquote, urlparse
 
 import orjson
@@ -62,8 +65,8 @@ def read_manifest_lines(manifest_path: str) -> List[ManifestLine]:
 
 def line_records(line: ManifestLine, attribute_names: Sequence[str], manifest_path: str) -> List[bytes]:
     """The records of one manifest line: one per attribute name, in order (see the module docstring)."""
-    where, values = _line_values(line, attribute_names, manifest_path)
-    return [_referenced_bytes(value, manifest_path, where, name) if name.endswith("-ref") else orjson.dumps(value)
+    where, values, dumps = _line_values(line, attribute_names, manifest_path)
+    return [_referenced_bytes(value, manifest_path, where, name) if name.endswith("-ref") else dumps(value)
             for name, value in zip(attribute_names, values)]
 
 
@@ -74,7 +77,7 @@ def check_manifest(manifest_path: str, attribute_names: Sequence[str]) -> int:
     for its stream, not in the middle of an epoch.)"""
     lines = read_manifest_lines(manifest_path)
     for line in lines:
-        where, values = _line_values(line, attribute_names, manifest_path)
+        where, values, _ = _line_values(line, attribute_names, manifest_path)
         for name, value in zip(attribute_names, values):
             if name.endswith("-ref"):
                 path = _ref_path(value, manifest_path, where, name)
@@ -84,20 +87,33 @@ def check_manifest(manifest_path: str, attribute_names: Sequence[str]) -> int:
     return len(lines)
 
 
-def _line_values(line: ManifestLine, attribute_names: Sequence[str], manifest_path: str) -> Tuple[str, list]:
-    """``(where, the values of the attributes)`` of one manifest line; SourceError naming the line."""
+def _line_values(line: ManifestLine, attribute_names: Sequence[str],
+                 manifest_path: str) -> Tuple[str, list, Callable[[Any], bytes]]:
+    """``(where, the values of the attributes, how a value is written as JSON)`` of one manifest line;
+    SourceError naming the line."""
     lineno, text = line
     where = f"{manifest_path} line {lineno}"
+    dumps: Callable[[Any], bytes] = orjson.dumps
     try:
         obj = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
+        if _LONG_DIGITS.search(text):  # orjson reads an integer beyond 64 bits as a float: another value
+            obj, dumps = json.loads(text), _exact_dumps
+    except (orjson.JSONDecodeError, ValueError) as exc:
         raise SourceError(f"{where}: not valid JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise SourceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     for name in attribute_names:
         if name not in obj:
             raise SourceError(f"{where}: no attribute {name!r} (the line has {', '.join(map(repr, obj))})")
-    return where, [obj[name] for name in attribute_names]
+    return where, [obj[name] for name in attribute_names], dumps
+
+
+_LONG_DIGITS = re.compile(rb"\d{20}")  # 20 digits or more: maybe an integer beyond 64 bits
+
+
+def _exact_dumps(value: Any) -> bytes:
+    """Compact JSON with Python's integers as they are (a line that holds a long number)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def iter_manifest_records(manifest_path: str, attribute_names: Sequence[str], *,
