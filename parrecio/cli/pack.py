@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     man.add_argument("--attribute-names", required=True,
                      help="attributes, comma separated, one record each in this order (like AttributeNames)")
     man.add_argument("--split-bytes", type=int, default=None, metavar="N",
-                     help="split records larger than N bytes into multipart records (cflag 1/2/3)")
+                     help="split records larger than N bytes into multipart records (cflag 1/2/3) of parts of "
+                          "N bytes; N-1 when N is a multiple of 4, so that join=auto tells them from MXNet's")
     _add_shuffle(man)
 
     pb = sub.add_parser(

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shuffle manifest lines / .rec records every epoch (epoch e uses seed + e)")
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default: 0)")
     parser.add_argument("--split-bytes", type=int, default=None,
-                        help="split records larger than this into concat parts (cflag 1/2/3)")
+                        help="split records into concat parts (cflag 1/2/3) of this many bytes; one less when it is a "
+                             "multiple of 4, so that join=auto tells them from MXNet's")
     parser.add_argument("--join", choices=("auto", "mxnet", "concat"), default="auto",
                         help="how the .rec sources' multipart records are read (default: auto, decided per file)")
     parser.add_argument("--quiet", action="store_true",
