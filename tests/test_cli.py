@@ -297,6 +297,22 @@ def test_bench_workers_0_beside_workers_1(data, manifest_rec):
     assert inline["cpu_us_per_sample"]["consumer"] > 0
 
 
+def test_bench_advice_follows_a_measured_workers_0_run():
+    """The CPU-cost guess ("try --workers 0") is for when workers=0 was not measured: it was printed under
+    a "best: ... with 2 workers" that a measured, slower workers=0 run had just settled."""
+    from parrecio.cli.bench import inline_advice
+
+    def run(workers, rate, reader, consumer, decode):
+        return {"workers": workers, "samples_per_s": rate,
+                "cpu_us_per_sample": {"reader": reader, "consumer": consumer, "decode": decode}}
+    cheap = [run(1, 144972.7, 0.7, 1.3, 1.4), run(2, 176565.0, 0.6, 1.3, 1.5)]  # small JSON records
+    assert inline_advice(cheap).endswith("try --workers 0 (decoding in this process)")
+    assert inline_advice([run(0, 88343.7, 0.0, 11.0, 0.0)] + cheap) is None
+    assert inline_advice([run(0, 200000.0, 0.0, 4.0, 0.0)] + cheap).startswith("workers=0 (decoding in this "
+                                                                                 "process, no child processes) "
+                                                                                 "was the fastest")
+
+
 def test_bench_text_with_fields(images_rec):
     proc = cli("bench", images_rec, "--fields", "imagerecord", "--workers", 1, "--batch-size", 2,
                "--size", 16)

@@ -321,13 +321,16 @@ def _per_sample(samples: int, reader: float, decode: float, consumer: float,
 
 def inline_advice(runs: List[Dict[str, Any]]) -> Optional[str]:
     """When decoding a sample costs less CPU than moving it between processes, say that ``--workers 0``
-    (decoding in the consuming process) is likely fastest; when a workers=0 run was the fastest, say so."""
+    (decoding in the consuming process) is likely fastest; when a workers=0 run was the fastest, say so.
+    A workers=0 run that was measured and was slower settles it: no advice then."""
     if not runs:
         return None
     best = max(runs, key=lambda r: r["samples_per_s"])
     if best["workers"] == 0 and len(runs) > 1:
         return ("workers=0 (decoding in this process, no child processes) was the fastest: decoding costs "
                 "less than moving the samples between processes")
+    if any(r["workers"] == 0 for r in runs):
+        return None
     for r in runs:
         cpu = r.get("cpu_us_per_sample") or {}
         if r["workers"] and cpu and cpu["decode"] < cpu["reader"] + cpu["consumer"]:
