@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                 log("no class sub-folders: one class, every image has label 0")
             else:
                 shown = ", ".join(f"{i}={c}" for i, c in enumerate(classes[:10]))
-                log(f"{len(classes)} classes ({shown}{', ...' if len(classes) > 10 else ''})")
+                log(f"{len(classes)} class{'es' * (len(classes) != 1)} ({shown}{', ...' if len(classes) > 10 else ''})")
             for path, why in res.skipped[:10]:
                 log(f"skipped {path}: {why}")
             if len(res.skipped) > 10:

@@ -118,7 +118,7 @@ def run_demo(path: str, workers: int, batch_size: int, size: int, out=print) -> 
         st = reader.stats
     out(f"one process, same decoders: {single:7.1f} samples/s")
     out(f"ParallelReader, {workers} workers: {rates[1]:7.1f} samples/s ({rates[1] / single:.2f}x; "
-        f"first pass, starting the processes included: {rates[0]:.1f})")
+        f"first pass{', starting the processes included' if workers else ''}: {rates[0]:.1f})")
     out(f"stages: reading {st.read_time:.2f} s, consumer waiting for decoders {st.wait_workers_time:.2f} s, "
         f"reader waiting for the consumer {st.wait_consumer_time:.2f} s; bottleneck: {st.bottleneck}")
     rate = rates[1]
