@@ -16,8 +16,8 @@ import pytest
 
 from parrecio import DecodeError, ParallelReader, Tuning
 from parrecio.pipeline.shm import leftover
-from pipeline_helpers import (KillOn, KillOnceOn, KillOnceSlowStart, Sleepy, digest_array, is_blocked, payloads,
-                              wait_until, write_rec)
+from pipeline_helpers import (Fixed, KillOn, KillOnceOn, KillOnceSlowStart, Sleepy, digest_array, is_blocked,
+                              payloads, wait_until, write_rec)
 from round2_helpers import Lines, alive, wait_gone
 from test_pipeline import flatten
 
@@ -69,6 +69,44 @@ def test_worker_killed_once_by_a_record_rerun_identically(stream, tmp_path, no_l
         assert (reader.stats.workers_replaced, reader.stats.reruns) == (1, 1)
     assert all(np.array_equal(a, digest_array(r)) for a, r in zip(got, marked))
     assert len(got) == len(marked)
+
+
+class KillOnceOnEach(Fixed):
+    """SIGKILLs its process the first time it meets each of ``markers`` (flag files remember): two kills
+    from outside, as an OOM killer that strikes twice within a second."""
+
+    def __init__(self, markers, flag_dir: str):
+        super().__init__()
+        self.markers, self.flag_dir = markers, flag_dir
+
+    def decode_into(self, payload, out):
+        for i, marker in enumerate(self.markers):
+            flag = os.path.join(self.flag_dir, f"killed-{i}")
+            if bytes(payload[:len(marker)]) == marker and not os.path.exists(flag):
+                open(flag, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        super().decode_into(payload, out)
+
+
+@pytest.mark.parametrize("batch_size", [None, 16])
+def test_a_second_death_in_the_reruns_of_a_dead_workers_task_is_no_poison_verdict(stream, tmp_path, batch_size,
+                                                                                    no_leaks):
+    """The worker dies on record 120; the worker that re-runs record 125 alone dies too (each once).
+    Every group of the first task counted as having killed a worker, so the second death made record 125
+    a poison record ("died twice while decoding this sample"), lost.  A worker keeps the group it decodes
+    on the progress board, and only that one is suspected."""
+    path, recs, _ = stream
+    marked = list(recs)
+    marked[120] = b"KIL1" + recs[120]
+    marked[125] = b"KIL2" + recs[125]
+    p2 = tmp_path / "m.rec"
+    write_rec(p2, marked)
+    with ParallelReader(p2, fields=KillOnceOnEach([b"KIL1", b"KIL2"], str(tmp_path)), workers=2,
+                        batch_size=batch_size) as reader:
+        got = flatten(list(reader)) if batch_size else [s.copy() for s in reader]
+        assert (reader.stats.workers_replaced, reader.stats.skipped) == (2, 0)
+    assert len(got) == len(marked)
+    assert all(np.array_equal(a, digest_array(r)) for a, r in zip(got, marked))
 
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])

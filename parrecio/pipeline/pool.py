@@ -20,6 +20,7 @@ import itertools
 import logging
 import pickle
 import time
+from array import array
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -29,6 +30,7 @@ from .children import child_entry, close_quietly, describe_exit, forget_processe
 from .config import PipelineConfig
 from .messages import Stop, Task
 from .pairing import Bell, Pairs, board_name
+from .shm import Segment
 from .wire import Frame, FrameReader, send_message
 from .worker import CANNOT_LOAD, TAKEN, WorkerJob, worker_main
 
@@ -74,6 +76,7 @@ class WorkerPool:
         self._generations = itertools.count()  # every worker ever started gets its own seed
         self.bell: Optional[Bell] = None  # see start()
         self.pairs = Pairs()
+        self.board: Optional[Segment] = None  # the progress board: see start()
 
     def start(self) -> None:
         """Start the ``cfg.workers`` processes (one by one into ``workers``: when a start fails, those
@@ -89,16 +92,29 @@ class WorkerPool:
                 log.debug("parrecio: no pairing bell", exc_info=True)
             else:
                 self.job = dataclasses.replace(self.job, pairs=self.bell.name)
+        # The progress board: each worker keeps [task id, group] of what it decodes there, so that when
+        # it dies only that group is suspected of killing it, not every group of the tasks it held (a
+        # second death of any of those, killed from outside, made an innocent sample a poison record).
+        try:
+            self.board = Segment.create(self.job.prefix + "progress", 16 * cfg.workers)
+        except OSError:  # (a few bytes of /dev/shm not to be had: every group of a dead worker's tasks is suspected)
+            log.debug("parrecio: no progress board", exc_info=True)
+        else:
+            self.job = dataclasses.replace(self.job, progress=self.board.name)
         for i in range(self.cfg.workers):
             self.workers.append(self._spawn(i))
 
     def _spawn(self, index: int) -> _Worker:
         self.version += 1
+        job = self.job
+        if self.board is not None:
+            self._progress(index)[:] = array("q", [-1, -1])  # (not the entry of the worker it replaces)
+            job = dataclasses.replace(job, slot=index)
         task_r, task_w = self.ctx.Pipe(duplex=False)
         res_r, res_w = self.ctx.Pipe(duplex=False)
         try:
             proc = self.ctx.Process(target=child_entry, name=f"parrecio-worker-{index}", daemon=True,
-                                    args=(self.job.prefix, self.lifeline_r, worker_main, self.cfg, self.job,
+                                    args=(self.job.prefix, self.lifeline_r, worker_main, self.cfg, job,
                                           next(self._generations), task_r, res_w, self.lifeline_r,
                                           self.bell.w if self.bell is not None else None))
             start(proc)
@@ -109,6 +125,18 @@ class WorkerPool:
         res_w.close()
         return _Worker(index, proc, task_w, res_r, task_w.fileno(), FrameReader(res_r.fileno()), progress=self.clock,
                        sentinel=proc.sentinel)
+
+    def _progress(self, index: int) -> memoryview:
+        assert self.board is not None
+        return memoryview(self.board.buf).cast("q")[2 * index:2 * index + 2]
+
+    def _blamed(self, w: _Worker, task: Task) -> Optional[int]:
+        """The group of ``task`` (0 .. n-1) that worker ``w``, dead, was decoding; -1 for none (it had not
+        begun the task, or had decoded all of it); None when there is no progress board to tell."""
+        if self.board is None:
+            return None
+        task_id, group = self._progress(w.index).tolist()
+        return group if task_id == task.task_id and 0 <= group < task.n else -1
 
     @property
     def pids(self) -> List[int]:
@@ -166,12 +194,13 @@ class WorkerPool:
         return tuple(w.index for w in self.workers if w.inbox.partial)
 
     def collect(self, ready: List[Any], every: bool = False
-                ) -> Tuple[List[Tuple[Task, Frame]], List[Tuple[Task, bool]]]:
+                ) -> Tuple[List[Tuple[Task, Frame]], List[Tuple[Task, bool, Optional[int]]]]:
         """Results from the ready workers (``every``: from every worker, when not all result pipes
         were watched), and the unfinished tasks of those that died, each with whether its worker had
-        begun it (known of isolated tasks, which their worker says it takes: others count as begun)."""
+        begun it (known of isolated tasks, which their worker says it takes: others count as begun) and
+        the group it was decoding (:meth:`_blamed`)."""
         done: List[Tuple[Task, Frame]] = []
-        orphans: List[Tuple[Task, bool]] = []
+        orphans: List[Tuple[Task, bool, Optional[int]]] = []
         bell = self.bell
         if bell is not None and bell.fd in ready:
             bell.drain()  # before the pipes: a ring is written after its frames
@@ -188,7 +217,8 @@ class WorkerPool:
                         f"{describe_exit(w.proc.exitcode)}); see their output above -- a decoder that "
                         f"cannot be unpickled or imported in a new process, or a script without "
                         f"`if __name__ == '__main__':` under the spawn/forkserver start methods")
-                orphans.extend((t, not t.isolated or t.task_id in w.taken) for t in w.inflight.values())
+                orphans.extend((t, not t.isolated or t.task_id in w.taken, self._blamed(w, t))
+                               for t in w.inflight.values())
                 log.warning("parrecio: decoder process %d (pid %d) died (%s); "
                             "re-running its %d task(s) in a new one",
                             w.index, w.proc.pid, describe_exit(w.proc.exitcode), len(w.inflight))
@@ -254,9 +284,11 @@ class WorkerPool:
                 self.workers[i] = self._spawn(w.index)
 
     def unlink(self) -> None:
-        """Remove the pairs board's name (its mappings stay valid): see ``Resources._unlink_memory``."""
+        """Remove the boards' names (their mappings stay valid): see ``Resources._unlink_memory``."""
         if self.bell is not None:
             self.bell.segment.unlink()
+        if self.board is not None:
+            self.board.unlink()
 
     def stop(self, timeout: float = 1.0) -> None:
         """Ask every worker to stop; kill those that do not within ``timeout`` seconds.  Idempotent."""
@@ -274,10 +306,14 @@ class WorkerPool:
                     w.proc.join(1.0)
                 self._discard(w)
             self.workers = []
-        finally:  # (also when Ctrl-C cuts the wait short: the board's segment must go)
+        finally:  # (also when Ctrl-C cuts the wait short: the boards' segments must go)
             if self.bell is not None:
                 bell, self.bell = self.bell, None
                 bell.close()
+            if self.board is not None:
+                board, self.board = self.board, None
+                board.unlink()
+                board.close()
 
     def forget_after_fork(self) -> None:
         """In the child of an ``os.fork()`` of the consumer: let go of the workers without a word."""
@@ -285,6 +321,7 @@ class WorkerPool:
         for w in self.workers:
             close_quietly(w.task_conn, w.result_conn)
         self.workers = []
+        self.board = None  # (the parent's to remove)
         if self.bell is not None:
             # Its read end is the parent's; its write end stays open: a decoder process started by the
             # fork start method is such a child too, and rings with it.  The board is the parent's to remove.

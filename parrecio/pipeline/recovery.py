@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pickle
 from collections import deque
-from typing import Any, Deque, Sequence, Tuple
+from typing import Any, Deque, Optional, Sequence, Tuple
 
 from ..errors import DecodeError, PipelineError
 from .messages import RemoteError, Task
@@ -31,16 +31,21 @@ class Recovery:
         self.retry: Deque[Tuple[Any, int, int]] = deque()
         self.resplit: Deque[Tuple[Any, int, int]] = deque()
 
-    def orphaned(self, cs: Any, task: Task, taken: bool = True) -> None:
+    def orphaned(self, cs: Any, task: Task, taken: bool = True, blamed: Optional[int] = None) -> None:
         """The worker running ``task`` (of the chunk state ``cs``) died: re-run its groups, each alone.  A
         group whose isolated re-run kills its worker too has killed two: it is a poison record -- unless
         that worker died before it took the group (``taken`` False: killed from outside while it started,
-        or while it waited), which says nothing about the group: it is re-run again."""
+        or while it waited), which says nothing about the group: it is re-run again.  Of a whole task,
+        only the group its worker was decoding (``blamed``, 0 .. n-1; -1: none) counts as having killed
+        one; ``None`` (not known): every group of the task does."""
         self.stats.reruns += 1
         if task.isolated and not taken:
             self.retry.append((cs, task.start, task.n))
             return
         for j in range(task.start, task.start + task.n):
+            if not task.isolated and blamed is not None and j != task.start + blamed:
+                self.retry.append((cs, j, 1))  # decoded, or waiting, when its worker died: not a suspect
+                continue
             tries = cs.attempts.get(j, 0) + 1
             cs.attempts[j] = tries
             if task.isolated and tries >= 2:

@@ -56,6 +56,8 @@ class WorkerJob:
     ring_name: str              # the input ring's shared-memory segment
     prefix: str                 # shm name prefix of this reader, swept if the consumer dies
     pairs: str = ""             # the pairing board's segment (parrecio.pipeline.pairing), "" without one
+    progress: str = ""          # the progress board's segment (see WorkerPool), "" without one
+    slot: int = -1              # this worker's entry on it: its index in the pool
 
 
 def seed_worker(seed: int, generation: int) -> None:
@@ -84,8 +86,12 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
     try:
         ring = Segment.attach(job.ring_name)
         ringer = Ringer(job.pairs, bell) if job.pairs else None
+        board = Segment.attach(job.progress) if job.progress else None
     except FileNotFoundError:  # close() removed the names while this process was starting: nothing to do
         return
+    # where this worker stands, for the consumer to read if it dies: [task id, group of the task (-1 before
+    # the first, the task's n once all are decoded)] -- the group to blame, not every group of its tasks
+    progress = None if board is None else memoryview(board.buf).cast("q")[2 * job.slot:2 * job.slot + 2]
     slots: Dict[str, tuple] = {}
     mapped = MappedFiles()
     result_fd = result_conn.fileno()
@@ -104,7 +110,7 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
             if msg.isolated:  # a re-run judging a poison record: say that its group is being decoded now
                 send_result(result_fd, TaskDone(msg.task_id, None, 0.0, os.getpid()), TAKEN, False,
                             ringer.ring if ringer is not None else None)
-            done = _run_task(cfg, job, msg, ring, slots, mapped, plan)
+            done = _run_task(cfg, job, msg, ring, slots, mapped, plan, progress)
             body, split = _pickled(done, msg.split, cfg.decoders)
             send_result(result_fd, done, body, split, ringer.ring if ringer is not None else None)
             if ringer is not None and msg.pair >= 0:
@@ -120,15 +126,23 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
         ring.close()
         if ringer is not None:
             ringer.close()
+        if board is not None:
+            if progress is not None:
+                progress.release()
+            board.close()
 
 
 _NO_OUTS: List[Any] = []
 
 
 def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, slots: Dict[str, tuple],
-              mapped: MappedFiles, plan: DecodePlan) -> TaskDone:
+              mapped: MappedFiles, plan: DecodePlan, progress: Optional[memoryview] = None) -> TaskDone:
     """Decode the task's groups.  The values that travel back form columns (one list per field whose
-    values are not all in output slots), and the failures a ``{group: RemoteError}`` dict."""
+    values are not all in output slots), and the failures a ``{group: RemoteError}`` dict.  ``progress``:
+    this worker's entry on the progress board, kept current (the task, then each group as it starts)."""
+    if progress is not None:
+        progress[1] = -1  # (first: a death between the two writes blames no group of either task)
+        progress[0] = task.task_id
     cpu0 = time.process_time()
     nf, n = len(cfg.decoders), task.n
     columns: List[Optional[list]] = [[None] * n if cfg.travels[f] else None for f in range(nf)]
@@ -163,6 +177,8 @@ def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, sl
                     payloads.append(mem[offs[i]:offs[i] + lens[i]])
             if keyed:  # the sample's key: its fields draw the same crop whoever decodes it, on every re-run
                 key = plan.key(task.epoch, seq0 + j)
+            if progress is not None:
+                progress[1] = j
             try:
                 vals = decode(payloads, dests[j] or _NO_OUTS, key)
             except FieldFailed as exc:
@@ -179,6 +195,8 @@ def _run_task(cfg: PipelineConfig, job: WorkerJob, task: Task, ring: Segment, sl
         mem.release()
         if seg is not ring:
             seg.close()
+    if progress is not None:
+        progress[1] = n  # every group decoded: a death from here on (sending the result) blames none
     if place.is_file:
         try:  # checked again: a writer changes the file's time before its bytes, so values that any changed
             mapped.check(place.name)()  # bytes went into are never sent as good ones
