@@ -238,3 +238,58 @@ def test_close_from_another_thread_while_a_failed_start_is_freed(tmp_path, monke
     assert reader.state.value == "closed" and reader._res.closed and released
     with pytest.raises(PipelineError, match="closed"):
         iter(reader)
+
+
+@pytest.mark.parametrize("where", ["fit_memory", "SlotPool"])
+def test_close_from_a_signal_handler_in_the_middle_of_the_start(tmp_path, monkeypatch, where, no_leaks):
+    """close() in a signal handler runs in the middle of start() (the lock is re-entrant): it freed what
+    was there, start() went on to allocate the output slots, failed, and its clean-up found the reader
+    closed already: the slots stayed in /dev/shm for good.  Now the start frees them, and the pass ends
+    as one ended by close()."""
+    src = tmp_path / "s.rec"
+    write_rec(src, payloads(N, seed=21))
+    reader = ParallelReader(str(src), fields=Fixed(), workers=2, batch_size=16,
+                            tuning=Tuning(start_method=_CTX.get_start_method()))
+
+    def closing(original):
+        def call(*args, **kwargs):
+            reader.close()  # what the handler does, between two steps of the start
+            return original(*args, **kwargs)
+        return call
+    _once(monkeypatch, resources, where, closing)
+    try:
+        with deadline(60), pytest.raises(PipelineError, match="ended by close"):
+            next(iter(reader))
+        assert _ours() == []
+        assert reader.state.value == "closed"
+    finally:
+        reader.close()
+
+
+def test_close_from_a_signal_handler_in_the_middle_of_a_pass(tmp_path, monkeypatch, no_leaks):
+    """The same inside the pipeline, mid-pass: the pass ended as if complete (its chunks emptied by the
+    close), or with whatever the close broke under it (KeyError: 313), not as a pass ended by close()."""
+    src = tmp_path / "s.rec"
+    write_rec(src, payloads(N, seed=22))
+    reader = ParallelReader(str(src), fields=Fixed(), workers=2, batch_size=16,
+                            tuning=Tuning(start_method=_CTX.get_start_method(), chunk_groups=16))
+    calls = []
+    original = run_mod.Run._store
+
+    def store(self, task, frame):
+        calls.append(1)
+        if len(calls) == 3:
+            reader.close()  # what the handler does, between two steps of the consumer
+        return original(self, task, frame)
+    monkeypatch.setattr(run_mod.Run, "_store", store)
+    try:
+        got = []
+        with deadline(60), pytest.raises(PipelineError, match="ended by close"):
+            for batch in reader:
+                got.append(batch.copy())
+        rows = [row for batch in got for row in batch]  # (the batches before it: a prefix, in order)
+        assert all(np.array_equal(a, digest_array(r)) for a, r in zip(rows, payloads(N, seed=22)))
+        assert len(rows) == 16 * len(got) < N
+        assert _ours() == []
+    finally:
+        reader.close()

@@ -382,8 +382,15 @@ class ParallelReader:
                 with res.lock:  # inside the pipeline; released while the user's loop body runs
                     if run.aborted or res.closing:  # this pass was ended by close() or a new iteration
                         raise ended()
-                    block = next(blocks, _END)
+                    try:
+                        block = next(blocks, _END)
+                    except Exception as exc:
+                        if run.aborted or res.closing:  # a close() re-entered from a signal handler in
+                            raise ended() from exc      # there freed what the pipeline was using
+                        raise
                 if block is _END:
+                    if run.aborted:  # (never a pass ended by close() that looks complete)
+                        raise ended()
                     break
                 t0 = time.perf_counter()
                 if first:

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 from .children import close_quietly, plain_picklable, register_for_fork, start_forkserver, start_janitor
 from .config import PipelineConfig
+from .passes import ended
 from .pool import WorkerPool
 from .reader_handle import ReaderHandle
 from .shm import SHM_DIR, Segment, free_bytes, new_prefix
@@ -112,6 +113,7 @@ class Resources:
         self.pinned: Any = None                   # views.Pinned: chunks an ended pass's views still hold
         self.phase = Phase.NEW
         self._keep_source = False                 # (unstart: a close that keeps the source)
+        self._released = False                    # the source was released (once)
         self.close_asked = False                  # close() was called (from any thread)
         self.closed_why = ""                      # why a reader was closed by itself (said when used again)
         self.lock = threading.RLock()
@@ -188,6 +190,8 @@ class Resources:
             if not all(cfg.passthrough):
                 # started by start_workers(), after the first pass's reader process
                 self.pool = WorkerPool(ctx, cfg, WorkerJob(self.ring.name, self.prefix), self.lifeline.r)
+            if self.close_asked:  # close() re-entered from a signal handler meanwhile: free what was made since
+                raise ended()
         except BaseException:
             self.unstart()
             raise
@@ -292,8 +296,10 @@ class Resources:
                 self.lock.release()
 
     def _close(self) -> None:
-        if self.closed:
-            return
+        # Every step is idempotent and runs again on a closed reader: a close() re-entered from a signal
+        # handler in the middle of start() closed what was there; start() then went on to allocate the
+        # output slots, failed on the closed lifeline, and its unstart() found the reader closed already
+        # (the slots stayed in /dev/shm for good).
         self.phase = Phase.CLOSED
         # Every step runs, whatever the one before it raised: Ctrl-C in the middle of stopping the
         # workers must not leave the ring and the slots in /dev/shm for good (a later close() finds
@@ -359,7 +365,8 @@ class Resources:
                     janitor.kill()
                     janitor.wait(2)
         finally:
-            if self.source is not None and not self._keep_source:
+            if self.source is not None and not self._keep_source and not self._released:
+                self._released = True
                 self.source.release()
 
     def forget_after_fork(self) -> None:

@@ -157,11 +157,11 @@ class Run(Pass):
                     if self.chunks and self.chunks[0].complete and not woke:
                         self._step(0.0)
                     woke = False
+                if self.aborted:  # (first: a close() re-entered from a signal handler emptied the chunks)
+                    raise ended()
                 if self.feed.end is not None and not self.chunks:
                     self._finish()
                     return
-                if self.aborted:
-                    raise ended()
                 if self.pinned is not None:
                     self._unpin()
                 if not self.chunks:  # waiting for the reader: it gets every release first
