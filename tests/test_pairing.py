@@ -226,15 +226,25 @@ def test_result_frames_larger_than_the_pipe_are_read_without_a_stall(tmp_path, m
     assert waits.timeouts == 0, waits.by_mode
 
 
-def test_without_a_bell_results_are_waited_for_one_by_one(tmp_path, monkeypatch, no_leaks):
+@pytest.mark.parametrize("error", ["OSError", "PipelineError"])
+def test_without_a_bell_results_are_waited_for_one_by_one(tmp_path, monkeypatch, error, no_leaks):
     """When the bell cannot be made (no room for its 8 KiB board, no pipe), the pipeline runs without it:
-    every result pipe is watched, the samples are the same."""
+    every result pipe is watched, the samples are the same.  A full /dev/shm is a PipelineError (what
+    shm._reserve makes of ENOSPC), which the fallback missed: the pass failed.  The progress board of
+    the pool (see tests/test_reliability.py) is left out the same way."""
+    from parrecio import PipelineError
     from parrecio.pipeline import pool as pool_mod
+    from parrecio.pipeline.shm import Segment
 
-    def no_bell(*args, **kwargs):
-        raise OSError(28, "No space left on device")
+    def no_room(*args, **kwargs):
+        if error == "OSError":
+            raise OSError(28, "No space left on device")
+        raise PipelineError("cannot allocate 0.0 MiB of shared memory in /dev/shm (full)")
 
-    monkeypatch.setattr(pool_mod, "Bell", no_bell)
+    monkeypatch.setattr(pool_mod, "Bell", no_room)
+    create = Segment.create.__func__
+    monkeypatch.setattr(Segment, "create", classmethod(
+        lambda cls, name, size: no_room() if name.endswith("progress") else create(cls, name, size)))
     recs = payloads(200, seed=4)
     path = tmp_path / "n.rec"
     write_rec(path, recs)

@@ -88,7 +88,8 @@ class WorkerPool:
             # (parrecio.pipeline.pairing); with one task per worker, a pair would keep one idle.
             try:
                 self.bell = Bell(self.ctx, board_name(self.job.prefix))
-            except OSError:  # (8 KiB of /dev/shm, or a pipe, not to be had: results are waited for one by one)
+            except (OSError, PipelineError):  # (8 KiB of /dev/shm, or a pipe, not to be had: results are waited
+                # for one by one; a full /dev/shm is a PipelineError of shm._reserve)
                 log.debug("parrecio: no pairing bell", exc_info=True)
             else:
                 self.job = dataclasses.replace(self.job, pairs=self.bell.name)
@@ -97,7 +98,8 @@ class WorkerPool:
         # second death of any of those, killed from outside, made an innocent sample a poison record).
         try:
             self.board = Segment.create(self.job.prefix + "progress", 16 * cfg.workers)
-        except OSError:  # (a few bytes of /dev/shm not to be had: every group of a dead worker's tasks is suspected)
+        except (OSError, PipelineError):  # (a page of /dev/shm not to be had: every group of a dead worker's
+            # tasks is suspected)
             log.debug("parrecio: no progress board", exc_info=True)
         else:
             self.job = dataclasses.replace(self.job, progress=self.board.name)
