@@ -255,3 +255,28 @@ def test_a_fork_server_that_cannot_start_fails_the_first_pass_not_the_constructo
     with deadline(60):
         assert len(list(reader)) == 30
     reader.close()
+
+
+def _read_in_a_pool_worker(path: str, workers) -> object:
+    """In a daemonic process (a Pool's worker): the samples, or the error's text."""
+    try:
+        with ParallelReader(path, fields=Fixed(), workers=workers) as reader:
+            return [s.tobytes() for s in reader], reader.workers
+    except ValueError as exc:
+        return str(exc)
+
+
+def test_in_a_daemonic_process(tmp_path, no_leaks):
+    """A Pool's or a DataLoader's worker may start no children: workers>0 there failed at the first next()
+    with multiprocessing's bare AssertionError (after the ring and the janitor were made).  Now workers
+    defaults to 0 there, and workers>0 is refused at once, saying what to do."""
+    recs = payloads(50, seed=31)
+    path = str(tmp_path / "d.rec")
+    write_rec(path, recs)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got, workers = pool.apply(_read_in_a_pool_worker, (path, None))
+        refused = pool.apply(_read_in_a_pool_worker, (path, 2))
+    assert workers == 0 and got == [digest_array(r).tobytes() for r in recs]
+    assert refused.startswith("workers=2 in a daemonic process (ForkPoolWorker-1: a multiprocessing.Pool or "
+                              "DataLoader worker, say), which may not start the reader and decoder processes: "
+                              "use workers=0 there")

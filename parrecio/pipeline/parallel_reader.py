@@ -106,7 +106,8 @@ class ParallelReader:
             value, ``None`` gives each record's payload as ``bytes``.  A decoder is any callable
             ``payload -> value`` (see :mod:`parrecio.decoders`); one the decoder processes cannot
             import (a notebook's, a lambda) travels by value (:mod:`parrecio.pipeline.shipping`).
-        workers: decoder processes (default: the CPUs this process may use).  ``0`` decodes in this
+        workers: decoder processes (default: the CPUs this process may use; 0 in a daemonic process, which
+            may not start any, such as a ``multiprocessing.Pool``'s worker).  ``0`` decodes in this
             process: no child processes, no shared memory, decoders need not be picklable and ``pdb``
             works in them; the fastest mode when decoding is cheaper than moving the data between
             processes.  The output (values, order, errors, shuffles, shards) is the same for any value.
@@ -166,7 +167,13 @@ class ParallelReader:
             raise ValueError(f"need 0 <= shard_index < num_shards, got {shard_index} and {num_shards}")
         if even_shards not in EVEN_SHARDS:
             raise ValueError(f"even_shards must be None, 'pad' or 'drop', not {even_shards!r}")
-        workers = _default_workers() if workers is None else count("workers", workers, minimum=0)
+        daemon = multiprocessing.current_process().daemon  # a Pool's or a DataLoader's worker: no children
+        workers = (0 if daemon else _default_workers()) if workers is None else count("workers", workers, minimum=0)
+        if workers and daemon:
+            raise ValueError(f"workers={workers} in a daemonic process ({multiprocessing.current_process().name}: "
+                             f"a multiprocessing.Pool or DataLoader worker, say), which may not start the reader "
+                             f"and decoder processes: use workers=0 there (decoding in that process), or make the "
+                             f"ParallelReader in the main process")
         seed = count("seed", seed, minimum=0, maximum=(1 << 64) - 1)  # a 64-bit seed, as torch.Generator takes
         shuffle_buffer = count("shuffle_buffer", shuffle_buffer)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
