@@ -280,3 +280,21 @@ def test_in_a_daemonic_process(tmp_path, no_leaks):
     assert refused.startswith("workers=2 in a daemonic process (ForkPoolWorker-1: a multiprocessing.Pool or "
                               "DataLoader worker, say), which may not start the reader and decoder processes: "
                               "use workers=0 there")
+
+
+def _env_value(payload) -> str:
+    return os.environ.get("PARRECIO_TEST_SET_LATE", "unset")
+
+
+def test_decoders_see_the_environment_the_script_set_after_the_fork_server_booted(tmp_path, monkeypatch, no_leaks):
+    """The fork server boots with the first reader; its children inherited its environment of then, so a
+    variable set after it (an OMP_NUM_THREADS, a decoder's setting) was unset in the decoder processes
+    under forkserver, and set under spawn, fork and workers=0."""
+    path = str(tmp_path / "e.rec")
+    write_rec(path, payloads(6, seed=32))
+    with ParallelReader(path, fields=_env_value, workers=1) as first:  # boots the fork server (if not up)
+        assert set(first) == {"unset"}
+    monkeypatch.setenv("PARRECIO_TEST_SET_LATE", "fast")
+    for method in ("forkserver", "spawn"):
+        with ParallelReader(path, fields=_env_value, workers=2, tuning=Tuning(start_method=method)) as reader:
+            assert list(reader) == ["fast"] * 6, method

@@ -40,8 +40,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 from ..sources.fds import FdCarrier
 from .shm import SHM_DIR, sweep
 
-__all__ = ["child_entry", "start", "start_forkserver", "start_janitor", "describe_exit", "register_for_fork",
-           "close_quietly"]
+__all__ = ["child_entry", "environ_now", "start", "start_forkserver", "start_janitor", "describe_exit",
+           "register_for_fork", "close_quietly"]
 
 # What every child runs: the fork server imports them once, before it forks the first child.
 CHILD_MODULES = ("parrecio.pipeline.worker", "parrecio.pipeline.reader_proc")
@@ -64,12 +64,19 @@ def describe_exit(code: Optional[int]) -> str:
     return f"exit code {code}"
 
 
-def child_entry(prefix: str, lifeline: Any, target: Callable[..., None], *args: Any) -> None:
+def child_entry(prefix: str, lifeline: Any, target: Callable[..., None], *args: Any,
+                environ: Optional[Dict[str, str]] = None) -> None:
     """Entry point of the reader and decoder processes: set up the watch on the consumer, run ``target``.
 
     ``prefix`` names the run's shared memory (swept if the consumer dies); ``lifeline`` is the read end
-    of the consumer's lifeline pipe."""
+    of the consumer's lifeline pipe; ``environ``: the consumer's ``os.environ`` when it started this
+    process (:func:`environ_now`), taken on here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
+    if environ is not None and environ != os.environ:
+        # A fork server's children inherit its environment, of when it booted (the first reader): what
+        # the script set since would not reach the decoders, as it does under fork, spawn and workers=0.
+        os.environ.clear()
+        os.environ.update(environ)
 
     def on_termination(signum: int, frame: Any) -> None:
         # Sent to the whole process group, the signal killed the consumer too: its death shows on the
@@ -88,6 +95,11 @@ def child_entry(prefix: str, lifeline: Any, target: Callable[..., None], *args: 
     # not leave before the sweep: the watchdog thread that would do it dies with the process.
     if _consumer_gone(lifeline):
         sweep(prefix)
+
+
+def environ_now() -> Dict[str, str]:
+    """``os.environ`` now, for :func:`child_entry`'s ``environ``."""
+    return dict(os.environ)
 
 
 def _consumer_gone(lifeline: Any) -> bool:

@@ -26,7 +26,7 @@ from multiprocessing.connection import wait
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..errors import PipelineError
-from .children import child_entry, close_quietly, describe_exit, forget_processes, start
+from .children import child_entry, close_quietly, describe_exit, environ_now, forget_processes, start
 from .config import PipelineConfig
 from .messages import Stop, Task
 from .pairing import Bell, Pairs, board_name
@@ -118,7 +118,8 @@ class WorkerPool:
             proc = self.ctx.Process(target=child_entry, name=f"parrecio-worker-{index}", daemon=True,
                                     args=(self.job.prefix, self.lifeline_r, worker_main, self.cfg, job,
                                           next(self._generations), task_r, res_w, self.lifeline_r,
-                                          self.bell.w if self.bell is not None else None))
+                                          self.bell.w if self.bell is not None else None),
+                                    kwargs={"environ": environ_now()})
             start(proc)
         except BaseException:
             close_quietly(task_r, task_w, res_r, res_w)

@@ -21,7 +21,7 @@ import time
 from typing import Any, List, Optional
 
 from ..errors import PipelineError
-from .children import child_entry, close_quietly, describe_exit, forget_processes, start
+from .children import child_entry, close_quietly, describe_exit, environ_now, forget_processes, start
 from .messages import ReaderEnd, Release, Stop
 from .poller import ReadyCheck
 from .config import PipelineConfig
@@ -50,7 +50,8 @@ class ReaderHandle:
         self.releases_sent = 0  # Release messages sent (its Waiting says how many it has seen)
         try:
             self.proc = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
-                                    args=(self.prefix, lifeline_r, serve_main, cfg, data_w, ctrl_r, lifeline_r, job))
+                                    args=(self.prefix, lifeline_r, serve_main, cfg, data_w, ctrl_r, lifeline_r, job),
+                                    kwargs={"environ": environ_now()})
             start(self.proc)
         except BaseException:
             close_quietly(data_r, data_w, ctrl_r, ctrl_w)
