@@ -37,6 +37,14 @@ def test_fit_memory_as_a_function_of_the_free_bytes(tmp_path):
     assert "64 MiB free" in said and "--shm-size" in said and f"{n} output slots" in said
     none, n, said = fit_memory(cfg, 10, 5, 20 * MIB)          # not even the minimum: ask, and fail there
     assert none is cfg and n == 10 and said is None
+    # values that travel pickled (no output slots): the ring alone is spoken of ("0 output slots of
+    # 0.0 MiB (instead of 0)" was said)
+    with ParallelReader(tmp_path / "x.rec", fields=lambda p: len(p), workers=2) as r:
+        raw = r.config
+    small, n, said = fit_memory(raw, 0, 0, 8 * MIB)
+    assert small.ring_bytes == 2 * MIB and n == 0
+    assert said.startswith("parrecio: /dev/shm has 8 MiB free, less than the 128 MiB asked for; using a 2.0 MiB "
+                           "input ring (ring_bytes=67108864), which may be slower")
 
 
 SCRIPT = textwrap.dedent("""\

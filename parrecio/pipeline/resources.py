@@ -64,10 +64,13 @@ def fit_memory(cfg: PipelineConfig, slots: int, min_slots: int,
     ring = ring // 4096 * 4096
     small = dataclasses.replace(cfg, ring_bytes=ring, oneoff_budget=ring, mapped_budget=4 * ring,
                                 chunk_bytes=max(1 << 20, ring // 8))
+    slots_said = ""  # (raw records, or values that travel pickled: no slots to speak of)
+    if slot:
+        slots_said = f" and {fit} output slots of {slot / _MIB:.1f} MiB"
+        slots_said += f" (instead of {slots})" if fit != slots else ""
     said = (f"parrecio: {SHM_DIR} has {free / _MIB:.0f} MiB free, less than the {need / _MIB:.0f} MiB "
-            f"asked for; using a {ring / _MIB:.1f} MiB input ring (ring_bytes={cfg.ring_bytes}) and {fit} "
-            f"output slots of {slot / _MIB:.1f} MiB (instead of {slots}), which may be slower: give it "
-            f"more shared memory (docker run --shm-size=1g)")
+            f"asked for; using a {ring / _MIB:.1f} MiB input ring (ring_bytes={cfg.ring_bytes}){slots_said}, "
+            f"which may be slower: give it more shared memory (docker run --shm-size=1g)")
     return small, fit, said
 
 
