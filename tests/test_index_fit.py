@@ -238,3 +238,23 @@ def test_a_read_in_order_does_not_realign_by_an_index_that_does_not_fit(tmp_path
                f"where {p.with_suffix('.idx')} lists no group start" in str(err)
     else:
         assert "more than once" in str(err)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_index_check_reads_by_the_readers_join(tmp_path, workers, no_leaks):
+    """A multipart record of 4-byte parts fits both conventions: join="auto" cannot read it, join="concat"
+    can.  len() checked the index with a reader of join="auto", so len(), and list() (which asks it),
+    raised AmbiguousJoin under join="concat" (found by the long differential tier)."""
+    from parrecio.recordio.joins import AmbiguousJoin
+    payload = bytes(range(1, 21))
+    parts = [payload[i:i + 4] for i in range(0, 20, 4)]
+    rec = tmp_path / "p.rec"
+    rec.write_bytes(b"".join(frame(p, cflag=c) for p, c in zip(parts, [1, 2, 2, 2, 3])))
+    (tmp_path / "p.idx").write_text("0\t0\n")
+    with ParallelReader(str(rec), join="concat", workers=workers) as r:
+        assert len(r) == 1
+        assert list(r) == [payload]
+    with ParallelReader(str(rec), workers=workers) as r:  # auto: the index fits; the record is what it cannot read
+        assert len(r) == 1
+        with deadline(60), pytest.raises(AmbiguousJoin, match="cannot tell how the multipart record at byte 0"):
+            list(iter(r))

@@ -555,7 +555,7 @@ class ParallelReader:
         """Groups the ``.idx`` files list (read once)."""
         if self._indexed_groups is None:
             cfg = self._res.cfg
-            self._indexed_groups = _indexed_groups(cfg.index_paths, cfg.nfields)
+            self._indexed_groups = _indexed_groups(cfg.index_paths, cfg.nfields, cfg.join)
         return self._indexed_groups
 
     def __len__(self) -> int:
@@ -775,10 +775,10 @@ def _same_data(saved: List[tuple], data: List[List[Any]]) -> None:
                      f"a saved position belongs to the data it was saved on")
 
 
-def _indexed_groups(index_paths: tuple, nfields: int) -> int:
-    """Groups listed by the ``.idx`` of every ``(rec, idx)`` pair.  The indexes are read on a few threads:
-    an ``s3://`` one is a GET of its own (tens of ms), so a channel of many objects would otherwise wait
-    for each in turn."""
+def _indexed_groups(index_paths: tuple, nfields: int, join: str = "auto") -> int:
+    """Groups listed by the ``.idx`` of every ``(rec, idx)`` pair (``join``: the reader's, for the records
+    the check reads).  The indexes are read on a few threads: an ``s3://`` one is a GET of its own (tens of
+    ms), so a channel of many objects would otherwise wait for each in turn."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ..recordio import IndexedRecordReader, read_index
@@ -789,7 +789,7 @@ def _indexed_groups(index_paths: tuple, nfields: int) -> int:
         if isinstance(rec, str) and os.path.isfile(rec):
             # a local file: its index must fit it (as a read by index checks it), or the length would not
             # be its epoch's (records appended after the .idx was written, one line per sample)
-            with IndexedRecordReader(rec, idx) as r:
+            with IndexedRecordReader(rec, idx, join=join) as r:
                 check_index(r, sorted(r.offsets), nfields)
                 return len(r) // nfields
         return len(read_index(idx)) // nfields

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..errors import CorruptRecordError, SourceError
 from .framing import CFLAG_FIRST, CFLAG_FULL, DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, MAGIC, check_join, read_record
-from .joins import IndexedJoin
+from .joins import AmbiguousJoin, IndexedJoin
 from .paths import check_path_arg, index_path
 
 __all__ = ["IndexedRecordReader", "IndexMismatch", "read_index", "indexed_count", "check_end", "check_offsets",
@@ -186,7 +186,7 @@ def check_index(reader: Any, sorted_offsets: List[int], nfields: int) -> None:
             reader.read_at(offset)
         except IndexMismatch:
             raise
-        except CorruptRecordError:
+        except (CorruptRecordError, AmbiguousJoin):  # (its end was checked before its parts were joined)
             pass
     if key is not None:
         _CHECKED.add(key)
