@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import sys
 import random
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -126,9 +126,9 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
         ring.close()
         if ringer is not None:
             ringer.close()
+        if progress is not None:
+            progress.release()  # (before the segment's close: a view still exported would keep it mapped)
         if board is not None:
-            if progress is not None:
-                progress.release()
             board.close()
 
 
