@@ -114,7 +114,7 @@ def _records_after_damage(path: str, size: int) -> Optional[int]:
     :data:`FRAME_SEARCH_BYTES`.
     """
     from ..recordio.framing import (CFLAG_FIRST, CFLAG_FULL, CFLAG_LAST, CFLAG_MIDDLE, HEADER, HEADER_SIZE,
-                                    LENGTH_MASK, MAGIC, MAGIC_BYTES, padded_size)
+                                    LENGTH_MASK, MAGIC, find_next_head, padded_size)
 
     def frame_at(pos: int) -> Optional[Tuple[int, int]]:
         """``(cflag, offset of the next frame)`` of a frame head at ``pos``, or None (``f``: opened below)."""
@@ -150,12 +150,12 @@ def _records_after_damage(path: str, size: int) -> Optional[int]:
                 if lrec >> 29 in (CFLAG_FULL, CFLAG_FIRST) and nxt < size and record_at(nxt, follows(lrec >> 29)):
                     return nxt
             f.seek(HEADER_SIZE)
-            window = f.read(FRAME_SEARCH_BYTES)
-            pos = window.find(MAGIC_BYTES)
+            window = f.read(FRAME_SEARCH_BYTES + HEADER_SIZE - 1)  # (a head that starts in the first MiB, whole)
+            pos = find_next_head(window, 0, len(window), HEADER_SIZE)  # the reader's resync rule: aligned, cflag 0/1
             while pos >= 0:
-                if pos % 4 == 0 and record_at(HEADER_SIZE + pos):
+                if record_at(HEADER_SIZE + pos):
                     return HEADER_SIZE + pos
-                pos = window.find(MAGIC_BYTES, pos + 1)
+                pos = find_next_head(window, pos + 1, len(window), HEADER_SIZE)
     except OSError:
         pass
     return None
