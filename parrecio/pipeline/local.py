@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import stat
 import time
 from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple
@@ -22,6 +21,7 @@ from .decode import FieldFailed, failure_error
 from .groups import CONTEXT, Group, GroupStream, Placement
 from .mapped import FileCheck
 from .passes import Cursor, Span, ended
+from .poller import ReadyCheck, below_buffer
 
 __all__ = ["LocalSlot", "SpanBuilder", "OpenFiles", "local_streams", "flat_values", "local_failure"]
 
@@ -219,7 +219,7 @@ class _Timed:
         self._readinto = getattr(file, "readinto1", None) or getattr(file, "readinto", None)
         self.name = getattr(file, "name", None)
         self._stop = stop
-        self._poll: Optional[Any] = None  # a pipe or FIFO with a stop(): data awaited in steps, stop() between
+        self._ready: Optional[ReadyCheck] = None  # a pipe or FIFO with a stop(): data awaited in steps
         # A regular file is checked after each read: one replaced, truncated, rewritten or grown meanwhile
         # is a SourceError, as when the reader process reads it in place (parrecio.pipeline.mapped).
         self._check: Optional[FileCheck] = None
@@ -233,17 +233,14 @@ class _Timed:
             enlarge_pipe(fd)  # (a FIFO read in 64 KiB turns with its writer: 0.37-0.40x a plain loop)
             mode = os.fstat(fd).st_mode
             if stop is not None and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-                # read below any Python-level buffer, which poll() cannot see (as the reader process does)
-                raw = getattr(file, "raw", None)
-                if raw is not None and hasattr(raw, "readinto"):
-                    self._file, self._readinto = raw, raw.readinto
-                self._pending = getattr(self._file, "pending", lambda: 0)
-                self._poll = select.poll()
-                self._poll.register(fd, select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
+                self._file, self._pending = below_buffer(file)  # (as the reader process reads it)
+                if self._file is not file:
+                    self._readinto = self._file.readinto
+                self._ready = ReadyCheck(fd)
 
     def readinto(self, buf: Any) -> Optional[int]:
-        if self._poll is not None and not self._pending():
-            while not self._poll.poll(_STOP_POLL_MS):
+        if self._ready is not None and not self._pending():
+            while not self._ready.ready(_STOP_POLL_MS):
                 self._stop()  # type: ignore[misc]
         t0 = time.perf_counter()
         try:

@@ -9,9 +9,9 @@ replaced, the reader finished), so a wait costs one system call.
 from __future__ import annotations
 
 import select
-from typing import Any, Callable, Dict, Hashable, List, Sequence
+from typing import Any, Callable, Dict, Hashable, List, Sequence, Tuple
 
-__all__ = ["Poller", "ReadyCheck"]
+__all__ = ["Poller", "ReadyCheck", "below_buffer"]
 
 _EVENTS = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 
@@ -65,5 +65,21 @@ class ReadyCheck:
         self._poll = select.poll()
         self._poll.register(_fd(obj), _EVENTS)
 
-    def ready(self) -> bool:
-        return bool(self._poll.poll(0))
+    def ready(self, timeout_ms: int = 0) -> bool:
+        """Whether it is readable now, or becomes so within ``timeout_ms`` milliseconds."""
+        return bool(self._poll.poll(timeout_ms))
+
+
+def below_buffer(file: Any) -> Tuple[Any, Callable[[], int]]:
+    """``(what to read, pending())`` of a stream that is waited for with ``poll()``: its raw file below any
+    Python-level buffer (data waiting in a ``BufferedReader`` is invisible to ``poll()``: we would wait
+    for bytes we already have), and the bytes that raw file holds above its descriptor (a stream whose
+    first bytes were read to check them: ``PrefixedRaw.pending``), which need no wait."""
+    raw = getattr(file, "raw", None)
+    if raw is not None and hasattr(raw, "readinto"):
+        file = raw
+    return file, getattr(file, "pending", _nothing_pending)
+
+
+def _nothing_pending() -> int:
+    return 0

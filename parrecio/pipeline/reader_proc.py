@@ -55,7 +55,7 @@ from .children import CONSUMER_DEATH_GRACE
 from .chunker import Chunker
 from .messages import FILE, IN_RING, Place, ReaderEnd, Release, RemoteError, StreamStart
 from .placement import Mapped, Windows
-from .poller import ReadyCheck
+from .poller import ReadyCheck, below_buffer
 from .reader_link import Link, Stopped
 from .ring import GroupTooLarge, RingWriter
 from .ring_windows import RingWindows, window_bytes
@@ -301,10 +301,7 @@ class _Watched:
     keep watching the consumer; count the time spent reading."""
 
     def __init__(self, file, link: Link, out: Chunker) -> None:
-        # Read below any Python-level buffer: data waiting in a BufferedReader would be invisible to
-        # poll(), and we would wait for bytes we already have.
-        raw = getattr(file, "raw", None)
-        self._file = raw if raw is not None and hasattr(raw, "readinto") else file
+        self._file, self._pending = below_buffer(file)  # (read below any Python-level buffer)
         self._link, self._out = link, out
         try:
             self._fd: Optional[int] = file.fileno()
@@ -317,8 +314,6 @@ class _Watched:
             enlarge_pipe(self._fd)
             self._readable = ReadyCheck(self._fd)
         self.name = getattr(file, "name", None)
-        # Bytes the raw reader holds above the fd (a stream whose first bytes were read to check them)
-        self._pending = getattr(self._file, "pending", _nothing_pending)
 
     def _await_data(self) -> None:
         if self._regular or self._pending():
@@ -354,10 +349,6 @@ class _Watched:
 
     def close(self) -> None:
         pass  # the reader process closes the stream itself
-
-
-def _nothing_pending() -> int:
-    return 0
 
 
 def _is_regular(fd: int) -> bool:
