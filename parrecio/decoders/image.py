@@ -37,8 +37,8 @@ before resampling.  Both move pixels a little; the README ("Decoders") gives the
 
 JPEG backends.  ``backend="simplejpeg"`` decodes JPEG payloads with simplejpeg and hands the array to
 the same single Pillow ``resize``.  Everything it does not take -- other formats, CMYK/YCCK JPEGs,
-anything its header or strict decode rejects -- goes through
-Pillow, so errors and options mean the same.  Its decode equals Pillow's only when both link
+anything its header or strict decode rejects -- goes through Pillow, so errors and options mean the
+same.  Its decode equals Pillow's only when both link
 compatible libjpeg builds, so ``"auto"`` checks that in each process on a few reference JPEGs and
 falls back to Pillow otherwise (:attr:`Image.jpeg_backend` says which is in use).
 
