@@ -4,9 +4,11 @@ a worker dies or a result frame is larger than its pipe."""
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import random
+import time
 
 import numpy as np
 import pytest
@@ -181,15 +183,26 @@ def test_a_pipeline_wakes_about_once_per_pair_of_chunks_with_the_same_samples(tm
     assert waits.timeouts == 0
 
 
+class SleepyKillOnceOn(KillOnceOn):
+    """:class:`KillOnceOn` whose decodes take 0..2 ms, like :class:`Sleepy`: decoders slower than the
+    consumer, so that it waits on them (on the bell) whatever the load of the machine."""
+
+    def decode_into(self, payload, out):
+        time.sleep(hashlib.md5(bytes(payload)).digest()[0] / 255 * 0.002)
+        super().decode_into(payload, out)
+
+
 def test_a_worker_killed_mid_pair_loses_nothing_and_the_rest_waits_per_result(tmp_path, monkeypatch, no_leaks):
     """A worker SIGKILLed in the middle of a pair (perhaps between its result and its mark on the board):
-    its tasks are re-run, every sample comes out once in order, and the pass goes on without a stall."""
+    its tasks are re-run, every sample comes out once in order, and the pass goes on without a stall.
+    The decoders are slower than the consumer (with instant ones, a loaded machine's consumer may never
+    wait on the bell before the death, and the bell's check below would say nothing)."""
     recs = payloads(600, seed=8)
     recs[333] = b"KILL" + recs[333]
     path = tmp_path / "k.rec"
     write_rec(path, recs)
     waits = _Waits(monkeypatch)
-    with ParallelReader(path, fields=KillOnceOn(b"KILL", str(tmp_path / "flag")), workers=2,
+    with ParallelReader(path, fields=SleepyKillOnceOn(b"KILL", str(tmp_path / "flag")), workers=2,
                         tuning=Tuning(chunk_groups=8)) as r:
         got = list(r)
         assert r.stats.workers_replaced == 1
