@@ -5,6 +5,7 @@ function of the free bytes."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from parrecio import ParallelReader
 from parrecio.decoders import BoundingBoxes, Image
+from parrecio.errors import PipelineError
 from parrecio.pipeline.resources import fit_memory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,8 +37,22 @@ def test_fit_memory_as_a_function_of_the_free_bytes(tmp_path):
     assert 2 * small.ring_bytes + n * slot <= 64 * MIB       # the ring, its one-off budget, the slots
     assert small.oneoff_budget == small.ring_bytes and small.mapped_budget == 4 * small.ring_bytes
     assert "64 MiB free" in said and "--shm-size" in said and f"{n} output slots" in said
-    none, n, said = fit_memory(cfg, 10, 5, 20 * MIB)          # not even the minimum: ask, and fail there
-    assert none is cfg and n == 10 and said is None
+    # not even the least (a 1 MiB ring, as much again, 5 slots: 48 MiB): say so with the figures, before
+    # anything is allocated (allocating what was asked failed on whichever segment came last, and blamed
+    # the free space that the ring had just taken)
+    with pytest.raises(PipelineError, match=r"^/dev/shm has 20\.0 MiB free, and this reader needs at least 48\.0 "
+                                            r"MiB there: a 1\.0 MiB input ring and as much again for records "
+                                            r"larger than half of it, and 5 output slots of 9\.2 MiB \(64 samples "
+                                            r"of 0\.14 MiB .*docker run --shm-size=64m\).*workers=0"):
+        fit_memory(cfg, 10, 5, 20 * MIB)
+    # a ring asked smaller than the 1 MiB that fitting shrinks to is kept, and the slots are fitted around
+    # it (such a ring turned fitting off: the start failed where the default ring's did not)
+    tiny = dataclasses.replace(cfg, ring_bytes=256 << 10, oneoff_budget=256 << 10)
+    small, n, said = fit_memory(tiny, 10, 5, 64 * MIB)
+    assert small.ring_bytes == 256 << 10 and n == 6 and 2 * small.ring_bytes + n * slot <= 64 * MIB
+    assert "using the 0.25 MiB input ring asked for and 6 output slots of 9.2 MiB (instead of 10)" in said
+    with pytest.raises(PipelineError, match="needs at least 46.5 MiB"):
+        fit_memory(tiny, 10, 5, 46 * MIB)
     # values that travel pickled (no output slots): the ring alone is spoken of ("0 output slots of
     # 0.0 MiB (instead of 0)" was said)
     with ParallelReader(tmp_path / "x.rec", fields=lambda p: len(p), workers=2) as r:
@@ -45,6 +61,10 @@ def test_fit_memory_as_a_function_of_the_free_bytes(tmp_path):
     assert small.ring_bytes == 2 * MIB and n == 0
     assert said.startswith("parrecio: /dev/shm has 8 MiB free, less than the 128 MiB asked for; using a 2.0 MiB "
                            "input ring (ring_bytes=67108864), which may be slower")
+    with pytest.raises(PipelineError, match=r"^/dev/shm has 1\.5 MiB free, and this reader needs at least 2\.0 MiB "
+                                            r"there: a 1\.0 MiB input ring and as much again for records larger "
+                                            r"than half of it\. .*--shm-size=2m\), or ask for less: workers=0"):
+        fit_memory(raw, 0, 0, 3 * MIB // 2)
 
 
 SCRIPT = textwrap.dedent("""\
@@ -104,3 +124,69 @@ def test_docker_sized_dev_shm(tmp_path):
     assert words[-2:] == ["left", "0"]
     warnings = [line for line in proc.stderr.splitlines() if "MiB free" in line]
     assert len(warnings) == 1 and "--shm-size" in warnings[0], proc.stderr
+
+
+FAULT_SCRIPT = textwrap.dedent("""\
+    import glob, os, sys
+    from parrecio import ParallelReader
+    from parrecio.decoders import Image
+
+    def main():
+        path, batch = sys.argv[1], int(sys.argv[2])
+        with ParallelReader(path, fields=Image(size=(512, 512)), workers=2, batch_size=batch) as r:
+            try:
+                n = sum(len(b) for b in r)
+                print("samples", n, flush=True)
+            except Exception as e:
+                print("error", type(e).__name__, e, flush=True)
+        print("left", len(glob.glob("/dev/shm/parrecio-*")), flush=True)
+        with ParallelReader(path, fields=Image(size=(512, 512)), workers=0, batch_size=batch) as r:
+            print("workers=0", sum(len(b) for b in r), flush=True)
+
+    if __name__ == "__main__":
+        main()
+    """)
+
+
+def _jpegs(path, n=12):
+    import io
+    import numpy as np
+    from PIL import Image as PILImage
+    from parrecio import RecordWriter
+    rng = np.random.default_rng(1)
+    with RecordWriter(str(path)) as w:
+        for _ in range(n):
+            buf = io.BytesIO()
+            PILImage.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(buf, "JPEG")
+            w.write(buf.getvalue())
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m")
+@pytest.mark.parametrize("mount, batch, want", [
+    # read-only: a PipelineError that names /dev/shm and says what to do (a bare OSError EROFS was raised,
+    # after a warning that fitted the ring into the "free" space of a file system no one can write)
+    ("ro,size=64m", 4, r"^error PipelineError cannot create the shared-memory segment parrecio-\d+-[0-9a-f]+-ring in "
+                       r"/dev/shm: Read-only file system \(EROFS\)\. The decoder processes need a writable /dev/shm "
+                       r".*workers=0 reads without shared memory$"),
+    # too small for even the least (1 MiB ring, as much again, 5 slots of 4 x 0.75 MiB): the figures of the
+    # whole, and a --shm-size that holds them
+    ("size=8m", 4, r"^error PipelineError /dev/shm has 8\.0 MiB free, and this reader needs at least 17\.0 MiB "
+                   r"there: .*5 output slots of 3\.0 MiB \(4 samples of 0\.75 MiB .*--shm-size=32m"),
+    # a tmpfs of no limit says 0 blocks free: not "too small" (it would be refused now), but unknown
+    ("size=0", 4, r"^samples 12$"),
+])
+def test_a_dev_shm_that_cannot_serve_says_so_at_start(tmp_path, mount, batch, want):
+    import re
+    path = tmp_path / "j.rec"
+    _jpegs(path)
+    script = tmp_path / "shm_fault.py"
+    script.write_text(FAULT_SCRIPT)
+    cmd = f"mount -t tmpfs -o {mount} tmpfs /dev/shm && {sys.executable} {script} {path} {batch}"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0 and "mount" in proc.stderr and "permission" in proc.stderr.lower():
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert re.search(want, lines[0]), lines[0]
+    assert lines[1:] == ["left 0", "workers=0 12"]
+    assert "MiB free, less than" not in proc.stderr  # (no fitting warning before either error)

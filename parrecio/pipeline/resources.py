@@ -25,6 +25,7 @@ import sys
 import threading
 from typing import Any, NamedTuple, Optional, Tuple
 
+from ..errors import PipelineError
 from .children import close_quietly, plain_picklable, register_for_fork, start_forkserver, start_janitor
 from .config import PipelineConfig
 from .passes import ended
@@ -46,32 +47,55 @@ _MIB = 2 ** 20
 def fit_memory(cfg: PipelineConfig, slots: int, min_slots: int,
                free: Optional[int]) -> Tuple[PipelineConfig, int, Optional[str]]:
     """The ring size and the number of output slots to allocate when ``free`` bytes of /dev/shm are
-    there: as asked when they fit (the ring, as much again for one-off segments in flight, the slots),
-    else a smaller ring (down to 1 MiB) and fewer slots (down to ``min_slots``, what one task and two
-    batches in delivery need), with a warning that says so.  When not even that fits, what was asked:
-    allocating it then fails with the error that says how to get more."""
+    there (None: unknown): as asked when they fit (the ring, as much again for one-off segments in
+    flight, the slots), else a smaller ring (down to 1 MiB, or the ring asked for if smaller) and fewer
+    slots (down to ``min_slots``, what one task and two batches in delivery need), with a warning that
+    says so.  When not even that fits, a :class:`PipelineError` that says what was free, what the least
+    is made of, and how large /dev/shm must be (allocating would only fail later, on the first segment
+    that no longer fits, with figures that say nothing about the whole)."""
     slot = cfg.layout.nbytes if cfg.layout.has_fixed else 0
     need = 2 * cfg.ring_bytes + slots * slot
     if free is None or need <= free:
         return cfg, slots, None
-    ring = min(cfg.ring_bytes, max(MIN_FIT_RING, free // 4))
+    floor = min(MIN_FIT_RING, cfg.ring_bytes)  # (a ring asked smaller than 1 MiB is fitted as it is)
+    ring = min(cfg.ring_bytes, max(floor, free // 4))
     fit = min(slots, (free - 2 * ring) // slot) if slot else slots
     if fit < min_slots:
         ring = min(cfg.ring_bytes, (free - min_slots * slot) // 2)
         fit = min_slots
-    if ring < MIN_FIT_RING:
-        return cfg, slots, None
-    ring = ring // 4096 * 4096
+    if ring < floor or 2 * ring + fit * slot > free:
+        raise PipelineError(_too_little_shm(cfg, slot, min_slots, floor, free))
+    if ring < cfg.ring_bytes:
+        ring = max(ring // 4096 * 4096, floor)
     small = dataclasses.replace(cfg, ring_bytes=ring, oneoff_budget=ring, mapped_budget=4 * ring,
                                 chunk_bytes=max(1 << 20, ring // 8))
+    ring_said = (f"a {ring / _MIB:.1f} MiB input ring (ring_bytes={cfg.ring_bytes})" if ring < cfg.ring_bytes
+                 else f"the {ring / _MIB:.2f} MiB input ring asked for")
     slots_said = ""  # (raw records, or values that travel pickled: no slots to speak of)
     if slot:
         slots_said = f" and {fit} output slots of {slot / _MIB:.1f} MiB"
         slots_said += f" (instead of {slots})" if fit != slots else ""
     said = (f"parrecio: {SHM_DIR} has {free / _MIB:.0f} MiB free, less than the {need / _MIB:.0f} MiB "
-            f"asked for; using a {ring / _MIB:.1f} MiB input ring (ring_bytes={cfg.ring_bytes}){slots_said}, "
+            f"asked for; using {ring_said}{slots_said}, "
             f"which may be slower: give it more shared memory (docker run --shm-size=1g)")
     return small, fit, said
+
+
+def _too_little_shm(cfg: PipelineConfig, slot: int, min_slots: int, floor: int, free: int) -> str:
+    """What :func:`fit_memory` says when not even the least it runs with fits in ``free`` bytes."""
+    least = 2 * floor + min_slots * slot
+    parts = f"a {floor / _MIB:.1f} MiB input ring and as much again for records larger than half of it"
+    if slot:
+        per_sample = slot / max(cfg.slot_size, 1)
+        parts += (f", and {min_slots} output slots of {slot / _MIB:.1f} MiB ({cfg.slot_size} samples of "
+                  f"{per_sample / _MIB:.2f} MiB of fixed-shape outputs each: one task of the workers' and "
+                  f"two batches)")
+    size = 1 << max(least - 1, 1).bit_length()  # (the next power of two: what --shm-size is given as)
+    shm_size = f"{size >> 30}g" if size >= 1 << 30 else f"{max(size >> 20, 1)}m"
+    fewer = "a smaller batch_size or smaller outputs, or " if slot else ""
+    return (f"{SHM_DIR} has {free / _MIB:.1f} MiB free, and this reader needs at least {least / _MIB:.1f} MiB "
+            f"there: {parts}. Give it more shared memory (e.g. docker run --shm-size={shm_size}), or ask "
+            f"for less: {fewer}workers=0, which uses no shared memory")
 
 
 class Phase(enum.Enum):

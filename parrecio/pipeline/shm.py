@@ -60,14 +60,19 @@ class Segment:
         if _posixshmem is None:  # pragma: no cover
             raise OSError("POSIX shared memory is not available on this platform")
         size = max(int(size), 1)
-        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
-            os.ftruncate(fd, size)
-            _reserve(fd, size, name)
-            buf = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            unlink(name)
+            fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+            try:
+                os.ftruncate(fd, size)
+                _reserve(fd, size, name)
+                buf = mmap.mmap(fd, size)
+            except BaseException:
+                os.close(fd)
+                unlink(name)
+                raise
+        except OSError as err:
+            if err.errno in _SHM_ERRNOS:
+                raise _unusable(err, name) from err
             raise
         os.close(fd)
         return cls(name, size, buf, True)
@@ -102,6 +107,20 @@ class Segment:
         return f"Segment({self.name!r}, {self.size})"
 
 
+# What says that /dev/shm itself cannot hold our segments (not a limit of this process, such as EMFILE):
+_SHM_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOSPC, errno.ENOMEM, errno.ENOTDIR}
+
+
+def _unusable(err: OSError, name: str) -> PipelineError:
+    """``err`` from creating segment ``name``, where /dev/shm is at fault (read-only, not ours, missing,
+    out of inodes), as a PipelineError that names /dev/shm and what to do."""
+    what = errno.errorcode.get(err.errno or 0, "?")
+    return PipelineError(
+        f"cannot create the shared-memory segment {name} in {SHM_DIR}: {err.strerror} ({what}). The decoder "
+        f"processes need a writable {SHM_DIR} with room and inodes to spare (Docker: --shm-size=1g or "
+        f"--ipc=host); workers=0 reads without shared memory")
+
+
 def _reserve(fd: int, size: int, name: str) -> None:
     """Allocate the segment's pages now.  On a full tmpfs (Docker's default /dev/shm is 64 MiB) a write
     to a page that cannot be allocated kills the process with SIGBUS; failing here gives an error."""
@@ -129,6 +148,8 @@ def free_bytes() -> Optional[int]:
         st = os.statvfs(SHM_DIR)
     except OSError:
         return None
+    if not st.f_blocks or st.f_flag & os.ST_RDONLY:  # (a tmpfs mounted with size=0 has no limit, and says
+        return None                                   # 0 blocks of 0 free; a read-only one fails to create)
     return st.f_bavail * st.f_frsize
 
 
