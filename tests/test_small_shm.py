@@ -190,3 +190,60 @@ def test_a_dev_shm_that_cannot_serve_says_so_at_start(tmp_path, mount, batch, wa
     assert re.search(want, lines[0]), lines[0]
     assert lines[1:] == ["left 0", "workers=0 12"]
     assert "MiB free, less than" not in proc.stderr  # (no fitting warning before either error)
+
+
+VIEWS_SCRIPT = textwrap.dedent("""\
+    import glob, random, sys
+    from parrecio import ParallelReader, RecordWriter, Tuning
+
+    def main():
+        path = sys.argv[1]
+        rnd = random.Random(3)
+        recs = [rnd.randbytes(1100 << 10) for _ in range(24)]  # over half the 1 MiB ring: one-off segments
+        with RecordWriter(path) as w:
+            for p in recs:
+                w.write(p)
+        for keep in (False, True):
+            kept, n = [], 0
+            with open(path, "rb") as f, ParallelReader(f, workers=1, tuning=Tuning(ring_bytes=1 << 20)) as r:
+                try:
+                    for v in r.iter_views():
+                        assert bytes(v) == recs[n], n
+                        n += 1
+                        if keep:
+                            kept.append(v)
+                    print("samples", n, flush=True)
+                except Exception as e:
+                    print("error after", n, type(e).__name__, e, flush=True)
+            assert all(bytes(v) == recs[i] for i, v in enumerate(kept))
+            del kept
+            print("left", len(glob.glob("/dev/shm/parrecio-*")), flush=True)
+
+    if __name__ == "__main__":
+        main()
+    """)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m")
+def test_views_kept_of_groups_larger_than_half_the_ring_are_named_when_dev_shm_fills(tmp_path):
+    """Views of one-off segments keep them in /dev/shm (like output slots the user holds, they are bounded
+    by /dev/shm alone): a plain loop over 1.1 MiB records reads them all in a 16 MiB /dev/shm; keeping every
+    view fills it, and the error names the group that did not fit and what the views hold (it blamed
+    ring_bytes, workers and batch_size)."""
+    import re
+    script = tmp_path / "views_oneoff.py"
+    script.write_text(VIEWS_SCRIPT)
+    cmd = f"mount -t tmpfs -o size=16m tmpfs /dev/shm && {sys.executable} {script} {tmp_path / 'big.rec'}"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0 and "mount" in proc.stderr and "permission" in proc.stderr.lower():
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["samples 24", "left 0"], lines
+    m = re.fullmatch(r"error after (\d+) PipelineError cannot allocate 1\.1 MiB of shared memory for a group larger "
+                     r"than half the input ring \(at byte offset (\d+)\) \(\d\.\d MiB free in /dev/shm\): .*\. Views "
+                     r"still in use hold (\d+\.\d) MiB of it: .*copy what you keep \(bytes\(view\)\)", lines[2])
+    assert m, lines[2]
+    n, offset, held = int(m[1]), int(m[2]), float(m[3])
+    assert 8 <= n < 24 and offset > n * (1100 << 10)  # (the reader reads ahead of what was delivered)
+    assert held >= n * 1.07 and lines[3:] == ["left 0"]

@@ -158,7 +158,8 @@ class _Reader:
         self.link.wait_while(lambda: bool(flight.oneoff) and flight.oneoff + total > budget)
         # (named by a counter of the process, not of the pass: a process that serves several passes must
         # not reuse the name of a segment an earlier pass's consumer still holds)
-        seg = Segment.create(f"{self.job.prefix}r{os.getpid()}x{next(_ONEOFF_SERIAL)}", total)
+        seg = Segment.create(f"{self.job.prefix}r{os.getpid()}x{next(_ONEOFF_SERIAL)}", total,
+                             f"a group larger than half the input ring (at byte offset {first_offset})")
         offs, lens, pos = array("q"), array("q"), 0
         for b in payloads:
             seg.buf[pos:pos + len(b)] = b

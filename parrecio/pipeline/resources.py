@@ -212,7 +212,8 @@ class Resources:
             if warning:
                 log.warning(warning)
                 self.cfg = cfg
-            self.ring = Segment.create(self.prefix + "ring", cfg.ring_bytes)
+            self.ring = Segment.create(self.prefix + "ring", cfg.ring_bytes,
+                                       f"the input ring (ring_bytes={cfg.ring_bytes})")
             self.slots = SlotPool(cfg.layout, self.prefix, initial)
             if not all(cfg.passthrough):
                 # started by start_workers(), after the first pass's reader process

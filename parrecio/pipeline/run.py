@@ -407,6 +407,8 @@ class Run(Pass):
             # (views of a file read in place or of a one-off segment pin no ring space: theirs goes back
             # at delivery, and a view keeps its mapping alive)
             self.pinned.add(c.ring_end, (refs or []) if c.place == IN_RING else [])
+            if refs and c.place.is_oneoff:
+                self.pinned.add_oneoff(sum(c.lens), refs)
 
     def _unpin(self) -> None:
         """Give back the chunks whose views are gone; when the reader waits for space that only views
@@ -474,6 +476,12 @@ class Run(Pass):
                                     f"{err.type_name}: {err.message}") from orig
             if isinstance(err, CorruptRecordError):
                 err = err.located(end.n_groups)
+            held = self.pinned.oneoff_bytes if self.pinned is not None and isinstance(err, PipelineError) else 0
+            if held:  # (the reader found /dev/shm full: say what, of it, the user's views hold)
+                raise PipelineError(
+                    f"{err}. Views still in use hold {held / 2**20:.1f} MiB of it: groups larger than half the "
+                    f"input ring travel in segments of their own, which stay in /dev/shm as long as a view of "
+                    f"them (or anything made from it) lives: copy what you keep (bytes(view))") from err
             raise err
         self.completed = True
 

@@ -56,7 +56,9 @@ class Segment:
         return self._mem
 
     @classmethod
-    def create(cls, name: str, size: int) -> "Segment":
+    def create(cls, name: str, size: int, purpose: str = "") -> "Segment":
+        """A new segment ``name`` of ``size`` bytes, its pages allocated; ``purpose`` says what it holds
+        in the error raised when /dev/shm has no room for it."""
         if _posixshmem is None:  # pragma: no cover
             raise OSError("POSIX shared memory is not available on this platform")
         size = max(int(size), 1)
@@ -64,7 +66,7 @@ class Segment:
             fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
             try:
                 os.ftruncate(fd, size)
-                _reserve(fd, size, name)
+                _reserve(fd, size, purpose or name)
                 buf = mmap.mmap(fd, size)
             except BaseException:
                 os.close(fd)
@@ -121,7 +123,7 @@ def _unusable(err: OSError, name: str) -> PipelineError:
         f"--ipc=host); workers=0 reads without shared memory")
 
 
-def _reserve(fd: int, size: int, name: str) -> None:
+def _reserve(fd: int, size: int, what: str) -> None:
     """Allocate the segment's pages now.  On a full tmpfs (Docker's default /dev/shm is 64 MiB) a write
     to a page that cannot be allocated kills the process with SIGBUS; failing here gives an error."""
     if not hasattr(os, "posix_fallocate"):  # pragma: no cover - macOS
@@ -133,11 +135,11 @@ def _reserve(fd: int, size: int, name: str) -> None:
             return  # this file system cannot preallocate: go on without
         try:
             st = os.statvfs(SHM_DIR)
-            free = f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB free in {SHM_DIR}"
+            free = f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB free in {SHM_DIR}"
         except OSError:
             free = "shared memory is full"
         raise PipelineError(
-            f"cannot allocate {size / 2**20:.1f} MiB of shared memory for {name} ({free}): make "
+            f"cannot allocate {size / 2**20:.1f} MiB of shared memory for {what} ({free}): make "
             f"{SHM_DIR} larger (e.g. `docker run --shm-size=1g`), or ask for less (ring_bytes=, "
             f"fewer workers, a smaller batch_size)") from err
 

@@ -118,7 +118,9 @@ class SlotPool:
 
     def _grow(self) -> int:
         slot = len(self.segments)
-        self.segments.append(Segment.create(f"{self.prefix}s{slot}", self.layout.nbytes))
+        self.segments.append(Segment.create(f"{self.prefix}s{slot}", self.layout.nbytes,
+                                            f"output slot {slot} ({self.layout.slot_size} samples' fixed-shape "
+                                            f"outputs)"))
         self.free.append(slot)
         return slot
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from typing import Any, Callable, Deque, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Deque, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -75,6 +75,21 @@ class Pinned:
         self._q: Deque[_Entry] = deque()
         self.give_back: Callable[[int], None] = _unbound  # set by the pass that holds it
         self.tail = 0             # ring position below which everything went back
+        self._oneoffs: List[Tuple[_Entry, int]] = []  # delivered one-off chunks whose views may be alive
+
+    def add_oneoff(self, nbytes: int, refs: List[Any]) -> None:
+        """A chunk in a one-off segment of ``nbytes`` was delivered (and went back), its views' weak
+        references in ``refs``: while they live, the segment's memory stays in /dev/shm.  Only counted
+        (:attr:`oneoff_bytes`), to say so when /dev/shm runs out: views kept of such groups are bounded by
+        /dev/shm alone, as output slots the user holds are."""
+        self._oneoffs = [(e, n) for e, n in self._oneoffs if e.alive()]
+        self._oneoffs.append((_Entry(refs, 0), nbytes))
+
+    @property
+    def oneoff_bytes(self) -> int:
+        """Bytes of one-off segments that views still hold."""
+        self._oneoffs = [(e, n) for e, n in self._oneoffs if e.alive()]
+        return sum(n for _, n in self._oneoffs)
 
     def __bool__(self) -> bool:
         return bool(self._q)
