@@ -219,6 +219,33 @@ def test_new_iteration_ends_an_unfinished_one(rec, no_leaks):
         assert_passes(ds, want, passes=1)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_new_iteration_ends_an_older_one_whose_prefetch_waits_inside_its_pass(tmp_path, workers, no_leaks):
+    """After the first epoch, an older iterator kept after one batch (a notebook's peek) while a new one
+    runs: tf.data's prefetch thread (added to every dataset) is then inside the older pass's next(), waiting
+    for slow batches, and the older generator cannot be closed.  The new iteration asks the reader to end
+    that pass there and waits for the thread to come out (it raised "being iterated by another iterator"
+    in 35 of 36 tries), and reads a whole epoch; the older iterator raises "ended by a newer one"."""
+    from pipeline_helpers import Sleepy, digest_array, payloads, write_rec
+    recs = payloads(60, seed=4)
+    path = tmp_path / "slow.rec"
+    write_rec(path, recs)
+    want = np.stack([digest_array(p) for p in recs])
+    with deadline(120), ParallelReader(path, fields=Sleepy(max_ms=40.0), workers=workers, batch_size=6) as reader:
+        ds = dataset(reader)
+        assert len(list(ds)) == 10                                 # the first epoch
+        for attempt in range(3):
+            old = iter(ds)
+            np.testing.assert_array_equal(next(old).numpy(), want[:6])
+            got = np.concatenate([b.numpy() for b in ds])            # while `old` waits on its next batch
+            np.testing.assert_array_equal(got, want, err_msg=f"attempt {attempt}")
+            with pytest.raises(tf.errors.OpError, match="ended by a newer one"):
+                for _ in old:
+                    pass
+            del old
+        np.testing.assert_array_equal(np.concatenate([b.numpy() for b in ds]), want)
+
+
 def test_errors_are_clear(tmp_path, rec, no_leaks):
     # a column that cannot be described: TypeError naming it, and the first pass is ended
     with ParallelReader(rec, fields=[Image(SIZE), Json(), ClassLabel()], workers=1, batch_size=BATCH) as reader:

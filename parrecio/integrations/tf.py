@@ -61,6 +61,7 @@ that need no TensorFlow in ``tests/test_integrations_misc.py``.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Tuple
 
@@ -229,14 +230,30 @@ class _Pass:
         self.it = it
         self.superseded = False
 
-    def end(self) -> None:
-        try:
-            _close(self.it)
-        except ValueError as e:  # "generator already executing": another thread is inside it right now
-            raise PipelineError("this dataset is being iterated by another iterator at this moment (a "
-                                "prefetching one?): iterate a parrecio dataset with one iterator at a "
-                                "time") from e
+    def end(self, reader: Any) -> None:
+        """End this pass, from the thread of a newer one.  tf.data's prefetch thread (one is added to
+        every dataset) may be inside this pass's ``next()`` right now, waiting for a batch: the reader is
+        then asked to end the pass there, and this waits for that thread to come out (within the
+        reader's poll interval)."""
         self.superseded = True
+        deadline = time.monotonic() + _END_TIMEOUT
+        asked = False
+        while True:
+            try:
+                _close(self.it)
+                return
+            except ValueError as e:  # "generator already executing": another thread is inside it
+                if not asked:
+                    reader._end_pass_elsewhere()
+                    asked = True
+                if time.monotonic() > deadline:
+                    raise PipelineError(
+                        f"this dataset's older iterator did not let go of its pass within {_END_TIMEOUT:.0f} "
+                        f"s: iterate a parrecio dataset with one iterator at a time") from e
+                time.sleep(0.002)
+
+
+_END_TIMEOUT = 10.0  # seconds a new iteration waits for an older one's thread to leave its pass
 
 
 def batches(reader: Any, first: Any = None, first_iter: Optional[Iterator[Any]] = None
@@ -256,14 +273,18 @@ def batches(reader: Any, first: Any = None, first_iter: Optional[Iterator[Any]] 
             head = [pending.pop()[0]]  # popped as it is yielded: not kept for the rest of the pass
         else:
             if latest[0] is not None:
-                latest[0].end()
+                latest[0].end(reader)
             it, head = iter(reader), []
         this = latest[0] = _Pass(it)
         try:
-            while head:
-                yield head.pop()
-            yield from it
-            if this.superseded:
+            try:
+                while head:
+                    yield head.pop()
+                yield from it
+            except PipelineError:
+                if not this.superseded:
+                    raise
+            if this.superseded:  # (ended while it waited, or stopped short)
                 raise PipelineError("this iteration of the dataset was ended by a newer one (a new "
                                     "pass of the reader): iterate a parrecio dataset with one iterator "
                                     "at a time")

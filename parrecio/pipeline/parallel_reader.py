@@ -268,6 +268,15 @@ class ParallelReader:
                              "fields=None or a Raw() field (its records' bytes), or iterate the reader")
         return self._pass(views=True)
 
+    def _end_pass_elsewhere(self) -> None:
+        """Ask the pass that another thread iterates to end (for adapters whose framework iterates in
+        threads of its own, as tf.data's prefetch does): that thread raises when it next looks -- after
+        each sample, and at least every ``poll_interval`` while it waits -- and frees the pass as it comes
+        out.  Takes no lock (that thread holds it while it waits); a no-op without a pass."""
+        run = self._res.run
+        if run is not None and not run.closed:
+            run.aborted = True  # (read by the iterating thread; its shutdown() is its own to do)
+
     def _drop_unstarted(self) -> None:
         """End the pass whose iterator was dropped before its first ``next()`` (``iter(loader)`` only to
         look at it): a generator never started runs no ``finally`` to end it.  Where the source can be
