@@ -398,6 +398,9 @@ HOSTILE = {
     "a dimension of 2**64 - 1": (_record_with(_tensor_body(values=b"\0" * 4, keys=b"\x07",
                                                            shape=b"\xff" * 9 + b"\x01")),
                                  "more than an array can index"),
+    # (no elements, so under the size limit; numpy's own ValueError came out of reshape)
+    "a shape of 0 x 2**62": (_record_with(_tensor_body(shape=b"\x00" + b"\x80" * 8 + b"\x40")),
+                             "shape [0, 4611686018427387904] cannot be an array"),
     "keys outside the shape": (_record_with(_tensor_body(values=b"\0" * 8, keys=b"\x01\x09", shape=b"\x05")),
                                "key 9 outside the shape [5]"),
     "keys without a shape": (_record_with(_tensor_body(values=b"\0" * 4, keys=b"\x01")), "without a shape"),

@@ -244,7 +244,10 @@ def _finish(name: str, vals: np.ndarray, k: Optional[np.ndarray], dims: Tuple[in
         if size != len(vals):
             raise DecodeError(f"feature {name!r}: shape {list(dims)} holds {size} values, the tensor has "
                               f"{len(vals)}")
-        return vals.reshape(dims)
+        try:
+            return vals.reshape(dims)
+        except ValueError as e:  # (no elements, but a dimension numpy cannot hold: [0, 2**62])
+            raise DecodeError(f"feature {name!r}: shape {list(dims)} cannot be an array: {e}") from None
     return vals
 
 
