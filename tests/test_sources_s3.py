@@ -8,6 +8,7 @@ Data is generated here; nothing is committed."""
 from __future__ import annotations
 
 import http.client
+import os
 import http.server
 import pickle
 import socket
@@ -97,11 +98,17 @@ def two_epochs(channel, **kwargs):
 # -- a proxy that injects faults --------------------------------------------------------------------
 class FaultProxy:
     """Forwards HTTP to moto; ``rule(method, key_part, action, times)`` makes the next ``times``
-    matching requests fail: ``("error", status, code)``, ``("cut", nbytes)`` (headers and the first
-    nbytes of the body, then the connection closes), ``("short", nbytes)`` (a whole response of only the
-    first nbytes, its Content-Length saying so), ``("norange",)`` (the Range header dropped: a 200 with
-    the whole object, as a server or proxy that ignores it answers) or ``("hang",)`` (no answer until
-    ``release()``).
+    matching requests fail:
+
+    - ``("error", status, code)``: an S3 error answer;
+    - ``("cut", nbytes[, then])``: headers and the first nbytes of the body, then the connection closes,
+      then ``then()`` runs;
+    - ``("short", nbytes)``: a whole response of only the first nbytes, its Content-Length saying so;
+    - ``("norange",)``: the Range header dropped (a 200 with the whole object, as a server or proxy that
+      ignores it answers); ``("noifmatch",)``: the If-Match header dropped, likewise;
+    - ``("flip", at)``: the body's byte ``at`` changed on the way, headers and checksums as sent;
+    - ``("hang",)``: no answer until ``release()``.
+
     ``log`` lists (method, path, Range header, what was done)."""
 
     def __init__(self, upstream: str) -> None:
@@ -176,7 +183,8 @@ class FaultProxy:
             return
         conn = http.client.HTTPConnection(self.upstream, timeout=30)
         try:
-            dropped = ("connection", "range") if action and action[0] == "norange" else ("connection",)
+            dropped = {"norange": ("connection", "range"), "noifmatch": ("connection", "if-match")}.get(
+                action and action[0], ("connection",))
             headers = {k: v for k, v in h.headers.items() if k.lower() not in dropped}
             conn.request(h.command, h.path, body=body or None, headers=headers)
             resp = conn.getresponse()
@@ -189,6 +197,8 @@ class FaultProxy:
                 h.send_header(k, v)
         if action and action[0] == "short":  # a complete-looking 200 of fewer bytes (Content-Length too)
             data = data[:action[1]]
+        if action and action[0] == "flip":
+            data = data[:action[1]] + bytes([data[action[1]] ^ 0x20]) + data[action[1] + 1:]
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         if h.command == "HEAD":
@@ -198,6 +208,8 @@ class FaultProxy:
             h.wfile.flush()
             h.close_connection = True
             h.connection.shutdown(socket.SHUT_RDWR)
+            if len(action) > 2:  # ("cut", nbytes, then): then() runs once the body is cut
+                action[2]()
             return
         h.wfile.write(data)
 
@@ -713,3 +725,104 @@ def test_every_get_of_every_pass_sends_the_listed_etag(proxy, aws, tmp_path, no_
     objects = [k for k, _ in seen if k.endswith(".rec")]
     assert sorted(set(objects)) == ["data/empty.rec", "data/part-0.rec", "data/part-1.rec"]
     assert len(objects) == 6 and all(tag == etags[k] for k, tag in seen)
+
+
+# -- what reaches us is what was listed ---------------------------------------------------------------
+@pytest.mark.parametrize("big", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_byte_damaged_on_the_way_is_refused_by_the_servers_checksum(proxy, aws, tmp_path, workers, big,
+                                                                      no_leaks):
+    """S3 sends a checksum of the whole object (x-amz-checksum-*; boto3 stores a CRC32 with every upload),
+    and botocore compares it only when a body is read to its end.  The stream stopped at the listed size
+    (a small object's head read took exactly all of it): a byte changed on the way was delivered in its
+    record, with no error.  Now the body is read to its end and the mismatch is a SourceError naming the
+    object; no damaged record is delivered."""
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(40,), big=3 << 20 if big else None)
+    name = "part-9-big.rec" if big else "part-0.rec"
+    size = (local / name).stat().st_size
+    proxy.rule("GET", f"/data/{name}", ("flip", size - 1000), times=1)
+    expected = two_epochs(str(local), workers=0)[0][0]
+    got = []
+    with ParallelReader(f"s3://{bucket}/data/", workers=workers, storage_options=FAST) as reader:
+        with pytest.raises(SourceError, match=rf"data/{name}: its bytes do not match the checksum the server "
+                                              rf"sent for them \(Expected checksum .* did not match"):
+            for p in reader:
+                got.append(bytes(p))
+        assert got == expected[:len(got)]
+        assert list(reader) == expected  # the next GET is right again
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_server_that_ignores_if_match_cannot_mix_versions(proxy, aws, tmp_path, workers, no_leaks):
+    """A server (or proxy) that ignores If-Match answered a rewritten object with 200: a rewrite of the
+    same size was read whole, and one between a broken body and its resume gave the start of one version
+    and the rest of another (then a misleading CorruptRecordError).  Now the answer's ETag, and a ranged
+    answer's Content-Range total, are compared with the listing's: a SourceError naming the object."""
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(), big=3 << 20)
+    key = "data/part-9-big.rec"
+    data = (local / "part-9-big.rec").read_bytes()
+    expected = two_epochs(str(local), workers=0)[0][0]
+    # a rewrite of the same size after the listing
+    reader = ParallelReader(f"s3://{bucket}/data/", workers=workers, storage_options=FAST)
+    with reader:
+        aws.put_object(Bucket=bucket, Key=key, Body=data[:-8] + b"\0" * 8)
+        proxy.rule("GET", key, ("noifmatch",), times=1)
+        with pytest.raises(SourceError, match=r"part-9-big.rec: the object changed since it was listed or its "
+                                              r"reading began \(GET: its ETag is .*, the listing's .*did not "
+                                              r"refuse it by If-Match\)"):
+            list(reader)
+    # a larger rewrite between a broken body and its resume
+    aws.put_object(Bucket=bucket, Key=key, Body=data)
+    got = []
+    with ParallelReader(f"s3://{bucket}/data/", workers=workers, storage_options=FAST) as reader:
+        proxy.rules.clear()
+        rewrite = lambda: aws.put_object(Bucket=bucket, Key=key, Body=data + data[:4096])  # noqa: E731
+        proxy.rule("GET", key, ("cut", len(data) // 2, rewrite), times=1)  # (rewritten before the resume)
+        proxy.rule("GET", key, ("noifmatch",), times=1)
+        with pytest.raises(SourceError, match=rf"the object changed since it was listed or its reading began "
+                                              rf"\(GET from byte \d+: its ETag is .*"):
+            for p in reader:
+                got.append(bytes(p))
+    assert got == expected[:len(got)] and len(got) < len(expected)
+
+
+def test_a_closed_reader_leaves_no_thread_that_holds_up_the_exit(proxy, aws, tmp_path, no_leaks):
+    """workers=0 reads ahead by index on a pool of threads: with the server hung, close() returned at once
+    but those threads (a ThreadPoolExecutor's, joined at exit) kept sending GETs and retries, and the
+    program could not exit for 20 s (3 minutes with the default timeouts).  Now they are daemon threads and
+    send nothing more once closed; a child process that closes such a reader exits at once."""
+    import subprocess
+    import sys
+    import textwrap
+    bucket, _ = write_data(aws, tmp_path, sizes=(200,), hi=500)
+    script = tmp_path / "exit.py"
+    script.write_text(textwrap.dedent(f"""\
+        import os, sys, time
+        from parrecio import ParallelReader
+
+        def main():
+            opts = dict(max_attempts=3, connect_timeout=2, read_timeout=5)
+            with ParallelReader("s3://{bucket}/data/", workers=0, shuffle=True, batch_size=4,
+                                storage_options=opts) as r:
+                next(iter(r))
+                with open(sys.argv[1], "w") as f:
+                    f.write("hang")  # the test hangs the server now
+                time.sleep(1.0)
+            print("closed", time.time(), flush=True)
+
+        if __name__ == "__main__":
+            main()
+        """))
+    flag = tmp_path / "flag"
+    proc = subprocess.Popen([sys.executable, str(script), str(flag)], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        wait_for(flag.exists, timeout=60)
+        proxy.rule("GET", "/data/part-0.rec", ("hang",), times=10_000)
+        out, _ = proc.communicate(timeout=60)
+        ended = time.time()
+    finally:
+        proc.kill()
+        proxy.release()
+    closed = float(out.split()[1])
+    assert proc.returncode == 0 and ended - closed < 3, (out, ended - closed)

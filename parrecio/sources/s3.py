@@ -79,7 +79,7 @@ import random
 import threading
 import time
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -89,6 +89,7 @@ from ..recordio.index import WindowSource, check_end, spans_of
 from ..recordio.paths import index_path, recordio_names
 from ..recordio.joins import IndexedJoin
 from .base import Source, Stream
+from .daemon_pool import DaemonPool
 
 __all__ = ["S3Source", "S3Index", "S3IndexedReader", "is_s3_url", "parse_url", "check_storage_options"]
 
@@ -332,7 +333,7 @@ class S3Source(Source):
         self.name = name
         self._conn = conn
         self._indexes = dict(indexes or {})  # object url -> url of its .idx, for the listed ones
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool: Optional[DaemonPool] = None
         self._pool_pid = 0
 
     def __getstate__(self):
@@ -402,11 +403,12 @@ class S3Source(Source):
         return S3IndexedReader(obj, idx, self._conn, self.executor(), join=join,
                                max_record_bytes=max_record_bytes)
 
-    def executor(self) -> ThreadPoolExecutor:
-        """This process's thread pool for ranged reads and index fetches (``read_ahead`` threads)."""
+    def executor(self) -> DaemonPool:
+        """This process's thread pool for ranged reads and index fetches (``read_ahead`` daemon threads:
+        reads still running against a server that stopped answering do not hold up the exit of a
+        program that closed its reader)."""
         if self._pool is None or self._pool_pid != os.getpid():
-            self._pool = ThreadPoolExecutor(self._conn.options["read_ahead"],
-                                            thread_name_prefix="parrecio-s3")
+            self._pool = DaemonPool(self._conn.options["read_ahead"], "parrecio-s3")
             self._pool_pid = os.getpid()
             weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         return self._pool
@@ -460,6 +462,9 @@ def _list_url(conn: _Conn, url: str) -> Tuple[List[_Obj], Dict[str, str]]:
         if not page.get("IsTruncated"):
             break
         token = page.get("NextContinuationToken")
+        if not token:  # (a truncated page without a token would list its first page again, for ever)
+            raise SourceError(f"{url}: the listing is truncated but gives no continuation token (endpoint "
+                              f"{conn.endpoint()}): the server does not page list_objects_v2 as S3 does")
     listed.sort()  # S3 lists in key (UTF-8 byte) order already; other servers may not
     kept = [(k, s, e) for k, s, e in listed
             if not k.endswith("/") and not any(p.startswith(".") for p in k[len(prefix):].split("/"))]
@@ -507,6 +512,7 @@ class _Prefetch:
             if obj.etag:  # the version that was listed, in every pass: a pass never mixes versions
                 kwargs["IfMatch"] = obj.etag
             resp = _call(self.conn, obj.url, "GET", "get_object", **kwargs)
+            _check_version(resp, obj.url, "GET", obj.etag, obj.size)
             self.body, self.etag = resp["Body"], resp.get("ETag") or obj.etag
             self.size = int(resp.get("ContentLength", 0))
             if self.size != obj.size:  # a body of another length than the listed object is not it
@@ -520,6 +526,11 @@ class _Prefetch:
             except _body_errors():
                 self.head = b""  # the stream resumes from byte 0 with a ranged GET
                 self._close_body()
+            if self.body is not None and len(self.head) == self.size:  # the whole object: its checksum
+                try:                                                  # is checked before any record
+                    _read_to_end(self.body, obj, self.conn)
+                finally:
+                    self._close_body()
         except BaseException as exc:  # handed to the reader when it comes to this object
             self.error = exc
         finally:
@@ -593,6 +604,8 @@ class _ObjectStream(io.RawIOBase):
         else:
             k = self._read_body(view[:n])
         self._pos += k
+        if self._pos >= self._size and self._body is not None:
+            self._end_body()  # (before the last bytes are handed on: the last record is checked first)
         if self._size - self._pos <= PREFETCH_AT:
             self._near_end()
         return k
@@ -612,6 +625,12 @@ class _ObjectStream(io.RawIOBase):
                     cause = exc
             self._failed(cause)
             self._body = self._resume()
+
+    def _end_body(self) -> None:
+        try:
+            _read_to_end(self._body, self._obj, self._conn)
+        finally:
+            self._close_body()
 
     def _failed(self, cause: Any) -> None:
         self._close_body()
@@ -633,7 +652,7 @@ class _ObjectStream(io.RawIOBase):
             kwargs["IfMatch"] = self._etag
         what = f"GET from byte {self._pos}"
         return _ranged(_call(self._conn, self._obj.url, what, "get_object", **kwargs), self._pos,
-                       self._obj.url, what)
+                       self._obj.url, what, self._etag, self._size)
 
     def _close_body(self) -> None:
         body, self._body = self._body, None
@@ -649,6 +668,24 @@ class _ObjectStream(io.RawIOBase):
             if not self._ready:
                 self._opened.cancel()
         super().close()
+
+
+def _read_to_end(body: Any, obj: _Obj, conn: _Conn) -> None:
+    """Read ``body``, whose ``obj.size`` bytes were all read, to its end (0 bytes more): only there does
+    botocore compare what came with the checksum the server sent (``x-amz-checksum-*``, which S3 sends
+    with whole-object GETs): a byte damaged on the way is a SourceError.  Other errors there are let be:
+    every byte came."""
+    import botocore.exceptions as bex
+    try:
+        more = _readinto(body, memoryview(bytearray(1)))
+    except bex.FlexibleChecksumError as exc:
+        raise SourceError(f"{obj.url}: its bytes do not match the checksum the server sent for them ({exc}): "
+                          f"damaged on the way; read it again (endpoint {conn.endpoint()})") from exc
+    except _body_errors():
+        return
+    if more:
+        raise SourceError(f"{obj.url}: the body goes on past the {obj.size} bytes listed: the object changed "
+                          f"since it was listed; make a new reader to read the new version")
 
 
 def _readinto(body: Any, view: memoryview) -> int:
@@ -728,22 +765,46 @@ class S3Index(os.PathLike):
         return hash(("S3Index", self.url))
 
 
-def _ranged(resp: Any, at: int, url: str, what: str) -> Any:
-    """The body of ``resp``, the answer to a GET with a ``Range`` from byte ``at``; SourceError when it
-    holds other bytes.  HTTP lets a server (or a proxy between) ignore ``Range`` and answer 200 with the
-    whole object: taken for the bytes asked for, an indexed read framed the object's first record in
-    place of another, and a resumed stream repeated its start."""
+def _ranged(resp: Any, at: int, url: str, what: str, etag: Optional[str], size: int) -> Any:
+    """The body of ``resp``, the answer to a GET with a ``Range`` from byte ``at`` of the object listed
+    with ``etag`` and ``size``; SourceError when it holds other bytes.  HTTP lets a server (or a proxy
+    between) ignore ``Range`` and answer 200 with the whole object: taken for the bytes asked for, an
+    indexed read framed the object's first record in place of another, and a resumed stream repeated its
+    start.  (Its version is checked too: see :func:`_check_version`.)"""
     status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
     got = str(resp.get("ContentRange") or "")
     if got.startswith("bytes ") and got[6:].split("-", 1)[0] == str(at) and status in (206, None):
+        _check_version(resp, url, what, etag, size)
         return resp["Body"]
-    try:
-        resp["Body"].close()
-    except Exception:
-        pass
+    _close_quietly(resp["Body"])
     said = f"Content-Range {got!r}" if got else "no Content-Range"
     raise SourceError(f"{url}: the {what} was answered with {said} (HTTP {status}): the server, or a proxy "
                       f"between, did not honour the Range header, and a ranged read cannot go on without it")
+
+
+def _check_version(resp: Any, url: str, what: str, etag: Optional[str], size: int) -> None:
+    """SourceError (the body closed) when ``resp`` is of another version of the object than the one
+    listed with ``etag`` and ``size``: its ETag differs, or the total of its ``Content-Range``.  A server
+    that honours ``If-Match`` answers 412 instead; one that ignores it (or a proxy that drops it) had a
+    pass read a rewritten object, or the start of one version and the rest of another."""
+    got = resp.get("ETag")
+    total = str(resp.get("ContentRange") or "").rpartition("/")[2]
+    if etag and got and got != etag:
+        said = f"its ETag is {got}, the listing's {etag}"
+    elif total.isdigit() and int(total) != size:
+        said = f"Content-Range says {total} bytes, the listing {size}"
+    else:
+        return
+    _close_quietly(resp["Body"])
+    raise SourceError(f"{url}: the object changed since it was listed or its reading began ({what}: {said}; "
+                      f"the server did not refuse it by If-Match); make a new reader to read the new version")
+
+
+def _close_quietly(body: Any) -> None:
+    try:
+        body.close()
+    except Exception:
+        pass
 
 
 def _close_fd(fd: int, pid: int) -> None:
@@ -761,7 +822,7 @@ class S3IndexedReader:
     request ahead, on ``executor``.  The index is fetched on the executor at once; :attr:`offsets`
     waits for it."""
 
-    def __init__(self, obj: _Obj, idx: S3Index, conn: _Conn, executor: ThreadPoolExecutor, *,
+    def __init__(self, obj: _Obj, idx: S3Index, conn: _Conn, executor: DaemonPool, *,
                  join: str = "auto", max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
         self.rec_path = obj.url
         self.idx_path = idx.url
@@ -857,12 +918,15 @@ class S3IndexedReader:
         stalls = failures = 0
         errors = _body_errors()
         while start + len(out) < end:
+            if self.closed or self.executor.closed:  # (a read ahead of a reader closed meanwhile: no more GETs)
+                raise SourceError(f"{self.rec_path}: the reader was closed")
             at = start + len(out)
             kwargs = dict(Bucket=self._obj.bucket, Key=self._obj.key, Range=f"bytes={at}-{end - 1}")
             if self._etag:
                 kwargs["IfMatch"] = self._etag
             what = f"ranged GET of bytes {at}-{end - 1}"
-            body = _ranged(_call(self._conn, self.rec_path, what, "get_object", **kwargs), at, self.rec_path, what)
+            body = _ranged(_call(self._conn, self.rec_path, what, "get_object", **kwargs), at, self.rec_path, what,
+                           self._etag, self._size)
             cause: Any = None
             try:
                 data = body.read()
