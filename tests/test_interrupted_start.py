@@ -79,11 +79,11 @@ def _patch(monkeypatch, where):
     if where == "ring":
         original = Segment.create.__func__
 
-        def create(cls, name, size):
+        def create(cls, name, size, *more):
             if name.endswith("ring"):
-                seg = original(cls, name, size)  # (created, then the interrupt: the janitor's case)
+                seg = original(cls, name, size, *more)  # (created, then the interrupt: the janitor's case)
                 raise KeyboardInterrupt
-            return original(cls, name, size)
+            return original(cls, name, size, *more)
         monkeypatch.setattr(Segment, "create", classmethod(create))
     elif where == "slots":
         _once(monkeypatch, resources, "SlotPool", _before)
