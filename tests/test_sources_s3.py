@@ -826,3 +826,15 @@ def test_a_closed_reader_leaves_no_thread_that_holds_up_the_exit(proxy, aws, tmp
         proxy.release()
     closed = float(out.split()[1])
     assert proc.returncode == 0 and ended - closed < 3, (out, ended - closed)
+
+
+def test_an_index_whose_body_breaks_twice_says_so(proxy, aws, tmp_path, no_leaks):
+    """The .idx body is read twice at most (it is small); the error said "failed after 2 attempt(s)",
+    botocore's count of the GET's own tries, which had all succeeded."""
+    bucket, local = write_data(aws, tmp_path, sizes=(30,))
+    proxy.rule("GET", "/data/part-0.idx", ("cut", 10), times=2)
+    with pytest.raises(SourceError, match=r"data/part-0.idx: reading the index failed twice, each time after its "
+                                          r"GET was answered \("):
+        with ParallelReader(f"s3://{bucket}/data/", workers=0, shuffle=True, storage_options=FAST) as reader:
+            list(reader)
+    assert [e[3] for e in proxy.requests("GET", "/data/part-0.idx")][:2] == ["cut", "cut"]

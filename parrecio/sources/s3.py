@@ -740,8 +740,10 @@ class S3Index(os.PathLike):
         except _body_errors() as exc:  # one more try: the index is small
             try:
                 data = _call(self._conn, self.url, "GET", "get_object", Bucket=bucket, Key=key)["Body"].read()
-            except _body_errors() as exc2:
-                raise _error(self._conn, self.url, exc2, "reading the index") from exc
+            except _body_errors() as exc2:  # (not _error(): its count is of botocore's attempts per request)
+                raise SourceError(f"{self.url}: reading the index failed twice, each time after its GET was "
+                                  f"answered ({type(exc2).__name__}: {exc2}; endpoint "
+                                  f"{self._conn.endpoint()})") from exc
         if hasattr(os, "memfd_create"):
             fd = os.memfd_create("parrecio-idx", os.MFD_CLOEXEC)
         else:  # pragma: no cover - not Linux
