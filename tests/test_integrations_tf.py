@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 
 import numpy as np
 import pytest
@@ -244,6 +245,28 @@ def test_a_new_iteration_ends_an_older_one_whose_prefetch_waits_inside_its_pass(
                     pass
             del old
         np.testing.assert_array_equal(np.concatenate([b.numpy() for b in ds]), want)
+
+
+class _SlowIterable:
+    """Not a ParallelReader: any iterable of batches may be given to dataset()."""
+    batch_size = 2
+
+    def __iter__(self):
+        for i in range(6):
+            time.sleep(0.05)
+            yield np.full((2, 3), i, np.int32)
+
+
+def test_a_new_iteration_of_a_plain_iterable_waits_for_the_older_one():
+    """Without a ParallelReader to ask, a new iteration waits for tf.data's thread to come out of the
+    older pass's next() (it raised AttributeError: no _end_pass_elsewhere)."""
+    ds = dataset(_SlowIterable())
+    assert len(list(ds)) == 6
+    old = iter(ds)
+    assert next(old).numpy().tolist() == [[0, 0, 0], [0, 0, 0]]
+    time.sleep(0.05)  # (tf.data's prefetch thread is inside the older pass's next() now)
+    assert [int(b.numpy()[0, 0]) for b in ds] == [0, 1, 2, 3, 4, 5]
+    del old
 
 
 def test_errors_are_clear(tmp_path, rec, no_leaks):

@@ -237,15 +237,15 @@ class _Pass:
         reader's poll interval)."""
         self.superseded = True
         deadline = time.monotonic() + _END_TIMEOUT
-        asked = False
+        ask = getattr(reader, "_end_pass_elsewhere", None)  # (any iterable may be given: it waits, then)
         while True:
             try:
                 _close(self.it)
                 return
             except ValueError as e:  # "generator already executing": another thread is inside it
-                if not asked:
-                    reader._end_pass_elsewhere()
-                    asked = True
+                if ask is not None:
+                    ask()
+                    ask = None
                 if time.monotonic() > deadline:
                     raise PipelineError(
                         f"this dataset's older iterator did not let go of its pass within {_END_TIMEOUT:.0f} "

@@ -45,7 +45,7 @@ from .pool import ALL, BELL
 from .reader_handle import ReaderHandle
 from .reader_proc import ReaderJob
 from .recovery import Recovery, unsplit
-from .shm import unlink
+from .shm import SHM_DIR, unlink
 from .slots import SlotTracker
 from .views import Pinned
 from .wire import Frame
@@ -476,8 +476,9 @@ class Run(Pass):
                                     f"{err.type_name}: {err.message}") from orig
             if isinstance(err, CorruptRecordError):
                 err = err.located(end.n_groups)
-            held = self.pinned.oneoff_bytes if self.pinned is not None and isinstance(err, PipelineError) else 0
-            if held:  # (the reader found /dev/shm full: say what, of it, the user's views hold)
+            held = (self.pinned.oneoff_bytes if self.pinned is not None and isinstance(err, PipelineError)
+                    and SHM_DIR in str(err) else 0)
+            if held:  # (the reader found /dev/shm full, or unusable: say what, of it, the user's views hold)
                 raise PipelineError(
                     f"{err}. Views still in use hold {held / 2**20:.1f} MiB of it: groups larger than half the "
                     f"input ring travel in segments of their own, which stay in /dev/shm as long as a view of "

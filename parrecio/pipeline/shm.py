@@ -110,7 +110,8 @@ class Segment:
 
 
 # What says that /dev/shm itself cannot hold our segments (not a limit of this process, such as EMFILE):
-_SHM_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOSPC, errno.ENOMEM, errno.ENOTDIR}
+# (ENOMEM is not among them: from mmap it is this process's address space; a full tmpfs is _reserve's)
+_SHM_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOSPC, errno.ENOTDIR}
 
 
 def _unusable(err: OSError, name: str) -> PipelineError:

@@ -10,6 +10,7 @@ Here the threads are daemons (the interpreter does not wait for them), and what 
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -27,6 +28,7 @@ class DaemonPool:
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._threads: List[threading.Thread] = []
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         self.closed = False       # shut down: what runs should stop at its next chance
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> "Future[Any]":
@@ -58,13 +60,16 @@ class DaemonPool:
             if self.closed:
                 return
 
-    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
-        """Stop: queued work is cancelled (``cancel_futures``), idle threads end, running work ends at
-        its next look at :attr:`closed`.  ``wait``: join the threads (bounded by what they run)."""
+    def shutdown(self, wait: bool = False) -> None:
+        """Stop: queued work is cancelled, idle threads end, running work ends at its next look at
+        :attr:`closed`.  ``wait``: join the threads (bounded by what they run).  A no-op in a forked
+        child (its threads are not there; a parent's thread may have held the lock at the fork)."""
+        if os.getpid() != self._pid:
+            return
         with self._lock:
             self.closed = True
             threads = list(self._threads)
-        while cancel_futures:
+        while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:

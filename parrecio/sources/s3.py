@@ -410,13 +410,13 @@ class S3Source(Source):
         if self._pool is None or self._pool_pid != os.getpid():
             self._pool = DaemonPool(self._conn.options["read_ahead"], "parrecio-s3")
             self._pool_pid = os.getpid()
-            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+            weakref.finalize(self, self._pool.shutdown)
         return self._pool
 
     def release(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None and self._pool_pid == os.getpid():
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown()
 
 
 def _list_url(conn: _Conn, url: str) -> Tuple[List[_Obj], Dict[str, str]]:
@@ -791,7 +791,7 @@ def _check_version(resp: Any, url: str, what: str, etag: Optional[str], size: in
     pass read a rewritten object, or the start of one version and the rest of another."""
     got = resp.get("ETag")
     total = str(resp.get("ContentRange") or "").rpartition("/")[2]
-    if etag and got and got != etag:
+    if etag and got and _bare_etag(got) != _bare_etag(etag):
         said = f"its ETag is {got}, the listing's {etag}"
     elif total.isdigit() and int(total) != size:
         said = f"Content-Range says {total} bytes, the listing {size}"
@@ -800,6 +800,12 @@ def _check_version(resp: Any, url: str, what: str, etag: Optional[str], size: in
     _close_quietly(resp["Body"])
     raise SourceError(f"{url}: the object changed since it was listed or its reading began ({what}: {said}; "
                       f"the server did not refuse it by If-Match); make a new reader to read the new version")
+
+
+def _bare_etag(etag: str) -> str:
+    """An ETag without the weak mark and the quotes that servers (and proxies) add or leave out."""
+    etag = etag.strip()
+    return (etag[2:] if etag.startswith("W/") else etag).strip('"')
 
 
 def _close_quietly(body: Any) -> None:
