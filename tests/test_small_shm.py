@@ -90,18 +90,36 @@ SCRIPT = textwrap.dedent("""\
     """)
 
 
-def _manifest_stream(path, n=200):
+def _run_in_a_private_dev_shm(tmp_path, mount_options: str, script_text: str, *args) -> subprocess.CompletedProcess:
+    """``script_text`` run with ``args`` in a private mount namespace whose /dev/shm is a tmpfs mounted with
+    ``mount_options``; skips where no tmpfs can be mounted.  Its exit status is checked."""
+    script = tmp_path / "in_private_shm.py"
+    script.write_text(script_text)
+    words = " ".join(str(a) for a in args)
+    cmd = f"mount -t tmpfs -o {mount_options} tmpfs /dev/shm && {sys.executable} {script} {words}"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0 and "mount" in proc.stderr and "permission" in proc.stderr.lower():
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _jpeg(rng, height: int, width: int) -> bytes:
     import io
+    from PIL import Image as PILImage
+    buf = io.BytesIO()
+    PILImage.fromarray(rng.integers(0, 256, (height, width, 3), dtype="uint8")).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def _manifest_stream(path, n=200):
     import json
     import numpy as np
-    from PIL import Image as PILImage
     from parrecio import RecordWriter
     rng = np.random.default_rng(0)
     with RecordWriter(str(path)) as w:
         for i in range(n):
-            buf = io.BytesIO()
-            PILImage.fromarray(rng.integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(buf, "JPEG")
-            w.write(buf.getvalue())
+            w.write(_jpeg(rng, 90, 120))
             w.write(json.dumps({"image_size": [{"width": 120, "height": 90, "depth": 3}],
                                 "annotations": [{"class_id": 1, "left": 3, "top": 4, "width": 50,
                                                  "height": 20}]}).encode())
@@ -111,13 +129,7 @@ def _manifest_stream(path, n=200):
 def test_docker_sized_dev_shm(tmp_path):
     path = tmp_path / "m.rec"
     _manifest_stream(path)
-    script = tmp_path / "small_shm.py"
-    script.write_text(SCRIPT)
-    cmd = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {sys.executable} {script} {path}"
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0 and "mount" in proc.stderr and "permission" in proc.stderr.lower():
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _run_in_a_private_dev_shm(tmp_path, "size=64m", SCRIPT, path)
     words = proc.stdout.split()
     assert words[:2] == ["samples", "200"], proc.stdout
     assert int(words[3]) < 64 * MIB and 5 <= int(words[5]) < 10
@@ -149,16 +161,12 @@ FAULT_SCRIPT = textwrap.dedent("""\
 
 
 def _jpegs(path, n=12):
-    import io
     import numpy as np
-    from PIL import Image as PILImage
     from parrecio import RecordWriter
     rng = np.random.default_rng(1)
     with RecordWriter(str(path)) as w:
         for _ in range(n):
-            buf = io.BytesIO()
-            PILImage.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(buf, "JPEG")
-            w.write(buf.getvalue())
+            w.write(_jpeg(rng, 60, 80))
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m")
@@ -179,13 +187,7 @@ def test_a_dev_shm_that_cannot_serve_says_so_at_start(tmp_path, mount, batch, wa
     import re
     path = tmp_path / "j.rec"
     _jpegs(path)
-    script = tmp_path / "shm_fault.py"
-    script.write_text(FAULT_SCRIPT)
-    cmd = f"mount -t tmpfs -o {mount} tmpfs /dev/shm && {sys.executable} {script} {path} {batch}"
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0 and "mount" in proc.stderr and "permission" in proc.stderr.lower():
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _run_in_a_private_dev_shm(tmp_path, mount, FAULT_SCRIPT, path, batch)
     lines = proc.stdout.splitlines()
     assert re.search(want, lines[0]), lines[0]
     assert lines[1:] == ["left 0", "workers=0 12"]
@@ -231,13 +233,7 @@ def test_views_kept_of_groups_larger_than_half_the_ring_are_named_when_dev_shm_f
     view fills it, and the error names the group that did not fit and what the views hold (it blamed
     ring_bytes, workers and batch_size)."""
     import re
-    script = tmp_path / "views_oneoff.py"
-    script.write_text(VIEWS_SCRIPT)
-    cmd = f"mount -t tmpfs -o size=16m tmpfs /dev/shm && {sys.executable} {script} {tmp_path / 'big.rec'}"
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0 and "mount" in proc.stderr and "permission" in proc.stderr.lower():
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _run_in_a_private_dev_shm(tmp_path, "size=16m", VIEWS_SCRIPT, tmp_path / "big.rec")
     lines = proc.stdout.splitlines()
     assert lines[:2] == ["samples 24", "left 0"], lines
     m = re.fullmatch(r"error after (\d+) PipelineError cannot allocate 1\.1 MiB of shared memory for a group larger "

@@ -556,10 +556,7 @@ class _Prefetch:
     def _close_body(self) -> None:
         body, self.body = self.body, None
         if body is not None:
-            try:
-                body.close()
-            except Exception:
-                pass
+            _close_quietly(body)
 
 
 class _ObjectStream(io.RawIOBase):
@@ -657,10 +654,7 @@ class _ObjectStream(io.RawIOBase):
     def _close_body(self) -> None:
         body, self._body = self._body, None
         if body is not None:
-            try:
-                body.close()
-            except Exception:
-                pass
+            _close_quietly(body)
 
     def close(self) -> None:
         if not self.closed:
