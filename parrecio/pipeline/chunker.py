@@ -90,7 +90,11 @@ class Chunker:
         p = self.pending
         if p.n or (release and self.group_end > self.sent_end):
             if self.check is not None:
-                self.check()
+                try:
+                    self.check()
+                except BaseException:  # its groups may be of other bytes: never sent (a flush at the
+                    self.pending = _Pending(stream_id=p.stream_id, first_seq=p.first_seq)  # end sent them)
+                    raise
             self.link.send(Chunk(p.first_seq if p.n else self.seq, p.n, p.stream_id, p.ring_offs, p.lens,
                                  p.stream_offs, self.group_end, p.place))
             self.sent_end = self.group_end

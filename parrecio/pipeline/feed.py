@@ -40,7 +40,7 @@ class Feed:
         self.released_pos, self.received_pos = ring_pos
         self.waiting = -1                   # the Releases the reader had seen when it last said Waiting
         self.kept = False                   # the reader ended cleanly and waits for the next pass's job
-        self.file: Optional[str] = None     # the mapped file of the last chunk read in place
+        self.file: Optional[str] = None     # the segment of the file the reader mapped last
 
     def receive(self) -> List[Chunk]:
         """The chunks that are there now (never blocks); raises PipelineError if the reader died (the
@@ -75,6 +75,8 @@ class Feed:
                     self.file = msg.place.name
             elif isinstance(msg, StreamStart):
                 self.streams[msg.stream_id] = msg.name
+                if msg.mapped is not None:
+                    self.file = msg.mapped
                 log.info("parrecio: epoch %d: reading %s", self.epoch, msg.name)
             elif isinstance(msg, Waiting):
                 self.waiting = msg.seen

@@ -394,8 +394,15 @@ class GroupStream:
         if skip > len(order):
             raise resume_overrun(skip, len(order), self.epoch)
         groups = read_groups(readers, offsets, nf, order[skip:])
+        # Each local file is checked after each group's reads (one fstat): rewritten, truncated or replaced
+        # meanwhile, its reads may be of other bytes -- a SourceError, before the group or its damage
+        # counts.  (An s3:// object is read by If-Match and ETag: a version it names.)
+        checks = [getattr(r, "check", None) for r in readers]
         try:
             for stream_id, offs, payloads in groups:
+                check = checks[stream_id]
+                if check is not None:
+                    check()
                 if isinstance(payloads, CorruptRecordError):
                     if cfg.on_error == "raise" or isinstance(payloads, IndexMismatch):  # (not one sample's)
                         raise payloads

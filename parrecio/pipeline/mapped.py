@@ -37,51 +37,11 @@ from collections import OrderedDict
 from typing import Dict, Optional, Tuple
 
 from ..errors import SourceError
+from ..recordio.filecheck import FileCheck, identity as _identity
 
 __all__ = ["PREFIX", "map_stream", "MappedFiles", "FileCheck", "changed_since"]
 
 PREFIX = "file:"
-
-
-def _identity(st: os.stat_result) -> str:
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-
-
-class FileCheck:
-    """``check()``: raise a :class:`~parrecio.errors.SourceError` if the open file ``fd``, read as
-    version ``ident`` (:func:`_identity`), is not that version any more: replaced (another inode),
-    truncated, grown, or rewritten (another modification time).  A file that grew may have been
-    appended to, or rewritten whole with more bytes (``open(path, "wb")``): the two cannot be told apart
-    here, so both are a change."""
-
-    __slots__ = ("fd", "path", "ident")
-
-    def __init__(self, fd: int, ident: str, path: str) -> None:
-        self.fd, self.path, self.ident = fd, path, ident
-
-    @classmethod
-    def of(cls, fd: int, path: str) -> "FileCheck":
-        """The check of the regular file open as ``fd``, as it is now."""
-        return cls(fd, _identity(os.fstat(fd)), path)
-
-    def __call__(self) -> None:
-        st = os.fstat(self.fd)
-        if _identity(st) != self.ident:
-            raise self.changed(st)
-
-    def changed(self, st: os.stat_result) -> SourceError:
-        """The error for the file found as ``st`` (another version than :attr:`ident`)."""
-        dev, ino, size, _ = map(int, self.ident.split(":"))
-        if (st.st_dev, st.st_ino) != (dev, ino):
-            how = "it was replaced by another file"
-        elif st.st_size < size:
-            how = f"it was truncated from {size} to {st.st_size} bytes"
-        elif st.st_size > size:
-            how = f"it grew from {size} to {st.st_size} bytes (appended to, or rewritten)"
-        else:
-            how = "it was rewritten (its modification time changed)"
-        return SourceError(f"{self.path} changed while it was being read: {how} since the reader process "
-                           f"opened it")
 
 
 def _version_of(name: str) -> Tuple[str, str]:

@@ -27,9 +27,11 @@ __all__ = ["StreamStart", "Chunk", "Waiting", "ReaderEnd", "Release", "Stop", "T
 
 @dataclass
 class StreamStart:
-    """The reader opened stream number ``stream_id`` (a file, a FIFO, stdin) called ``name``."""
+    """The reader opened stream number ``stream_id`` (a file, a FIFO, stdin) called ``name``; ``mapped``:
+    the segment name of the file it maps (:mod:`parrecio.pipeline.mapped`), None for a stream."""
     stream_id: int
     name: str
+    mapped: Optional[str] = None
 
 
 class Place(NamedTuple):

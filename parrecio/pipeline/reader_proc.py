@@ -212,9 +212,11 @@ class _Reader:
         streams = stoppable(self.job.source.streams(self.job.epoch), self.link.handle_ctrl)  # (a Stop ends a FIFO wait)
         for stream_id, stream in enumerate(streams):
             self.out.flush()
-            self.link.announce(StreamStart(stream_id, stream.name))
             try:
                 mapped = map_stream(stream.file)
+                # (the consumer knows the file mapped: if this process dies of SIGBUS -- the file shrank
+                # under a copy of a held group -- it says which file changed)
+                self.link.announce(StreamStart(stream_id, stream.name, mapped[1] if mapped else None))
                 if mapped is None:
                     yield from self._streamed(stream_id, stream, held)
                     continue
@@ -232,6 +234,10 @@ class _Reader:
                 t0 = time.perf_counter()
                 try:
                     yield stream_id, stream.name, reader, place
+                    # framed to its end: the groups copied out of it (held in the shuffle buffer, or in a
+                    # chunk not sent yet) are checked once more, after their reads (no chunk may go out
+                    # before a check of its own: a file that fits the buffer was never checked at all)
+                    check()
                 except GeneratorExit:  # the framing stopped early (an error, a Stop): the file changed?
                     self.changed = _changed(check)  # (asked now: its descriptor closes below)
                     raise

@@ -20,6 +20,7 @@ import struct
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..errors import CorruptRecordError, SourceError
+from .filecheck import FileCheck, identity
 from .framing import CFLAG_FIRST, CFLAG_FULL, DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, MAGIC, check_join, read_record
 from .joins import AmbiguousJoin, IndexedJoin
 from .paths import check_path_arg, index_path
@@ -256,7 +257,9 @@ class IndexedRecordReader:
             self._fd: Optional[int] = os.open(self.rec_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as err:
             raise SourceError(f"could not open {self.rec_path}: {err}") from err
-        self._size = os.fstat(self._fd).st_size
+        st = os.fstat(self._fd)
+        self._size = st.st_size
+        self._check = FileCheck(self._fd, identity(st), self.rec_path)  # (the version its reads are of)
         self._sorted = sorted(set(self._offsets))
         self._auto = None if self.join != "auto" else IndexedJoin.of(self)
 
@@ -307,6 +310,15 @@ class IndexedRecordReader:
             check_end(offset, got[1], want, self._size, self.rec_path, self.idx_path,
                       lambda at, n: os.pread(fd, n, at))
         return got[0]
+
+    def check(self) -> None:
+        """Raise :class:`~parrecio.errors.SourceError` if the ``.rec`` file changed since it was opened
+        (replaced, rewritten, truncated or grown): the reads since may be of other bytes.  Called after
+        reads, it sees any change they could have seen (:mod:`parrecio.recordio.filecheck`); each read
+        does not call it (one ``fstat``, ~1 us): the pipeline checks each group it reads."""
+        if self._fd is None:
+            raise ValueError("I/O operation on a closed IndexedRecordReader")
+        self._check()
 
     probe_upfront = True  # (check_index: reads are preads)
 
