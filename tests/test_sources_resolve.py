@@ -171,3 +171,22 @@ def test_a_relative_path_is_the_file_it_named_when_the_reader_was_made(tmp_path,
         second = list(r)
     assert first == second == [b"run1 %d" % i for i in range(5)]
     assert r.state_dict()["source"] == "data.rec"  # (its name stays the one given: a state resumes elsewhere)
+
+
+def test_symlink_loops_and_links_back_up_list_each_file_once(tmp_path):
+    """A looping file symlink in a directory was a bare OSError (ELOOP) out of the listing; a glob
+    ``**/*.rec`` over a tree with a link back up (``up -> ..``) listed each file 41 times, and a recursive
+    walk (a SageMaker File-mode channel) went round such a loop."""
+    from parrecio.sources.files import expand_patterns, list_recordio_files
+    root = tmp_path / "data"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.rec").write_bytes(b"")
+    (root / "sub" / "b.rec").write_bytes(b"")
+    os.symlink("y.rec", root / "x.rec")
+    os.symlink("x.rec", root / "y.rec")                   # x -> y -> x: a loop, skipped as a dangling link
+    os.symlink("..", root / "sub" / "up")                 # back up
+    os.symlink(str(root / "sub"), root / "again")         # the same directory twice
+    assert list_recordio_files(str(root)) == [str(root / "a.rec")]
+    assert list_recordio_files(str(root), recursive=True) == [str(root / "a.rec"), str(root / "again" / "b.rec")]
+    assert expand_patterns([str(root / "**" / "*.rec")]) == [str(root / "a.rec"), str(root / "again" / "b.rec")]
+    assert expand_patterns([str(root / "a.rec"), str(root / "a.rec")]) == [str(root / "a.rec")] * 2  # as given

@@ -52,20 +52,30 @@ def list_recordio_files(directory: str, *, recursive: bool = False) -> List[str]
 
 def _walk_regular_files(directory: str, recursive: bool) -> Iterator[tuple]:
     stack = [("", directory)]
-    while stack:
+    seen = set()  # directories walked, by (device, inode): a symlink back up (a loop) or twice to one
+    while stack:  # directory would list its files again and again
         prefix, path = stack.pop()
         try:
             entries = list(os.scandir(path))
+            st = os.stat(path)
         except OSError as exc:
             raise SourceError(f"cannot list directory {path}: {exc.strerror or exc}") from exc
-        for entry in entries:
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        subdirs = []
+        for entry in sorted(entries, key=lambda e: e.name):
             rel = prefix + entry.name
             if entry.name.startswith("."):
                 continue
-            if entry.is_file():  # follows symlinks; FIFOs, sockets and devices are not regular files
-                yield rel, entry.path
-            elif recursive and entry.is_dir():
-                stack.append((rel + "/", entry.path))
+            try:
+                if entry.is_file():  # follows symlinks; FIFOs, sockets and devices are not regular files
+                    yield rel, entry.path
+                elif recursive and entry.is_dir():
+                    subdirs.append((rel + "/", entry.path))
+            except OSError:  # a symlink loop (ELOOP), an entry gone meanwhile: skipped, as a dangling link
+                continue
+        stack.extend(reversed(subdirs))  # (walked in name order: of two ways to one directory, the first)
 
 
 def expand_patterns(patterns: Iterable) -> List[str]:
@@ -87,13 +97,31 @@ def expand_patterns(patterns: Iterable) -> List[str]:
             matches = sorted(glob.glob(pattern, recursive=True))
             if not matches:
                 raise SourceError(f"glob pattern {pattern!r} matches no file")
+            found: List[str] = []
             for match in matches:
-                paths.extend(_expand_existing(match, from_glob=pattern))
+                found.extend(_expand_existing(match, from_glob=pattern))
+            paths.extend(_once_each(found))
             if not paths:
                 raise SourceError(f"glob pattern {pattern!r} matches only directories without files")
         else:
             raise SourceError(f"no such file or directory: {pattern!r} (cwd {os.getcwd()})")
     return paths
+
+
+def _once_each(paths: List[str]) -> List[str]:
+    """``paths`` without the later ones that name a file named before (one glob's matches: ``**`` follows
+    symlinks to directories, and one back up -- ``up -> ..`` -- matched every file dozens of times)."""
+    seen, out = set(), []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            key: tuple = (st.st_dev, st.st_ino)
+        except OSError:
+            key = (path,)  # (opened as given: its error then says what is wrong)
+        if key not in seen:
+            seen.add(key)
+            out.append(path)
+    return out
 
 
 def _expand_existing(path: str, from_glob: Optional[str] = None) -> List[str]:
