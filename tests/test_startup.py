@@ -299,3 +299,58 @@ def test_decoders_see_the_environment_the_script_set_after_the_fork_server_boote
     for method in ("forkserver", "spawn"):
         with ParallelReader(path, fields=_env_value, workers=2, tuning=Tuning(start_method=method)) as reader:
             assert list(reader) == ["fast"] * 6, method
+
+
+MAIN_FILE_SCRIPT = '''\
+import os, struct, sys, tempfile, threading
+
+class WhereDecoder:
+    """Reads __file__ (to find a file beside the script, a common idiom)."""
+    def __call__(self, payload):
+        return os.path.basename(__file__)
+
+def main():
+    from parrecio import ParallelReader, Tuning
+    path = os.path.join(tempfile.mkdtemp(), "t.rec")
+    with open(path, "wb") as f:
+        for i in range(20):
+            p = b"x%d" % i
+            f.write(struct.pack("<II", 0xced7230a, len(p)) + p + b"\\0" * (-len(p) % 4))
+    for workers, method in ((0, None), (1, "spawn"), (1, "forkserver"), (1, "fork")):
+        with ParallelReader(path, WhereDecoder(), workers=workers, tuning=Tuning(start_method=method)) as r:
+            print(workers, method, set(r), flush=True)
+    # readers started in another thread, while this one reads __file__ again and again
+    misses, reads, done = [0], [0], threading.Event()
+    def starts():
+        for _ in range(6):
+            with ParallelReader(path, workers=1, tuning=Tuning(start_method="spawn")) as r:
+                list(r)
+        done.set()
+    t = threading.Thread(target=starts)
+    t.start()
+    while not done.is_set():
+        try:
+            __file__
+        except NameError:
+            misses[0] += 1
+        reads[0] += 1
+    t.join()
+    print("misses", misses[0], reads[0] > 1000, flush=True)
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_the_users_main_is_never_touched_while_children_start(tmp_path):
+    """Children are started without re-importing ``__main__`` -- by leaving its path out of what
+    multiprocessing sends them, for the starting thread only.  It was done by removing ``__main__.__file__``
+    for the start: a decoder from the script that reads ``__file__`` failed in every worker (NameError),
+    and the script's other threads saw ``__file__`` vanish (2-20% of reads while readers started)."""
+    script = tmp_path / "main_file.py"
+    script.write_text(MAIN_FILE_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [f"{w} {m} {{'main_file.py'}}" for w, m in
+                                        ((0, None), (1, "spawn"), (1, "forkserver"), (1, "fork"))] + ["misses 0 True"]

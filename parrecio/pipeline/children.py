@@ -121,26 +121,41 @@ def _watchdog(prefix: str, lifeline: Any) -> None:
     os._exit(0)
 
 
-_HIDING = threading.Lock()
+_STARTING = threading.local()  # .hiding: this thread is starting one of our children (see below)
+_MAIN_KEYS = ("init_main_from_path", "init_main_from_name", "main_path")
+
+
+def _without_main(original: Callable[[str], Dict[str, Any]]) -> Callable[[str], Dict[str, Any]]:
+    def get_preparation_data(name: str) -> Dict[str, Any]:
+        data = original(name)
+        if getattr(_STARTING, "hiding", False):
+            for key in _MAIN_KEYS:
+                data.pop(key, None)
+        return data
+    get_preparation_data.parrecio_original = original  # type: ignore[attr-defined]
+    return get_preparation_data
 
 
 @contextlib.contextmanager
 def _main_not_reimported() -> Iterator[None]:
-    """While a child starts, hide what multiprocessing re-imports ``__main__`` by (its ``__file__``, its
-    ``__spec__``), as for an interactive session; see the module docstring."""
-    main = sys.modules.get("__main__")
-    if main is None:
+    """While this thread starts a child, what multiprocessing sends it to re-import ``__main__`` by (its
+    path, its module name) is left out, as for an interactive session; see the module docstring.
+
+    Multiprocessing's ``spawn.get_preparation_data`` (what the spawn and forkserver starts send the
+    child, and the fork server) is wrapped once, and drops those keys only for a thread inside this
+    block: ``__main__`` itself is never touched.  (Hiding its ``__file__`` and ``__spec__`` for the start
+    hid them from the decoders pickled meanwhile -- a decoder that reads ``__file__`` failed with
+    NameError in every worker --, from the user's other threads, and from a ``ProcessPoolExecutor``
+    started in one of them; and ``os.fork()`` meanwhile left the child's ``__main__`` without them.)"""
+    from multiprocessing import spawn
+    if not hasattr(spawn.get_preparation_data, "parrecio_original"):
+        spawn.get_preparation_data = _without_main(spawn.get_preparation_data)
+    was = getattr(_STARTING, "hiding", False)
+    _STARTING.hiding = True
+    try:
         yield
-        return
-    with _HIDING:
-        saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
-        main.__dict__.pop("__file__", None)
-        main.__dict__["__spec__"] = None
-        try:
-            yield
-        finally:
-            main.__dict__.pop("__spec__", None)
-            main.__dict__.update(saved)
+    finally:
+        _STARTING.hiding = was
 
 
 def start_janitor(prefix: str, lifeline_fd: int, detached: bool = False) -> Optional[Any]:
