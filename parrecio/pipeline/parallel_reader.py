@@ -241,8 +241,9 @@ class ParallelReader:
     def __iter__(self) -> Iterator[Any]:
         """One pass over the stream (for a SageMaker Pipe-mode channel: the next epoch).
 
-        A new pass in the thread that iterates ends the previous pass (resuming that one raises); a pass
-        from another thread while one runs is refused."""
+        A new pass ends the previous one if it is unfinished (resuming that one raises) -- from another
+        thread too, unless that thread is inside the previous pass's ``next()`` right now: then it is
+        refused."""
         return self._pass(views=False)
 
     def iter_views(self) -> Iterator[Any]:
@@ -318,11 +319,14 @@ class ParallelReader:
             self._drop_unstarted()
             if res.run is not None:  # a previous pass was left unfinished: end it first
                 other = res.run.thread
-                if other is not threading.current_thread() and other.is_alive():
+                if other is not threading.current_thread() and other.is_alive() and _running(res.run):
                     raise PipelineError(
                         f"this ParallelReader is being iterated by another thread ({other.name}): one "
                         f"pass at a time; finish or close that pass first, or give each thread its "
                         f"own reader")
+                # (left suspended, in this thread or another -- a framework's prefetch or pool thread that
+                # outlives its iterator, Keras stopped early --: it raises if resumed)
+                res.run.superseded = True
                 res.run.abort()
                 res.run = None
             res.source.check_epoch(self._epoch)
@@ -365,7 +369,8 @@ class ParallelReader:
         res = self._res
         with res.lock:
             res.stats.wall_time += seconds
-            self._pass_ended(run, run.cursor.pos)
+            if not run.superseded:
+                self._pass_ended(run, run.cursor.pos)
             run.shutdown()
             if res.run is run:
                 res.run = None
@@ -436,7 +441,8 @@ class ParallelReader:
             with res.lock:
                 st.wall_time += time.perf_counter() - last
                 blocks.close()  # type: ignore[attr-defined]
-                self._pass_ended(run, cursor.pos)
+                if not run.superseded:  # (a newer pass owns where the stream stands: an older iterator
+                    self._pass_ended(run, cursor.pos)  # dropped late must not put it back)
                 run.shutdown()
                 if res.run is run:
                     res.run = None
@@ -826,6 +832,13 @@ def _index_paths(source: Any) -> tuple:
             return ()
         out.append((p, idx))
     return tuple(out)
+
+
+def _running(run: Any) -> bool:
+    """Whether a thread is inside ``next()`` of the iterator the user got for ``run`` right now (not only
+    holding it, suspended); True when that cannot be told."""
+    it = run.user_iter() if run.user_iter is not None else None
+    return it is not None and bool(getattr(it, "gi_running", True))
 
 
 def _singles(items: Iterator[Any]) -> Iterator[Tuple[Any]]:

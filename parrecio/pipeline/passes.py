@@ -66,6 +66,7 @@ class Pass:
         self.thread = threading.current_thread()  # the thread that iterates this pass
         self.closed = False
         self.aborted = False        # ended from outside (close(), a new pass) before the consumer was done
+        self.superseded = False     # ended by a newer pass (which owns the reader's position from then on)
         self.completed = False      # the whole stream was delivered without an error
         self.delivered = 0          # samples yielded in this pass
         self.user_iter: Any = None  # a weak reference to the iterator the user got for it
