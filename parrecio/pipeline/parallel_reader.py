@@ -242,8 +242,8 @@ class ParallelReader:
         """One pass over the stream (for a SageMaker Pipe-mode channel: the next epoch).
 
         A new pass ends the previous one if it is unfinished (resuming that one raises) -- from another
-        thread too, unless that thread is inside the previous pass's ``next()`` right now: then it is
-        refused."""
+        thread too, unless the previous pass is the main thread's, or its thread is inside its ``next()``
+        right now: then the new one is refused."""
         return self._pass(views=False)
 
     def iter_views(self) -> Iterator[Any]:
@@ -319,13 +319,15 @@ class ParallelReader:
             self._drop_unstarted()
             if res.run is not None:  # a previous pass was left unfinished: end it first
                 other = res.run.thread
-                if other is not threading.current_thread() and other.is_alive() and _running(res.run):
+                if other is not threading.current_thread() and other.is_alive() and (
+                        other is threading.main_thread() or _running(res.run)):
                     raise PipelineError(
                         f"this ParallelReader is being iterated by another thread ({other.name}): one "
                         f"pass at a time; finish or close that pass first, or give each thread its "
                         f"own reader")
-                # (left suspended, in this thread or another -- a framework's prefetch or pool thread that
-                # outlives its iterator, Keras stopped early --: it raises if resumed)
+                # (left in this thread, or suspended in a thread of its own that lives on -- a framework's
+                # prefetch or pool thread outlives its iterator: Keras stopped early --: it raises if
+                # resumed.  The main thread's pass is the program's own loop: never ended from elsewhere)
                 res.run.superseded = True
                 res.run.abort()
                 res.run = None
