@@ -67,3 +67,58 @@ def test_more_than_1024_descriptors_in_the_consumer(tmp_path, method, source, wo
         got.append(bytes(data[4:4 + n]))
         data = data[4 + n:]
     assert got == payloads
+
+
+FEW_SCRIPT = textwrap.dedent("""\
+    import resource, sys
+    from parrecio import ParallelReader
+    if __name__ == "__main__":
+        folder, workers = sys.argv[1], int(sys.argv[2])
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        with ParallelReader(folder, workers=workers, shuffle=True, seed=3) as reader:
+            print(len(reader), sorted(bytes(p).decode() for p in reader) == sorted(
+                f"{i}-{j}" for i in range(300) for j in range(3)), flush=True)
+""")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shuffled_read_of_more_indexed_files_than_descriptors(tmp_path, workers):
+    """300 indexed files read by index under ``ulimit -n 128``: a reader of each is kept for the pass, and
+    each held its file open -- EMFILE ("Too many open files") before the first sample.  At most 64 are
+    open at once now; one closed is opened again when read again, checked to be the same file."""
+    from parrecio import RecordWriter
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(300):
+        with RecordWriter(str(folder / f"p{i:03d}.rec"), index=str(folder / f"p{i:03d}.idx")) as w:
+            for j in range(3):
+                w.write(f"{i}-{j}".encode(), key=j)
+    script = tmp_path / "few.py"
+    script.write_text(FEW_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(folder), str(workers)], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["900", "True"]
+
+
+def test_an_indexed_file_let_go_of_and_changed_is_refused_when_read_again(tmp_path, monkeypatch):
+    from parrecio.errors import SourceError
+    from parrecio.recordio import RecordWriter, index
+    monkeypatch.setattr(index._OpenRecs, "limit", 2)
+    readers = []
+    for i in range(3):
+        with RecordWriter(str(tmp_path / f"r{i}.rec"), index=str(tmp_path / f"r{i}.idx")) as w:
+            w.write(b"first %d" % i, key=0)
+        readers.append(index.IndexedRecordReader(str(tmp_path / f"r{i}.rec")))
+    assert readers[0]._fd is None and readers[2]._fd is not None       # the oldest was let go of
+    assert readers[0][0] == b"first 0"                                    # and is opened again to read
+    assert readers[1]._fd is None                                         # (another let go of instead)
+    with open(tmp_path / "r1.rec", "r+b") as f:                           # rewritten while let go of
+        f.seek(8)
+        f.write(b"FIRST")
+    st = os.stat(tmp_path / "r1.rec")
+    os.utime(tmp_path / "r1.rec", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # (a coarse clock)
+    with pytest.raises(SourceError, match=r"r1.rec changed while it was being read: it was rewritten"):
+        readers[1][0]
+    for r in readers:
+        r.close()

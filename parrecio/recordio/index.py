@@ -17,6 +17,9 @@ from __future__ import annotations
 import bisect
 import os
 import struct
+import threading
+import weakref
+from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from ..errors import CorruptRecordError, SourceError
@@ -221,6 +224,51 @@ class WindowSource:
         return self.data[rel:rel + nbytes]
 
 
+def _open_rec(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise SourceError(f"could not open {path}: {err}") from err
+
+
+class _OpenRecs:
+    """The ``.rec`` descriptors of this process's IndexedRecordReaders, at most :attr:`limit` open at
+    once: the least recently read is closed, and opened again when read again (checked to be the same
+    file).  A shuffled read of thousands of indexed files keeps one reader of each for the pass: with a
+    descriptor each, 400 files under ``ulimit -n 256`` (or 2,000 under the common 1,024) failed with
+    EMFILE."""
+
+    limit = 64
+
+    def __init__(self) -> None:
+        self._lru: "OrderedDict[int, weakref.ref]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def opened(self, reader: "IndexedRecordReader") -> None:
+        with self._lock:
+            self._lru[id(reader)] = weakref.ref(reader)
+            over = len(self._lru) - self.limit
+            oldest = list(self._lru.items())[:over] if over > 0 else []
+        for key, ref in oldest:  # (outside the lock: a reader's _io may be held by a read that opens)
+            r = ref()
+            if r is None or r._let_go():
+                with self._lock:
+                    if self._lru.get(key) is ref:
+                        del self._lru[key]
+
+    def used(self, reader: "IndexedRecordReader") -> None:
+        with self._lock:
+            if id(reader) in self._lru:
+                self._lru.move_to_end(id(reader))
+
+    def forget(self, reader: "IndexedRecordReader") -> None:
+        with self._lock:
+            self._lru.pop(id(reader), None)
+
+
+_OPEN_RECS = _OpenRecs()
+
+
 class IndexedRecordReader:
     """Read records by key or offset from a ``.rec`` file and its ``.idx`` index.
 
@@ -253,13 +301,13 @@ class IndexedRecordReader:
         self._keys: List[Key] = [k for k, _ in entries]
         self._offsets: List[int] = [o for _, o in entries]
         self._by_key: Dict[Key, int] = dict(entries)
-        try:
-            self._fd: Optional[int] = os.open(self.rec_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as err:
-            raise SourceError(f"could not open {self.rec_path}: {err}") from err
+        self._io = threading.RLock()  # (held by each read, and by a close of its descriptor: see _OpenRecs)
+        self._closed = False
+        self._fd: Optional[int] = _open_rec(self.rec_path)
         st = os.fstat(self._fd)
         self._size = st.st_size
         self._check = FileCheck(self._fd, identity(st), self.rec_path)  # (the version its reads are of)
+        _OPEN_RECS.opened(self)
         self._sorted = sorted(set(self._offsets))
         self._auto = None if self.join != "auto" else IndexedJoin.of(self)
 
@@ -288,7 +336,7 @@ class IndexedRecordReader:
 
     def read_at(self, offset: int) -> bytes:
         """The payload of the record whose first frame starts at byte ``offset`` of the ``.rec`` file."""
-        if self._fd is None:
+        if self._closed:
             raise ValueError("I/O operation on a closed IndexedRecordReader")
         if offset < 0:
             raise ValueError(f"offset must be >= 0, not {offset}")
@@ -300,25 +348,59 @@ class IndexedRecordReader:
         i = bisect.bisect_right(self._sorted, offset)
         want = self._sorted[i] if i < len(self._sorted) else self._size  # (where a listed record ends)
         span = min(max(want - offset, HEADER_SIZE), self.max_record_bytes + HEADER_SIZE + 3)
-        fd = self._fd
-        got = read_record(WindowSource(lambda at, n: os.pread(fd, n, at), span), offset, join=join,
-                          max_record_bytes=self.max_record_bytes, source=self.rec_path, parts=parts)
-        if got is None:
-            raise CorruptRecordError("no record here: offset at or past the end of the file", offset,
-                                     source=self.rec_path)
-        if got[1] != want and i and self._sorted[i - 1] == offset:  # (a listed record: it ends at the next)
-            check_end(offset, got[1], want, self._size, self.rec_path, self.idx_path,
-                      lambda at, n: os.pread(fd, n, at))
+        with self._io:
+            fd = self._fd_now()
+            got = read_record(WindowSource(lambda at, n: os.pread(fd, n, at), span), offset, join=join,
+                              max_record_bytes=self.max_record_bytes, source=self.rec_path, parts=parts)
+            if got is None:
+                raise CorruptRecordError("no record here: offset at or past the end of the file", offset,
+                                         source=self.rec_path)
+            if got[1] != want and i and self._sorted[i - 1] == offset:  # (a listed record: it ends at the next)
+                check_end(offset, got[1], want, self._size, self.rec_path, self.idx_path,
+                          lambda at, n: os.pread(fd, n, at))
         return got[0]
+
+    def _fd_now(self) -> int:
+        """The ``.rec`` file's descriptor (with ``_io`` held), opened again if it was let go of to keep
+        this process's descriptors few (:class:`_OpenRecs`): the same file, unchanged, or a SourceError."""
+        if self._closed:
+            raise ValueError("I/O operation on a closed IndexedRecordReader")
+        fd = self._fd
+        if fd is None:
+            fd = _open_rec(self.rec_path)
+            try:
+                st = os.fstat(fd)
+                if identity(st) != self._check.ident:
+                    raise self._check.changed(st)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = self._check.fd = fd
+            _OPEN_RECS.opened(self)
+        else:
+            _OPEN_RECS.used(self)
+        return fd
+
+    def _let_go(self) -> bool:
+        """Close the descriptor until the next read, unless a read holds it now; whether it was closed."""
+        if not self._io.acquire(blocking=False):
+            return False
+        try:
+            fd, self._fd = self._fd, None
+            if fd is not None:
+                os.close(fd)
+            return True
+        finally:
+            self._io.release()
 
     def check(self) -> None:
         """Raise :class:`~parrecio.errors.SourceError` if the ``.rec`` file changed since it was opened
         (replaced, rewritten, truncated or grown): the reads since may be of other bytes.  Called after
         reads, it sees any change they could have seen (:mod:`parrecio.recordio.filecheck`); each read
         does not call it (one ``fstat``, ~1 us): the pipeline checks each group it reads."""
-        if self._fd is None:
-            raise ValueError("I/O operation on a closed IndexedRecordReader")
-        self._check()
+        with self._io:
+            self._fd_now()
+            self._check()
 
     probe_upfront = True  # (check_index: reads are preads)
 
@@ -330,7 +412,7 @@ class IndexedRecordReader:
     def index_identity(self) -> Tuple[Any, ...]:
         """What :func:`check_index` remembers a passed check by: the paths, sizes and times of both files."""
         idx = os.stat(self.idx_path)
-        rec = os.fstat(self._fd) if self._fd is not None else os.stat(self.rec_path)
+        rec = os.stat(self.rec_path) if self._closed or self._fd is None else os.fstat(self._fd)
         return (self.rec_path, self.idx_path, rec.st_size, rec.st_mtime_ns, rec.st_ino, idx.st_size,
                 idx.st_mtime_ns, idx.st_ino)
 
@@ -339,14 +421,17 @@ class IndexedRecordReader:
 
     def close(self) -> None:
         """Close the ``.rec`` file.  Idempotent."""
-        fd, self._fd = self._fd, None
+        with self._io:
+            self._closed = True
+            fd, self._fd = self._fd, None
+        _OPEN_RECS.forget(self)
         if fd is not None:
             os.close(fd)
 
     @property
     def closed(self) -> bool:
         """True after :meth:`close`."""
-        return self._fd is None
+        return self._closed
 
     def __del__(self) -> None:
         try:
