@@ -179,6 +179,7 @@ class _Reader:
         cfg, gs, out = self.cfg, self.groups, self.out
         if cfg.by_index:
             opened: list = []
+            gs.defer_checks, out.check = True, gs.check_reads  # (once per file before each chunk goes out)
             try:
                 readers = open_indexed_all(cfg, self.job.source, opened)
                 names = [str(rec) for rec, _ in cfg.index_paths]
@@ -188,7 +189,9 @@ class _Reader:
                     else:
                         self._emit_group(g.stream_id, g.parts, g.offset)
                     self.link.handle_ctrl()
+                out.flush()  # (the last chunk, checked: its files are closed below)
             finally:
+                out.check = None
                 for r in opened:
                     r.close()
         else:

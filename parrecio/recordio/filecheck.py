@@ -28,10 +28,11 @@ class FileCheck:
     appended to, or rewritten whole with more bytes (``open(path, "wb")``): the two cannot be told apart
     here, so both are a change."""
 
-    __slots__ = ("fd", "path", "ident")
+    __slots__ = ("fd", "path", "ident", "_key")
 
     def __init__(self, fd: int, ident: str, path: str) -> None:
         self.fd, self.path, self.ident = fd, path, ident
+        self._key = tuple(map(int, ident.split(":")))  # (compared as numbers: no string made per check)
 
     @classmethod
     def of(cls, fd: int, path: str) -> "FileCheck":
@@ -40,7 +41,7 @@ class FileCheck:
 
     def __call__(self) -> None:
         st = os.fstat(self.fd)
-        if identity(st) != self.ident:
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._key:
             raise self.changed(st)
 
     def changed(self, st: os.stat_result) -> SourceError:

@@ -233,10 +233,11 @@ def _open_rec(path: str) -> int:
 
 class _OpenRecs:
     """The ``.rec`` descriptors of this process's IndexedRecordReaders, at most :attr:`limit` open at
-    once: the least recently read is closed, and opened again when read again (checked to be the same
-    file).  A shuffled read of thousands of indexed files keeps one reader of each for the pass: with a
-    descriptor each, 400 files under ``ulimit -n 256`` (or 2,000 under the common 1,024) failed with
-    EMFILE."""
+    once: the one opened longest ago is closed, and opened again when read again (checked to be the same
+    file; the order of opening, not of reads: a shuffled read reads its files at random anyway, and a
+    lock per read cost more).  A shuffled read of thousands of indexed files keeps one reader of each for
+    the pass: with a descriptor each, 400 files under ``ulimit -n 256`` (or 2,000 under the common 1,024)
+    failed with EMFILE."""
 
     limit = 64
 
@@ -255,11 +256,6 @@ class _OpenRecs:
                 with self._lock:
                     if self._lru.get(key) is ref:
                         del self._lru[key]
-
-    def used(self, reader: "IndexedRecordReader") -> None:
-        with self._lock:
-            if id(reader) in self._lru:
-                self._lru.move_to_end(id(reader))
 
     def forget(self, reader: "IndexedRecordReader") -> None:
         with self._lock:
@@ -377,8 +373,6 @@ class IndexedRecordReader:
                 raise
             self._fd = self._check.fd = fd
             _OPEN_RECS.opened(self)
-        else:
-            _OPEN_RECS.used(self)
         return fd
 
     def _let_go(self) -> bool:
@@ -399,8 +393,10 @@ class IndexedRecordReader:
         reads, it sees any change they could have seen (:mod:`parrecio.recordio.filecheck`); each read
         does not call it (one ``fstat``, ~1 us): the pipeline checks each group it reads."""
         with self._io:
-            self._fd_now()
-            self._check()
+            if self._fd is None:  # (let go of: opening it again checks it)
+                self._fd_now()
+            else:
+                self._check()
 
     probe_upfront = True  # (check_index: reads are preads)
 
