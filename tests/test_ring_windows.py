@@ -256,3 +256,63 @@ def test_resume_and_even_shards_through_a_fifo(tmp_path, no_leaks):
         r.load_state_dict({"epoch": 0, "position": 100})
         assert list(r) == full[1][100:]
     feeder.wait()
+
+
+def test_a_held_group_wrapped_ahead_of_the_window_does_not_leave_the_reader_waiting_for_itself(tmp_path, no_leaks):
+    """Found by the long differential tier (1 run in 5 of an s3:// prefix).  A held group (a multipart
+    record joined in a buffer) placed in the ring wraps early to the next lap while the stream's window is
+    still in use; the next held group then waits for ring space inside bytes framed since the last chunk's
+    group_end.  Its wait sent nothing (group_end was not raised to the windows' watermark): the reader
+    waited for itself for ever, the consumer having released everything (4 of 8 groups).  The feeder
+    pauses so that the consumer's releases reach the reader at the points that lead there."""
+    import struct
+    import threading
+    import time
+    from parrecio.decoders import Raw
+    mib = 1 << 20
+
+    def frame(part, cflag=0):
+        return MAGIC_BYTES + struct.pack("<I", (cflag << 29) | len(part)) + part + b"\0" * (-len(part) % 4)
+
+    def multipart(n, tag):
+        return frame(bytes([tag]) * n, 1) + frame(bytes([tag + 1]) * n, 3)
+
+    groups = [frame(b"\1" * 13 * mib) + frame(b"\2" * 1000),                      # a record past a window
+              frame(b"\3" * (12 * mib + mib // 2)) + frame(b"\4" * (64 << 10)),   # another: the window wraps
+              frame(b"\5" * 100) + frame(b"\6" * 100),
+              multipart(500, 7) + frame(b"\x09" * 100),                          # held: wraps early
+              multipart(150 << 10, 10) + frame(b"\x0c" * 100)]                   # held: its wait
+    groups += [frame(bytes([20 + i]) * 100) + frame(bytes([40 + i]) * 100) for i in range(3)]
+    fifo = tmp_path / "stream.rec"
+    os.mkfifo(fifo)
+    got_first, got_third = threading.Event(), threading.Event()
+
+    def feed():
+        try:
+            with open(fifo, "wb") as f:
+                f.write(groups[0])
+                f.flush()
+                got_first.wait(60)
+                time.sleep(0.5)
+                f.write(groups[1] + groups[2])
+                f.flush()
+                got_third.wait(60)
+                time.sleep(0.5)
+                f.write(b"".join(groups[3:]))
+        except OSError:
+            pass
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    sizes = []
+    with deadline(90), ParallelReader(str(fifo), fields=[Raw(), Raw()], workers=1, join="mxnet",
+                                      tuning=Tuning(ring_bytes=32 * mib, chunk_groups=1)) as reader:
+        for item in reader:
+            sizes.append([len(x) for x in item])
+            if len(sizes) == 1:
+                got_first.set()
+            elif len(sizes) == 3:
+                got_third.set()
+    t.join(10)
+    assert sizes == [[13 * mib, 1000], [12 * mib + mib // 2, 64 << 10], [100, 100], [1004, 100],
+                     [(150 << 10) * 2 + 4, 100]] + [[100, 100]] * 3

@@ -129,7 +129,14 @@ class _Reader:
         self.changed: Optional[SourceError] = None  # how the file read in place when framing stopped changed
 
     def _wait_for_release(self, needed_tail: int) -> int:
-        self.out.flush(release=True)
+        out = self.out
+        if out.watermark is not None:
+            # Everything below the windows' watermark is framed: what the wait needs lies there ("Why
+            # waits end", ring_windows).  A held group placed after a wrap ahead of the window puts the
+            # next wait inside bytes framed since the last chunk's group_end; without this, the flush
+            # below sent nothing and the reader waited for itself for ever (the consumer had released all).
+            out.advance(out.watermark())
+        out.flush(release=True)
         ring = self.ring
         self.link.wait_while(lambda: ring.tail < needed_tail)
         return ring.tail
