@@ -258,3 +258,26 @@ def test_the_index_check_reads_by_the_readers_join(tmp_path, workers, no_leaks):
         assert len(r) == 1
         with deadline(60), pytest.raises(AmbiguousJoin, match="cannot tell how the multipart record at byte 0"):
             list(iter(r))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_len_follows_files_refreshed_between_passes(tmp_path, workers, no_leaks):
+    """len() was the last complete pass's count, or the .idx files' count read once: files refreshed to
+    500 records (and their .idx) kept it at 300; records appended after the .idx gave 300 instead of the
+    TypeError of an .idx that does not fit."""
+    from parrecio import ParallelReader, RecordWriter
+
+    def write(n, index=True):
+        with RecordWriter(str(tmp_path / "d.rec"), index=str(tmp_path / "d.idx") if index else None) as w:
+            for i in range(n):
+                w.write(b"%d" % i, key=i)
+
+    write(300)
+    with ParallelReader(str(tmp_path / "d.rec"), workers=workers) as reader:
+        assert len(reader) == 300 and len(list(reader)) == 300
+        write(500)
+        assert len(reader) == 500 and len(list(reader)) == 500
+        with open(tmp_path / "d.rec", "ab") as f:                 # appended to, its .idx left as it was
+            f.write((tmp_path / "d.rec").read_bytes()[:16])
+        with pytest.raises(TypeError, match="an .idx does not fit its file"):
+            len(reader)

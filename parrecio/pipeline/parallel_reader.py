@@ -215,8 +215,10 @@ class ParallelReader:
         # (epoch, position, completed, samples handed out) where the last pass stopped
         self._progress = (0, 0, False, 0)
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
-        self._pass_samples: Optional[int] = None  # samples of the last complete pass
-        self._indexed_groups: Optional[int] = None  # groups the .idx files list (read once, by __len__)
+        self._pass_samples: Optional[Tuple[int, Any]] = None  # samples of the last complete pass, and the
+        #                                                       data it read (_data_key)
+        self._indexed_groups: Optional[Tuple[int, Any]] = None  # groups the .idx files list, and the data
+        #                                                         (_data_key): read by __len__
         res.warm_up(strict=False)  # the fork server boots while the user builds a model (the pass its memory)
 
     def __reduce__(self) -> Any:
@@ -456,7 +458,7 @@ class ParallelReader:
         if run.completed:
             self._progress = (run.epoch, 0, True, 0)
             if not run.skip:
-                self._pass_samples = run.delivered
+                self._pass_samples = (run.delivered, self._data_key())
         else:
             self._progress = (run.epoch, pos, False, run.cursor.handed)
 
@@ -569,21 +571,38 @@ class ParallelReader:
         self._progress = (self._epoch, self._skip, False, self._handed)
 
     def _groups_listed(self) -> int:
-        """Groups the ``.idx`` files list (read once)."""
-        if self._indexed_groups is None:
+        """Groups the ``.idx`` files list (read again once the data changed: :meth:`_data_key`)."""
+        key = self._data_key()
+        if self._indexed_groups is None or self._indexed_groups[1] != key:
             cfg = self._res.cfg
-            self._indexed_groups = _indexed_groups(cfg.index_paths, cfg.nfields, cfg.join)
-        return self._indexed_groups
+            self._indexed_groups = (_indexed_groups(cfg.index_paths, cfg.nfields, cfg.join), key)
+        return self._indexed_groups[0]
+
+    def _data_key(self) -> Any:
+        """What the data is now: each file's (or object's) size, and each local ``.idx`` file's size and
+        time.  A length counted or listed on other data is not this data's (files refreshed between
+        passes, from 300 to 500 records, kept len() at 300)."""
+        idx = []
+        for _, path in self._res.cfg.index_paths:
+            name = str(path)
+            try:
+                st = os.stat(name) if not name.startswith("s3://") else None
+            except OSError:
+                st = None
+            idx.append((name, st.st_size, st.st_mtime_ns) if st is not None else (name,))
+        return repr(_fingerprint(self._res.source)), tuple(idx)
 
     def __len__(self) -> int:
         """Samples (or batches, with ``batch_size``) of the pass being iterated, else of the next pass.
 
         A whole pass is known from the ``.idx`` files when every file has one, else from the previous
-        complete pass; ``TypeError`` when not known yet (a stream read for the first time, stdin, a
+        complete pass (of the same data: files that changed size, or ``.idx`` files that changed, are
+        counted again); ``TypeError`` when not known yet (a stream read for the first time, stdin, a
         Pipe-mode channel before its first epoch ends, an ``.idx`` that does not fit its file).  A
         resumed pass (after :meth:`load_state_dict`) yields only what remains of its epoch, and that is
         what its length is: the saved position is left out (the passes after it are whole again)."""
-        n = self._pass_samples
+        done = self._pass_samples
+        n = done[0] if done is not None and done[1] == self._data_key() else None
         if n is None and self._res.cfg.index_paths:
             cfg = self._res.cfg
             try:
