@@ -291,3 +291,25 @@ def test_writer_stalled_after_the_magic_does_not_block_a_reader_that_checks_pend
     finally:
         if wfd is not None:
             os.close(wfd)
+
+
+def test_two_readers_of_one_pipe_channel_whose_passes_overlap_read_the_next_fifos(tmp_path, feeder, no_leaks):
+    """A second reader of the channel whose pass starts while the first one's reads train_0 reads train_1:
+    it waited on train_0 (its holder "another process": the first reader's own reader process), then timed
+    out once train_0 was served and removed."""
+    from parrecio import ParallelReader, Tuning
+    write_config(tmp_path, {"train": PIPE})
+    epochs = [make_payloads(300, seed=e, hi=20_000) for e in range(2)]  # (3 MB: more than r1 reads ahead)
+    feeder(str(tmp_path / "data"), "train", [wrapped(p) for p in epochs], 0.1, 1 << 16)
+    second = []
+    with ParallelReader("train", sm_input_dir=str(tmp_path), workers=1, fifo_timeout=30,
+                        tuning=Tuning(ring_bytes=1 << 20)) as r1, \
+            ParallelReader("train", sm_input_dir=str(tmp_path), workers=1, fifo_timeout=30) as r2:
+        it = iter(r1)
+        first = [bytes(next(it))]                               # r1's pass has train_0
+        it2 = iter(r2)                                          # r2's pass begins meanwhile
+        t = threading.Thread(target=lambda: second.extend(bytes(p) for p in it2))
+        t.start()
+        first += [bytes(p) for p in it]
+        t.join(60)
+    assert first == epochs[0] and second == epochs[1]

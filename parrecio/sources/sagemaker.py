@@ -163,6 +163,10 @@ class FileChannelSource(FileSource):
 # FIFOs of each Pipe-mode channel, (data dir, channel), that passes of this process have opened: the job's
 # numbering (PipeChannelSource.begin_pass), shared by every reader of the channel in the process.
 _FIFOS_TAKEN: Dict[Tuple[str, str], int] = {}
+# FIFOs that passes of this process read now, by channel and by source: a second reader of the channel
+# whose pass starts meanwhile takes the next one (it waited on the FIFO the first one's reader process
+# held, and timed out once that one was served and removed).
+_FIFOS_CLAIMED: Dict[Tuple[str, str], Dict[int, int]] = {}
 
 
 class PipeChannelSource(Source):
@@ -207,20 +211,30 @@ class PipeChannelSource(Source):
         a job resumed from a checkpoint at epoch 2 (a new job) is served ``train_0`` first.  So a pass
         reads the FIFO after the last one that a pass of this process (any reader of the channel) opened;
         the epoch number orders the samples (shuffle, shards, sample keys), not which FIFO."""
+        claimed = _FIFOS_CLAIMED.setdefault(self._key, {})
+        claimed.pop(id(self), None)  # (this source's earlier pass, if it never ended: one at a time)
         index = _FIFOS_TAKEN.get(self._key, 0)
         # A pass of ours ended at once may have opened its FIFO before it could say so: then that one is
         # gone (served) and a later one is there.
         later = self._fifos_after(index)
         if later and not os.path.exists(self._path(index)):
             index = later[0]
+        while index in claimed.values():
+            index += 1
+        claimed[id(self)] = index
         self._fifo_of = {epoch: index}
 
     def end_pass(self, epoch: int, opened: bool) -> None:
         """The pass of epoch ``epoch`` ended; ``opened``: whether it opened its FIFO (one that did not --
         it timed out waiting, or was ended first -- leaves it to the next pass)."""
+        _FIFOS_CLAIMED.get(self._key, {}).pop(id(self), None)
         if opened:
             index = self.fifo_index(epoch)
             _FIFOS_TAKEN[self._key] = max(_FIFOS_TAKEN.get(self._key, 0), index + 1)
+
+    def release(self) -> None:
+        _FIFOS_CLAIMED.get(self._key, {}).pop(id(self), None)
+        super().release()
 
     @property
     def _key(self) -> Tuple[str, str]:
