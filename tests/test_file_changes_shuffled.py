@@ -141,3 +141,16 @@ def test_a_chunk_that_failed_its_check_is_never_sent(tmp_path, no_leaks):
     _write(path, payloads, index=False)
     with pytest.raises(SourceError, match=rf"{path} changed while it was being read: it was rewritten"):
         _read(path, payloads, _rewrite_all, workers=2, shuffle=True)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_groups_larger_than_half_the_ring_read_by_index_are_checked_too(tmp_path, workers, no_leaks):
+    """Such a group travels in a segment of its own, sent at once: with the checks made once per chunk,
+    it went out unchecked (7 of 10 samples were the rewritten bytes, no error).  (With workers=0 the ten
+    are read, and checked, before the first sample is out.)"""
+    rng = random.Random(2)
+    payloads = [rng.randbytes(600_000) for _ in range(10)]
+    path = tmp_path / "big.rec"
+    _write(path, payloads, index=True)
+    with pytest.raises(SourceError, match=rf"{path} changed while it was being read: it was rewritten"):
+        _read(path, payloads, _rewrite_all, workers=workers, shuffle=True)

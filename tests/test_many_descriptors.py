@@ -122,3 +122,52 @@ def test_an_indexed_file_let_go_of_and_changed_is_refused_when_read_again(tmp_pa
         readers[1][0]
     for r in readers:
         r.close()
+
+
+def test_readers_in_reference_cycles_and_threads_never_hang_or_read_a_closed_descriptor(tmp_path, monkeypatch):
+    """The garbage collector freed a reader (in a reference cycle) inside the descriptor list's lock, and
+    its close took that lock again: a hang within 5,000 readers.  And a read that opened its file again
+    could let go of its own descriptor (EBADF)."""
+    import gc
+    import threading
+    from parrecio.recordio import RecordWriter, index
+    from pipeline_helpers import deadline
+    monkeypatch.setattr(index._OpenRecs, "limit", 2)
+    paths = []
+    for i in range(4):
+        p = str(tmp_path / f"c{i}.rec")
+        with RecordWriter(p, index=p[:-4] + ".idx") as w:
+            w.write(b"%d" % i, key=0)
+        paths.append(p)
+
+    class Holder:
+        def __init__(self, path):
+            self.reader = index.IndexedRecordReader(path)
+            self.me = self  # a cycle: freed by the collector, at any allocation
+
+    with deadline(120):
+        gc.set_threshold(50)
+        try:
+            for i in range(6000):
+                Holder(paths[i % 4])
+        finally:
+            gc.set_threshold(700)
+        readers = [index.IndexedRecordReader(p) for p in paths]
+        stop = threading.Event()
+
+        def churn():
+            while not stop.is_set():
+                for r in readers[1:]:
+                    assert r.read_at(0) in (b"1", b"2", b"3")
+
+        t = threading.Thread(target=churn)
+        t.start()
+        try:
+            for _ in range(20_000):
+                assert readers[0].read_at(0) == b"0"
+                readers[0].index_identity()
+        finally:
+            stop.set()
+            t.join()
+        for r in readers:
+            r.close()

@@ -17,6 +17,7 @@ from .config import PipelineConfig
 from .messages import FILE, IN_RING, ONEOFF, Chunk, Place
 from .reader_link import Link
 from .ring import RingWriter
+from .shm import unlink
 
 __all__ = ["Chunker", "ChunkSize", "AUTO_GROUPS", "AUTO_MIN_BYTES", "AUTO_MAX_GROUPS"]
 
@@ -139,8 +140,15 @@ class Chunker:
             self.flush()
 
     def add_oneoff(self, stream_id: int, name: str, offs: array, lens: array, first_offset: int) -> None:
-        """A group in a one-off segment of its own: a chunk of one group, sent now."""
+        """A group in a one-off segment of its own: a chunk of one group, sent now -- after a check of
+        the file it was copied from, as any chunk's (its segment is removed if that fails)."""
         self.flush()
+        if self.check is not None:
+            try:
+                self.check()
+            except BaseException:
+                unlink(name)
+                raise
         self.link.send(Chunk(self.seq, 1, stream_id, offs, lens, array("q", [first_offset]),
                              self.group_end, Place(ONEOFF, name)))
         self.sent_end = self.group_end

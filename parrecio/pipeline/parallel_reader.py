@@ -330,6 +330,8 @@ class ParallelReader:
                 # (left in this thread, or suspended in a thread of its own that lives on -- a framework's
                 # prefetch or pool thread outlives its iterator: Keras stopped early --: it raises if
                 # resumed.  The main thread's pass is the program's own loop: never ended from elsewhere)
+                if other is not threading.current_thread():
+                    _stop_resuming(res.run)
                 res.run.superseded = True
                 res.run.abort()
                 res.run = None
@@ -860,6 +862,17 @@ def _running(run: Any) -> bool:
     holding it, suspended); True when that cannot be told."""
     it = run.user_iter() if run.user_iter is not None else None
     return it is not None and bool(getattr(it, "gi_running", True))
+
+
+def _stop_resuming(run: Any) -> None:
+    """Before another thread's suspended pass is shut down: that thread may have resumed it just now,
+    and be taking a sample out of a block (a payload copied out of the ring, outside the lock).  It sees
+    ``aborted`` at its next step; wait (50 ms at most) for the one it is taking to be out, so that no
+    sample it hands out is read from memory the next pass reuses."""
+    run.aborted = True
+    deadline = time.monotonic() + 0.05
+    while _running(run) and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def _singles(items: Iterator[Any]) -> Iterator[Tuple[Any]]:

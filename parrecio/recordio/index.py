@@ -244,9 +244,15 @@ class _OpenRecs:
     def __init__(self) -> None:
         self._lru: "OrderedDict[int, weakref.ref]" = OrderedDict()
         self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):  # (a thread of the parent may have held it at the fork)
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def opened(self, reader: "IndexedRecordReader") -> None:
         with self._lock:
+            self._lru.pop(id(reader), None)  # (to the end: never among the oldest, let go of by its own read)
             self._lru[id(reader)] = weakref.ref(reader)
             over = len(self._lru) - self.limit
             oldest = list(self._lru.items())[:over] if over > 0 else []
@@ -408,7 +414,8 @@ class IndexedRecordReader:
     def index_identity(self) -> Tuple[Any, ...]:
         """What :func:`check_index` remembers a passed check by: the paths, sizes and times of both files."""
         idx = os.stat(self.idx_path)
-        rec = os.stat(self.rec_path) if self._closed or self._fd is None else os.fstat(self._fd)
+        with self._io:  # (its descriptor may be let go of by another thread's read meanwhile)
+            rec = os.stat(self.rec_path) if self._closed or self._fd is None else os.fstat(self._fd)
         return (self.rec_path, self.idx_path, rec.st_size, rec.st_mtime_ns, rec.st_ino, idx.st_size,
                 idx.st_mtime_ns, idx.st_ino)
 
@@ -430,10 +437,16 @@ class IndexedRecordReader:
         return self._closed
 
     def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
+        # Only the descriptor: no lock.  The cyclic garbage collector may run this inside _OpenRecs's lock
+        # (it allocates there), and no other thread can read a reader being collected; its entry there
+        # is a dead weak reference, dropped by the next opened().
+        fd = self.__dict__.get("_fd")
+        if fd is not None:
+            self._fd = None
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover - interpreter shutdown
+                pass
 
     def __enter__(self) -> "IndexedRecordReader":
         return self
