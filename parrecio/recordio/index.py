@@ -369,15 +369,13 @@ class IndexedRecordReader:
             raise ValueError("I/O operation on a closed IndexedRecordReader")
         fd = self._fd
         if fd is None:
-            fd = _open_rec(self.rec_path)
+            fd = self._check.fd = _open_rec(self.rec_path)
             try:
-                st = os.fstat(fd)
-                if identity(st) != self._check.ident:
-                    raise self._check.changed(st)
+                self._check()  # (the file opened again is the version read before, or a SourceError)
             except BaseException:
                 os.close(fd)
                 raise
-            self._fd = self._check.fd = fd
+            self._fd = fd
             _OPEN_RECS.opened(self)
         return fd
 
