@@ -287,3 +287,50 @@ def test_a_damaged_record_does_not_keep_the_join_from_being_decided_by_index(tmp
     with ParallelReader(str(path), workers=0, shuffle=True, on_error="skip") as reader:
         got = sorted(bytes(p) for p in reader)
         assert got == sorted(recs[:10] + recs[11:]) and reader.stats.skipped == 1
+
+
+@pytest.mark.parametrize("extra", [4, 0], ids=["over", "at"])
+def test_max_record_bytes_counts_the_magics_put_back_whether_join_is_named_or_guessed(tmp_path, extra, no_leaks):
+    """``max_record_bytes`` bounds the joined payload: an MXNet record of three parts whose joined bytes
+    (with the two magics put back) are 4 over the limit (their concatenation 4 under) was refused with
+    ``join="mxnet"`` and delivered with the default ``join="auto"``, which reads the parts concatenated
+    and puts the magics back after the check.  Now both refuse it, by every reader; a record exactly at
+    the limit passes both."""
+    from parrecio import CorruptRecordError, Tuning
+    limit = 1 << 14
+    big = b"a" * 6000 + M4 + b"b" * 6000 + M4 + b"c" * (limit - 12008 + extra)
+    assert len(big) == limit + extra and big.count(M4) == 2  # its parts concatenated: 8 bytes fewer
+    payloads = [b"x" * 9000, big, b"y" * 10]  # the long single-part record first: auto decides "mxnet"
+    path = tmp_path / "m.rec"
+    _mxnet_file(path, payloads)
+
+    def outcome(make):
+        try:
+            return [bytes(p) for p in make()]
+        except CorruptRecordError as exc:
+            return exc
+
+    readers = {
+        "ParallelReader": lambda join: lambda: list(ParallelReader(
+            str(path), workers=0, join=join, tuning=Tuning(max_record_bytes=limit))),
+        "ParallelReader, shuffled by index, 2 workers": lambda join: lambda: sorted(ParallelReader(
+            str(path), workers=2, join=join, shuffle=True, seed=1, tuning=Tuning(max_record_bytes=limit)),
+            key=len),
+        "RecordReader": lambda join: lambda: [r.payload for r in RecordReader(
+            str(path), join=join or "auto", max_record_bytes=limit)],
+        "IndexedRecordReader": lambda join: lambda: [IndexedRecordReader(
+            path, join=join or "auto", max_record_bytes=limit)[k] for k in range(3)],
+    }
+    for name, make in readers.items():
+        named, guessed = outcome(make("mxnet")), outcome(make(None))
+        if extra:
+            assert isinstance(named, CorruptRecordError), name
+            assert isinstance(guessed, CorruptRecordError), f"{name}: {len(big)} bytes > {limit} delivered"
+            assert "exceeds max_record_bytes" in str(guessed) and guessed.offset == len(mxnet_frames_of(payloads[0]))
+        else:
+            assert named == guessed and sorted(named, key=len) == sorted(payloads, key=len), name
+
+
+def mxnet_frames_of(payload):
+    from recordio_helpers import mxnet_frames
+    return mxnet_frames(payload)

@@ -145,12 +145,23 @@ def ambiguous(guess: JoinGuess, source: Optional[str], looked: str) -> Ambiguous
         f"join='mxnet' or join='concat'")
 
 
-def join_parts(joined: memoryview, lengths: Sequence[int], join: str) -> memoryview:
+def join_parts(joined: memoryview, lengths: Sequence[int], join: str, max_record_bytes: Optional[int] = None,
+               offset: int = 0, source: Optional[str] = None) -> memoryview:
     """A multipart payload read by plain concatenation (``joined``, parts of ``lengths``), joined by
-    ``join``: the same bytes for ``"concat"``, the magic put back between the parts for ``"mxnet"``."""
+    ``join``: the same bytes for ``"concat"``, the magic put back between the parts for ``"mxnet"``.
+
+    ``max_record_bytes`` bounds the joined payload as :func:`~parrecio.recordio.framing.read_record` does
+    with ``join="mxnet"``: the concatenation was read within it, but the magics put back may carry it over
+    (a CorruptRecordError naming ``offset`` and ``source``), so that a file's verdict does not depend on
+    whether ``join`` was named or guessed."""
     if join == "concat" or len(lengths) < 2:
         return joined
-    out = bytearray(len(joined) + 4 * (len(lengths) - 1))
+    size = len(joined) + 4 * (len(lengths) - 1)
+    if max_record_bytes is not None and size > max_record_bytes:
+        raise CorruptRecordError(f"record of {size} bytes with the magic put back between its {len(lengths)} "
+                                 f"parts (join='mxnet') exceeds max_record_bytes ({max_record_bytes})",
+                                 offset, source=source)
+    out = bytearray(size)
     src = dst = 0
     for k, n in enumerate(lengths):
         if k:
@@ -169,8 +180,9 @@ class IndexedJoin:
     in the index is longer than one part of that size (their shape decides; file order)."""
 
     def __init__(self, source: str, spans: Callable[[], Sequence[tuple]],
-                 read_parts: Callable[[int, List[int]], memoryview]) -> None:
+                 read_parts: Callable[[int, List[int]], memoryview], max_record_bytes: Optional[int] = None) -> None:
         self.source = source
+        self.max_record_bytes = max_record_bytes
         self.guess = JoinGuess()
         self._spans = spans            # () -> [(offset, span bytes)] in file order
         self._read_parts = read_parts  # (offset, parts) -> payload joined by concatenation; parts filled
@@ -182,7 +194,8 @@ class IndexedJoin:
         it holds weakly: a reference cycle between the two kept a whole parsed ``.idx`` alive per pass (a new
         reader each), freed only by a full garbage collection, which its few tracked objects hardly cause."""
         ref = weakref.ref(reader)
-        return cls(reader.rec_path, lambda: ref()._spans(), lambda at, parts: ref()._read(at, "concat", parts))
+        return cls(reader.rec_path, lambda: ref()._spans(), lambda at, parts: ref()._read(at, "concat", parts),
+                   reader.max_record_bytes)
 
     def payload(self, offset: int) -> memoryview:
         """The payload of the record at ``offset``, joined by the file's convention."""
@@ -194,7 +207,7 @@ class IndexedJoin:
         if join is None:
             with self._lock:
                 join = self.guess.join or self._decide(offset, parts)
-        return join_parts(joined, parts, join)
+        return join_parts(joined, parts, join, self.max_record_bytes, offset, self.source)
 
     def _decide(self, offset: int, parts: List[int]) -> str:
         guess = self.guess

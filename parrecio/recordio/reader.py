@@ -340,7 +340,7 @@ class RecordReader:
             join = guess.join or guess.multipart(parts, offset) or self._look_ahead(nxt)
             view, nxt = read_record(self, offset, join="concat", max_record_bytes=self.max_record_bytes,
                                     source=self.source_name)  # the look-ahead may have moved the buffer
-        return join_parts(view, parts, join), nxt
+        return join_parts(view, parts, join, self.max_record_bytes, offset, self.source_name), nxt
 
     def _look_ahead(self, pos: int) -> str:
         """Decide from the records after ``pos`` (headers only; the bytes stay buffered from the pin)."""
