@@ -513,8 +513,9 @@ def corruption_outcome(ds: Dataset, cfg: Any, epoch: int) -> Expected:
       of the groups before it; a region that ends its file is followed by nothing: the stream ends
       inside that group, which is lost, and the next file goes on.
       ``RESYNC_RULE="weak"``: only that every sample delivered is one whole undamaged group.
-    - Shuffle buffers: what comes out before an error is implementation-defined: "weak", plus, for a
-      stop, the error's type, source and offset."""
+    - Shuffle buffers: the same groups as the stream order above, as a multiset (the buffer's draws are
+      implementation-defined): a stop lets out every group the buffer got before the damage, then the
+      error (``parrecio.pipeline.groups``)."""
     total = len(ds.groups)
     kw = _plan_kw(cfg, epoch)
     damaged = ds.damaged_groups
@@ -573,18 +574,22 @@ def corruption_outcome(ds: Dataset, cfg: Any, epoch: int) -> Expected:
         lost = {g for r in ds.regions if not r.followed for g in r.groups if g < stop_group}
         error = ("CorruptRecordError", None, stops[0].file, stops[0].start) if stops else None
     formed = [g for g in range(stop_group) if g not in lost]
-    if buffer:
-        return Expected("weak", formed, error=error, skipped_records=None,
-                        why="shuffle buffer: the samples before the error are implementation-defined")
     # the rank's stream order of the formed groups, without pad's repeats (they come at the stream's end)
     unpadded = dict(kw, even=None if cfg.even_shards == "pad" and error is not None else cfg.even_shards)
     order = plan(len(formed), shuffle=False, **unpadded) if error is not None else \
         plan(len(formed), shuffle=False, **kw)
     if error is None:
+        if buffer:
+            return Expected("multiset", [formed[j] for j in order], window=cfg.shuffle_buffer,
+                            skipped_records=skipped_records, why="shuffle buffer: its order is implementation-defined")
         return Expected("exact", [(i, formed[j]) for i, j in enumerate(order)],
                         skipped_records=skipped_records,
                         why="skip mode: only damaged last groups of files, skipped")
     before = emitted_before(order, len(formed), cfg.num_shards, cfg.even_shards)
+    if buffer:  # the groups the stream gave the buffer before the damage all come out, then the error
+        return Expected("multiset", [formed[j] for j in before], window=cfg.shuffle_buffer,
+                        error=(error[0], len(before)) + error[2:],
+                        why="shuffle buffer: its order is implementation-defined")
     return Expected("exact", [(i, formed[j]) for i, j in enumerate(before)],
                     error=(error[0], len(before)) + error[2:])
 

@@ -231,17 +231,24 @@ class GroupStream:
     def _shuffled(self, groups: Iterator[Group]) -> Iterator[Group]:
         """Through a shuffle buffer of ``shuffle_buffer`` groups: once it is full, each new group swaps
         with a random one, which goes out (tf.data's shuffle, DALI's ``initial_fill``); at the end the
-        rest in random order."""
+        rest in random order -- also when damage ends the pass (``on_error="raise"``): the groups read before
+        it come out first, as an indexed shuffle delivers every group placed before a damaged one."""
         capacity, rng = self.cfg.shuffle_buffer, self.rng
         assert rng is not None
         buf: List[Group] = []
-        for g in groups:
-            if len(buf) < capacity:
-                buf.append(g)
-                continue
-            i = int(rng.integers(len(buf)))
-            buf[i], g = g, buf[i]
-            yield g
+        try:
+            for g in groups:
+                if len(buf) < capacity:
+                    buf.append(g)
+                    continue
+                i = int(rng.integers(len(buf)))
+                buf[i], g = g, buf[i]
+                yield g
+        except CorruptRecordError:
+            for i in rng.permutation(len(buf)):
+                yield buf[i]
+            buf.clear()
+            raise
         for i in rng.permutation(len(buf)):
             yield buf[i]
         buf.clear()
