@@ -75,6 +75,56 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path, how, method):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
+def _in_a_function(code: str) -> str:
+    """``code`` (SCRIPT) as the body of ``main()`` -- its class and functions local to it moved out, to
+    the script's top level, so that they stay defined in the script's module."""
+    head, _, rest = code.partition("\nd = tempfile.mkdtemp()")
+    return head + "\ndef main():\n" + textwrap.indent("d = tempfile.mkdtemp()" + rest, "    ")
+
+
+@pytest.mark.parametrize("how", ["spawn-child", "forkserver-child", "run_path", "pdb"])
+def test_script_decoders_where_the_script_is_not_main(tmp_path, how):
+    """Decoders defined in the script, the script run where its module is not ``__main__``:
+    - in a child that spawn or forkserver started (``torch.multiprocessing.spawn``, the DDP launcher):
+      the module is ``__mp_main__``, which the decoder processes do not import either.  Those decoders
+      went by reference and every decoder process failed to load them ("Can't get attribute 'Length'
+      on <module '__main__' (built-in)>");
+    - ``runpy.run_path("train.py")``: the module is ``<run_path>`` (no spec): "No module named
+      '<run_path>'";
+    - ``python -m pdb train.py``: ``__main__`` has no ``__spec__``, and starting the fork server and
+      the reader failed with AttributeError in multiprocessing itself.
+    Now each runs as when the script is run directly, under both start methods."""
+    code = _in_a_function(SCRIPT.replace("METHOD", "method"))
+    script = tmp_path / "train_script.py"
+    stdin = None
+    if how.endswith("-child"):
+        ctx = how.split("-")[0]
+        script.write_text(code.replace("def main():", "def main(method):") + textwrap.dedent(f"""
+            if __name__ == "__main__":
+                import multiprocessing
+                for method in ("forkserver", "spawn"):
+                    p = multiprocessing.get_context({ctx!r}).Process(target=main, args=(method,))
+                    p.start()
+                    p.join()
+                    assert p.exitcode == 0, p.exitcode
+            """))
+        argv = [str(script)]
+    else:
+        script.write_text(code.replace("def main():", "def main(method):")
+                          + "\nfor method in ('forkserver', 'spawn'):\n    main(method)\n")
+        if how == "run_path":
+            argv = ["-c", f"import runpy; runpy.run_path({str(script)!r})"]
+        else:
+            argv, stdin = ["-m", "pdb", str(script)], "c\nq\n"
+    proc = subprocess.run([sys.executable, *argv], input=stdin, capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line.replace("(Pdb) ", "", 1).split() for line in proc.stdout.splitlines()]
+    runs = [words[:4] for words in lines if words[:1] == ["ok"]]
+    assert runs == [["ok", str(_expected()), "01", "8"]] * 2, proc.stdout + proc.stderr[-3000:]
+    assert "Error" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_a_real_notebook(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -127,13 +127,32 @@ _MAIN_KEYS = ("init_main_from_path", "init_main_from_name", "main_path")
 
 def _without_main(original: Callable[[str], Dict[str, Any]]) -> Callable[[str], Dict[str, Any]]:
     def get_preparation_data(name: str) -> Dict[str, Any]:
-        data = original(name)
-        if getattr(_STARTING, "hiding", False):
-            for key in _MAIN_KEYS:
-                data.pop(key, None)
+        if not getattr(_STARTING, "hiding", False):
+            return original(name)
+        try:
+            data = original(name)
+        except AttributeError:
+            # ``python -m pdb train.py``: pdb gives ``__main__`` a new namespace without ``__spec__``, which
+            # this reads to tell the child how to import the script -- left out below anyway.  Read it
+            # with a bare ``__main__`` in its place, for that call only.
+            data = _with_bare_main(original, name)
+        for key in _MAIN_KEYS:
+            data.pop(key, None)
         return data
     get_preparation_data.parrecio_original = original  # type: ignore[attr-defined]
     return get_preparation_data
+
+
+def _with_bare_main(original: Callable[[str], Dict[str, Any]], name: str) -> Dict[str, Any]:
+    import types
+    main = sys.modules["__main__"]
+    bare = types.ModuleType("__main__")
+    bare.__spec__ = None
+    sys.modules["__main__"] = bare
+    try:
+        return original(name)
+    finally:
+        sys.modules["__main__"] = main
 
 
 @contextlib.contextmanager

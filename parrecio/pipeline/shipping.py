@@ -11,20 +11,25 @@
                                  once with a PipelineError that says why
 
 Pickle stores a function or class as "module.qualname", which a child resolves by importing the module.
-That fails for ``__main__``, which the children never import (:func:`parrecio.pipeline.children.start`:
-a script without a ``__main__`` guard would run again in each of them), and for lambdas and local
-functions everywhere.  cloudpickle -- what Ray, Dask and joblib/loky use -- stores those by value
-instead.  A reader's decoders are pickled together (what they share stays shared), once per process
-start, never per sample: as they are when the process starts (what ``__main__`` set after the reader was
-made included, as under ``fork`` and ``workers=0``).  Either way they travel as bytes that only a decoder
-process loads, in its own code: a module it cannot import is a clear error there (never a crash of the
-process's start-up, nor of the reader process, which does not need them).
+That fails for the script, which the children never import (:func:`parrecio.pipeline.children.start`: a
+script without a ``__main__`` guard would run again in each of them) -- ``__main__``, or ``__mp_main__``
+in a process that spawn or forkserver started (``torch.multiprocessing.spawn``'s DDP workers) --, for a
+module made at run time (``runpy.run_path``'s, any whose ``__spec__`` is None), and for lambdas and local
+functions everywhere. cloudpickle -- what Ray, Dask and joblib/loky use -- stores those by value instead
+(the modules other than ``__main__`` registered with it for the while). A reader's decoders are pickled
+together (what they share stays shared), once per process start, never per sample: as they are when the
+process starts (what ``__main__`` set after the reader was made included, as under ``fork`` and
+``workers=0``). Either way they travel as bytes that only a decoder process loads, in its own code: a
+module it cannot import is a clear error there (never a crash of the process's start-up, nor of the
+reader process, which does not need them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
-from typing import Any, Sequence, Tuple
+import sys
+from typing import Any, Iterator, List, Sequence, Tuple
 
 __all__ = ["Shipped", "ship", "unship"]
 
@@ -59,11 +64,16 @@ def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Shipped:
         data = pickle.dumps(decoders)
     except Exception:
         data = None
-    if data is not None and b"__main__" not in data:
+    try:
+        scripts = _unimportable(decoders, data is not None)
+    except Exception:  # (not even cloudpickle pickles them: said below)
+        scripts = []
+    if data is not None and not scripts:
         return Shipped(data, repr(decoders), by_value=False)
     import cloudpickle
     try:
-        blob = cloudpickle.dumps(decoders)
+        with _by_value(cloudpickle, scripts):
+            blob = cloudpickle.dumps(decoders)
     except Exception as whole:
         for decoder, name in zip(decoders, names):  # name the field that cannot travel
             try:
@@ -76,6 +86,46 @@ def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Shipped:
                         f"so they cannot reach the decoder processes ({method} start method): "
                         f"{type(whole).__name__}: {whole}") from whole
     return Shipped(blob, repr(decoders))
+
+
+def _unimportable(decoders: Tuple[Any, ...], plain: bool) -> List[str]:
+    """The modules that ``decoders`` refer to and a decoder process cannot import: the script's
+    (``__main__``, ``__mp_main__``) and modules made at run time (no ``__spec__``).  ``plain``: whether
+    pickle pickles them; else they are walked as cloudpickle pickles them (a lambda's globals too)."""
+    from .children import _ModuleLister
+    if plain:
+        lister = _ModuleLister()
+    else:
+        import cloudpickle
+
+        class _Listing(_ModuleLister, cloudpickle.CloudPickler):
+            pass
+        lister = _Listing()
+    lister.dump(decoders)
+    found = []
+    for name in lister.modules:
+        mod = sys.modules.get(name)
+        if name in ("__main__", "__mp_main__") or (mod is not None and getattr(mod, "__spec__", False) is None):
+            found.append(name)
+    return found
+
+
+@contextlib.contextmanager
+def _by_value(cloudpickle: Any, names: Sequence[str]) -> Iterator[None]:
+    """cloudpickle pickles what the modules ``names`` hold by value for the while (it does so for
+    ``__main__`` by itself; a module the user registered stays registered)."""
+    registered = set(cloudpickle.list_registry_pickle_by_value())
+    added = []
+    try:
+        for name in names:
+            mod = sys.modules.get(name)
+            if name != "__main__" and name not in registered and getattr(mod, "__name__", None) == name:
+                cloudpickle.register_pickle_by_value(mod)
+                added.append(mod)
+        yield
+    finally:
+        for mod in added:
+            cloudpickle.unregister_pickle_by_value(mod)
 
 
 def unship(shipped: Any) -> Tuple[Any, ...]:
