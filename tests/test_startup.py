@@ -89,6 +89,29 @@ def test_fork_server_boots_at_construction_with_the_fields_modules(tmp_path):
     assert "__main__" not in doc["preload"]  # the probe script is not re-imported there
 
 
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver")
+def test_a_preload_list_the_user_set_is_kept(tmp_path):
+    """The fork server is the process's one: a user's ``set_forkserver_preload`` (for their own pools)
+    was replaced by ours, and their modules were imported in each child instead of once."""
+    path = tmp_path / "s.rec"
+    write_rec(path, payloads(20))
+    out = _run(tmp_path, f"""
+        import json
+        from multiprocessing import forkserver
+        forkserver.set_forkserver_preload(["fractions", "decimal"])
+        from parrecio import ParallelReader
+        r = ParallelReader({str(path)!r}, workers=1)
+        n = sum(1 for _ in r)
+        r.close()
+        print(json.dumps({{"preload": list(forkserver._forkserver._preload_modules), "n": n}}))
+    """)
+    import json
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["n"] == 20
+    assert doc["preload"][:2] == ["fractions", "decimal"]
+    assert doc["preload"][2:2 + len(CHILD_MODULES)] == list(CHILD_MODULES)
+
+
 def test_workers_0_starts_no_fork_server(tmp_path):
     path = tmp_path / "s.rec"
     write_rec(path, payloads(20, seed=1))

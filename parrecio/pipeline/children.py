@@ -237,9 +237,13 @@ def start_forkserver(uses: Iterable[Any] = ()) -> None:
     interpreter, numpy, Pillow: most of the time to a first batch) then overlaps what the consumer does
     meanwhile (the ring and the output slots); the first child's start waits for it.  Modules of the
     user's own are left to the children: importing them in the server could have side effects that the
-    user never asked for there."""
+    user never asked for there.  A preload list the user set (``set_forkserver_preload``) is kept, ours
+    added to it: the server is the process's one, the user's own forkserver pools start from it too --
+    but for ``__main__`` (multiprocessing's default), which the server is never to import."""
     from multiprocessing import forkserver
-    forkserver.set_forkserver_preload(list(CHILD_MODULES) + library_modules(uses))
+    theirs = getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or []
+    theirs = [m for m in theirs if m != "__main__"]
+    forkserver.set_forkserver_preload(list(dict.fromkeys(theirs + list(CHILD_MODULES) + library_modules(uses))))
     with _main_not_reimported():  # the server's preparation data names __main__'s file too
         forkserver.ensure_running()
 
