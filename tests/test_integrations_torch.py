@@ -225,6 +225,19 @@ def test_dataloader_default_batch_size_is_refused_for_batched_readers(rec, no_le
             next(iter(DataLoader(ds)))
         images, labels = next(iter(DataLoader(ds, batch_size=None)))
         assert images.shape == (BATCH, *SIZE, 3)
+        # inside a wrapper too: ChainDataset's generator calls iter(ds), driven by the DataLoader's fetcher
+        from torch.utils.data import ChainDataset
+        with pytest.raises(TypeError, match=r"would batch them again"):
+            next(iter(DataLoader(ChainDataset([ds]))))
+        images, labels = next(iter(DataLoader(ChainDataset([ds]), batch_size=None)))
+        assert images.shape == (BATCH, *SIZE, 3)
+
+        class Rows(torch.utils.data.IterableDataset):  # a wrapper of the user's that unbatches: let be
+            def __iter__(self):
+                for images, labels in ds:
+                    yield from zip(images, labels)
+        images, labels = next(iter(DataLoader(Rows(), batch_size=3)))
+        assert images.shape == (3, *SIZE, 3) and labels.tolist() == [0, 1, 2]
     with ParallelIterableDataset(rec, fields=fields(), workers=1) as ds:
         images, labels = next(iter(DataLoader(ds, batch_size=4)))
         assert images.shape == (4, *SIZE, 3) and labels.tolist() == [0, 1, 2, 0]

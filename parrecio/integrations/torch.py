@@ -26,6 +26,7 @@ subclass) do.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import warnings
@@ -110,15 +111,26 @@ def _sparse_to_torch(value: Any, layout: str, torch: Any) -> Any:
 
 def _check_not_batched_again(reader: Any, caller: Any) -> None:
     """``DataLoader(ds)`` with its default ``batch_size=1`` would batch the reader's batches again and
-    yield ``[1, 64, ...]`` tensors without a word: refuse it.  The DataLoader's fetcher is the caller
-    of ``iter(dataset)``; its ``auto_collation`` says whether it batches."""
+    yield ``[1, 64, ...]`` tensors without a word: refuse it.  The DataLoader's fetcher calls
+    ``iter(dataset)``, or drives one of torch's own wrappers that does (``ChainDataset([ds])``: a few
+    frames up, all in ``torch.utils.data``; a wrapper of the user's may unbatch, and is let be); its
+    ``auto_collation`` says whether it batches."""
     if reader.batch_size is None:
         return  # single samples: batching them in the DataLoader is what the user asked for
     try:
         from torch.utils.data._utils.fetch import _IterableDatasetFetcher
     except ImportError:  # pragma: no cover - a torch without it: nothing to check against
         return
-    fetcher = caller.f_locals.get("self") if caller is not None else None
+    import torch.utils.data as tud
+    home = os.path.dirname(tud.__file__)
+    fetcher, frame = None, caller
+    for _ in range(8):  # (once per pass: a short walk up)
+        if frame is None or not frame.f_code.co_filename.startswith(home):
+            break
+        fetcher = frame.f_locals.get("self")
+        if isinstance(fetcher, _IterableDatasetFetcher):
+            break
+        frame = frame.f_back
     if isinstance(fetcher, _IterableDatasetFetcher) and getattr(fetcher, "auto_collation", False):
         raise TypeError(
             f"this ParallelIterableDataset already yields batches of {reader.batch_size}, and the "
