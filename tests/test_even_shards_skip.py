@@ -161,3 +161,44 @@ def test_an_early_break_ends_the_pass_without_copies(tmp_path, workers):
         assert state["position"] == 3  # positions 0..2 of the share gone through (1, 4 skipped, 7)
         rest = [np.asarray(b[0]).tolist() for b in r]
         assert sum(len(b) for b in rest) == 8 and rest[-1][-1] == 1  # the next epoch, padded at its end
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("index", [False, True])
+@pytest.mark.parametrize("even", ["pad", "drop"])
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_pass_left_while_copies_are_owed_resumes_with_them(tmp_path, workers, index, even, batch_size):
+    """A loop left (``break``) after the stream's last sample but before the last copy: the state taken
+    after the loop said the epoch was over (next epoch, position 0), and a reader resumed from it never
+    handed out the copies still owed -- the rank's epoch came out short, the hang padding is there to
+    prevent.  And the short pass was taken as the epoch's length: ``len()`` without an ``.idx`` said 7
+    where the next pass yields 8.  Now the state after the loop is the one taken inside it, at every
+    stop point among the copies."""
+    path = _write(tmp_path, index)
+    bad = {4, 7, 13}  # rank 1 of 3 loses three of its 8 (pad) or 7 (drop): 1, 10, 16, 19, 22, then copies
+    kw = dict(fields=[Number(bad), ragged], workers=workers, batch_size=batch_size, on_error="skip",
+              num_shards=3, shard_index=1, even_shards=even)
+    with ParallelReader(path, **kw) as r:
+        whole = _values(list(r), batch_size)
+    share = 8 if even == "pad" else 7
+    assert whole == _reference([1, 4, 7, 10, 13, 16, 19, 22][:share], bad, share, batch_size, False)
+    real = 5 if batch_size is None else 3  # items before the first one made of copies only
+    for stop in range(real, len(whole)):
+        with ParallelReader(path, **kw) as r:
+            head = []
+            for item in r:
+                head += _values([item], batch_size)
+                if len(head) == stop:
+                    inside = r.state_dict()
+                    break
+            after = r.state_dict()
+            assert after == inside, stop
+            if not index:  # the length of a pass is known from a complete one only
+                with pytest.raises(TypeError, match="not known"):
+                    len(r)
+        with ParallelReader(path, **kw) as r:
+            r.load_state_dict(after)
+            tail = _values(list(r), batch_size)
+            assert head + tail == whole, stop
+            if index:
+                assert len(r) == len(whole)

@@ -128,6 +128,9 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
             raise
         if not run.completed:
             return
+        # Until the last copy is out, the pass is not over: left here (a break, close()), its state is a
+        # position in the epoch, whose copies a resumed pass hands out (ParallelReader._pass_ended).
+        run.owes_copies = True
         missing, held = _missing(run.positions - before, delivered, held, batch_size, drop_last)
         if missing > 0 and before and epoch_first is not None:  # resumed: copy what an uninterrupted pass does
             again = epoch_first()
@@ -161,6 +164,7 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
             cursor.pos, cursor.handed = run.positions, before + delivered
             yield copy.deepcopy(first) if batch_size is None else _repeat(first, n)
             missing -= n
+        run.owes_copies = False
     finally:
         items.close()  # its own end first (counters, the reader's files), then the owner's
         if on_end is not None:

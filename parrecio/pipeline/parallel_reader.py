@@ -456,8 +456,9 @@ class ParallelReader:
                         self._state = State.IDLE
 
     def _pass_ended(self, run: Any, pos: int) -> None:
-        """Bookkeeping at the end of a pass: where it stopped, and its length when it was complete."""
-        if run.completed:
+        """Bookkeeping at the end of a pass: where it stopped, and its length when it was complete (with
+        every copy that equal shards owe: one left before them stopped inside the epoch)."""
+        if run.completed and not run.owes_copies:
             self._progress = (run.epoch, 0, True, 0)
             if not run.skip:
                 self._pass_samples = (run.delivered, self._data_key())

@@ -68,6 +68,7 @@ class Pass:
         self.aborted = False        # ended from outside (close(), a new pass) before the consumer was done
         self.superseded = False     # ended by a newer pass (which owns the reader's position from then on)
         self.completed = False      # the whole stream was delivered without an error
+        self.owes_copies = False    # completed, and equal shards' copies still to hand out (padding.py)
         self.delivered = 0          # samples yielded in this pass
         self.user_iter: Any = None  # a weak reference to the iterator the user got for it
 
