@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import base64
 import codecs
+import contextlib
 import os
 import sys
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 NAME = "cat"
 HELP = "write record payloads to stdout (raw, hex or JSON lines)"
@@ -90,10 +91,104 @@ def silence_broken_pipe() -> int:
 
 
 def os_error(exc: OSError, what: str):
-    """An ``OSError`` as a one-line :class:`~parrecio.errors.SourceError`."""
+    """An ``OSError`` as a one-line :class:`~parrecio.errors.SourceError` (``stdout: ...`` for an error
+    writing stdout, :func:`is_stdout_error`)."""
     from ..errors import SourceError
-    name = exc.filename if exc.filename is not None else what
+    name = "stdout" if is_stdout_error(exc) else exc.filename if exc.filename is not None else what
     return SourceError(f"{name}: {exc.strerror or exc}")
+
+
+_STDOUT_MARK = "_parrecio_stdout"
+
+
+class MarkedStdout:
+    """``sys.stdout`` (or its ``buffer``) while a subcommand runs: an ``OSError`` raised writing or
+    flushing it is marked as stdout's (:func:`is_stdout_error`) and raised on, so that the dispatcher tells
+    a closed pipe or a full disk on stdout from any other error.  Everything else is the stream's own."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    @property
+    def buffer(self) -> "MarkedStdout":
+        return MarkedStdout(self._stream.buffer)
+
+    def write(self, data: Any) -> Any:
+        return self._marked(self._stream.write, data)
+
+    def writelines(self, lines: Any) -> Any:
+        return self._marked(self._stream.writelines, lines)
+
+    def flush(self) -> Any:
+        return self._marked(self._stream.flush)
+
+    @staticmethod
+    def _marked(call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except OSError as exc:
+            setattr(exc, _STDOUT_MARK, True)
+            raise
+
+
+class ClosedStdout:
+    """``sys.stdout`` when there is none (started with stdout closed, ``>&-``): writing it fails as writing
+    a closed descriptor does (EBADF), so that a command that writes stdout says so in one line."""
+
+    buffer = property(lambda self: self)
+
+    def write(self, data: Any) -> int:
+        import errno
+        raise OSError(errno.EBADF, "Bad file descriptor (stdout is closed)")
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        pass  # (nothing was written)
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        import errno
+        raise OSError(errno.EBADF, "stdout is closed")
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within: SIGTERM (``kill``, ``timeout``, a container stop) raises KeyboardInterrupt, as Ctrl-C does,
+    so that ``finally`` blocks clean up (a pack's temporary files).  Not installed outside the main thread,
+    nor where SIGTERM is ignored.  (Not for the commands that run a reader's processes: a SIGTERM sent to
+    the whole group has killed those, and the fork server, before the reader's shutdown meets them.)"""
+    import signal
+    import threading
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous == signal.SIG_IGN:
+            previous = None
+        else:
+            signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def is_stdout_error(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised writing stdout through :class:`MarkedStdout`."""
+    return bool(getattr(exc, _STDOUT_MARK, False))
 
 
 def parse_separator(text: str) -> bytes:

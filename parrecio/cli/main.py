@@ -8,7 +8,10 @@ Each subcommand is a module listed in :data:`COMMANDS` that defines:
 
 Keep the modules light at import time (``parrecio --help`` imports them all); import heavy things in
 ``run``.  A :class:`~parrecio.errors.ParrecioError` from ``run`` is printed as one line, exit status 1;
-Ctrl-C exits with status 130.
+Ctrl-C exits with status 130 (``pack`` and ``pipe-serve`` take SIGTERM as Ctrl-C too:
+:func:`~parrecio.cli.cat.sigterm_interrupts`).  Writing stdout, every subcommand ends quietly (status 0) on
+a closed pipe (``| head``), and on any other error (a full disk) says ``parrecio CMD: error: stdout: ...``,
+status 1 (:class:`~parrecio.cli.cat.MarkedStdout` tells those errors from others).
 """
 
 from __future__ import annotations
@@ -58,14 +61,47 @@ def main(argv: Optional[List[str]] = None) -> int:
     if run is None:
         parser.print_help(sys.stderr)
         return 2
+    from .cat import ClosedStdout, MarkedStdout
+
+    stdout = sys.stdout
+    sys.stdout = MarkedStdout(ClosedStdout() if stdout is None else stdout)  # type: ignore[assignment]
+    status = 0
     try:
-        return int(run(args) or 0)
+        status = int(run(args) or 0)
+        sys.stdout.flush()  # what is still buffered: an error writing it is this command's
+        return status
     except ParrecioError as exc:
+        _after_stdout_error(exc)
         print(f"parrecio {args.command}: error: {_explained(exc, args.command)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"parrecio {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if not _after_stdout_error(exc):
+            raise
+        if isinstance(exc, BrokenPipeError):  # the reader has gone (| head): nothing to say, as cat
+            return status
+        print(f"parrecio {args.command}: error: stdout: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout = stdout
+
+
+def _after_stdout_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was caused by, an error writing stdout; if so stdout is pointed at /dev/null,
+    so that what is still buffered in it goes nowhere at exit instead of failing again there."""
+    from .cat import is_stdout_error, silence_broken_pipe
+
+    seen = set()
+    cause: Optional[BaseException] = exc
+    while cause is not None and id(cause) not in seen:
+        if is_stdout_error(cause):
+            silence_broken_pipe()
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 #: How far into a file whose first frame head is broken RecordIO frame heads are looked for before it is

@@ -8,14 +8,17 @@ Examples::
         --attribute-names source-ref,bounding-box --split-bytes 65536   # SageMaker Pipe-mode stream
     parrecio pack protobuf X.npy train.rec --labels y.npy       # SageMaker RecordIO-protobuf (.npz: sparse)
 
-The work is in :mod:`parrecio.tools.pack`; this module parses arguments and prints a summary.
+The work is in :mod:`parrecio.tools.pack`; this module parses arguments and prints a summary.  OUT may be
+a FIFO, a device or ``/dev/stdout``: the records are written into it (and no ``.idx``/``.lst`` beside it).
+An OUT that is one of the inputs is refused before anything is written.  SIGTERM stops a pack as Ctrl-C
+does: its temporary files are removed.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 NAME = "pack"
 HELP = "build a .rec (+ .idx, .lst) from images, an im2rec list, an augmented manifest, or arrays (protobuf)"
@@ -32,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "record = pack(IRHeader(0, label, index, 0), image bytes), index = position in the "
                     "sorted listing (also the .idx key).")
     images.add_argument("dir", metavar="DIR", help="folder of class sub-folders of images")
-    images.add_argument("out", metavar="OUT.rec", help="output .rec (the .idx and .lst go next to it)")
+    images.add_argument("out", metavar="OUT.rec",
+                        help="output .rec (the .idx and .lst go next to it; into a FIFO or a device such as "
+                             "/dev/stdout only the records are written)")
     images.add_argument("--no-lst", action="store_true", help="do not write the .lst file")
     images.add_argument("--no-verify", action="store_true",
                         help="pack every file as it is (default: leave out, and list, files that do not "
@@ -44,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="Pack the images of an im2rec list file into OUT.rec + OUT.idx. One label: a scalar "
                     "header label (flag 0); several: a float32 label array (flag = their number).")
     lst.add_argument("list", metavar="FILE.lst", help="im2rec list file")
-    lst.add_argument("out", metavar="OUT.rec", help="output .rec (the .idx goes next to it)")
+    lst.add_argument("out", metavar="OUT.rec",
+                     help="output .rec (the .idx goes next to it; into a FIFO or a device only the records)")
     lst.add_argument("--root", default=None,
                      help="folder the list's relative paths start from (default: the list file's folder)")
     _add_shuffle(lst)
@@ -56,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "wrapper does (concat-joined multipart records, which the default join='auto' reads "
                     "back). The same code as 'parrecio pipe-serve'.")
     man.add_argument("manifest", metavar="MANIFEST", help="augmented manifest (JSON lines)")
-    man.add_argument("out", metavar="OUT.rec", help="output file, or - for stdout")
+    man.add_argument("out", metavar="OUT.rec",
+                     help="output file (a FIFO or a device: written into), or - for stdout")
     man.add_argument("--attribute-names", required=True,
                      help="attributes, comma separated, one record each in this order (like AttributeNames)")
     man.add_argument("--split-bytes", type=int, default=None, metavar="N",
@@ -71,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "write_numpy_to_dense_tensor / write_spmatrix_to_sparse_tensor do (the same bytes), "
                     "into OUT.rec + OUT.idx; read it with fields=ProtobufRecord().")
     pb.add_argument("features", metavar="FEATURES", help="a 2-D .npy array, or a scipy sparse .npz")
-    pb.add_argument("out", metavar="OUT.rec", help="output .rec (the .idx goes next to it)")
+    pb.add_argument("out", metavar="OUT.rec",
+                    help="output .rec (the .idx goes next to it; into a FIFO or a device only the records)")
     pb.add_argument("--labels", metavar="LABELS.npy", default=None, help="a 1-D .npy array, one label per row")
 
     for p in (images, lst, man, pb):
@@ -84,9 +92,16 @@ def _add_shuffle(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..tools import pack as tools
+    from .cat import sigterm_interrupts
+
+    with sigterm_interrupts():  # a pack stopped by SIGTERM removes its temporary files, as on Ctrl-C
+        return _run(args, tools)
+
+
+def _run(args: argparse.Namespace, tools: Any) -> int:
     import os
 
-    from ..tools import pack as tools
     from .cat import os_error
 
     from .progress import bar
@@ -102,10 +117,11 @@ def run(args: argparse.Namespace) -> int:
             pbar = bar(total, "pack")
         pbar.update(n - pbar.n)
 
+    direct = tools.direct_output(args.out) if args.pack_kind != "manifest" or args.out != "-" else None
     try:
         if args.pack_kind == "images":
             classes, items = tools.list_image_folder(args.dir)
-            lst_path = None if args.no_lst else tools.output_paths(args.out)[1]
+            lst_path = None if args.no_lst or direct is not None else tools.output_paths(args.out)[1]
             res = tools.pack_image_list(items, args.dir, args.out, lst_path=lst_path, shuffle=args.shuffle,
                                         seed=args.seed, progress=progress, verify=not args.no_verify)
             if classes == ["."]:
@@ -121,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             items = tools.read_image_list(args.list)
             root = args.root if args.root is not None else (os.path.dirname(args.list) or ".")
             res = tools.pack_image_list(items, root, args.out, shuffle=args.shuffle, seed=args.seed,
-                                        progress=progress, verify=False)
+                                        progress=progress, verify=False, list_file=args.list)
         elif args.pack_kind == "protobuf":
             res = tools.pack_protobuf(args.features, args.out, args.labels)
         else:
@@ -141,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if pbar is not None:
             pbar.close()
+    if direct is not None and args.pack_kind != "manifest":  # (a manifest's stream has no .idx anyway)
+        beside = ".idx or .lst" if args.pack_kind == "images" and not args.no_lst else ".idx"
+        log(f"{args.out} is {direct}: the records were written into it, and no {beside}")
     written = [p for p in (res.rec_path, res.idx_path, res.lst_path) if p]
     extra = f" from {res.lines} manifest lines" if args.pack_kind == "manifest" else ""
     log(f"{res.records} records{extra}, {res.bytes} bytes: {', '.join(written)}")

@@ -22,23 +22,30 @@ the same code that ``parrecio pipe-serve`` streams from.
 
 Outputs are written to temporary names next to their destination and renamed at the end, so a failed
 run leaves no half-written ``.rec`` behind (and an existing one as it was).  Two outputs on one path (an
-output ``o.idx``, whose index is ``o.idx`` too) are refused before anything is written.
+output ``o.idx``, whose index is ``o.idx`` too), and an output that is one of the inputs (``pack_manifest(m,
+m)``), are refused before anything is written.  An output that exists and is no regular file -- a FIFO, a
+device such as ``/dev/null``, a descriptor of this process such as ``/dev/stdout`` -- is written into
+(:func:`direct_output`): a rename would replace the node, not feed it; then no ``.idx`` is written beside it
+unless one is asked for by name (an index is for a file that can be read again).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
+import stat
 import struct
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
 
 from ..errors import SourceError
 from ..recordio import IRHeader, RecordWriter, pack
 from ..recordio.paths import check_path_arg, index_path
 
 __all__ = ["IMAGE_EXTENSIONS", "ListItem", "PackResult", "list_image_folder", "read_image_list",
-           "write_image_list", "pack_image_list", "pack_manifest", "output_paths"]
+           "write_image_list", "pack_image_list", "pack_manifest", "output_paths", "direct_output"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 """File name endings (case-insensitive) that :func:`list_image_folder` takes for images."""
@@ -108,14 +115,25 @@ def list_image_folder(root: str, *, extensions: Sequence[str] = IMAGE_EXTENSIONS
     path order, so ``index`` runs class by class.  A folder with images but no sub-folders is one class
     (label 0, class name ``"."``).  Mixing images at the top level with class sub-folders is an error, as is
     a folder without images.
+
+    Symbolic links to folders are followed, and each folder is walked once: a link back up (``up -> ..``)
+    or a second way into a folder is left out, so a folder belongs to the parent that lists it first (in
+    walk order: the top level's class folders before anything inside them).
     """
     check_path_arg(root, "root", file_ok=False)
     if not os.path.isdir(root):
         raise SourceError(f"{root}: not a directory")
     exts = tuple(e.lower() for e in extensions)
     found: List[Tuple[str, str]] = []  # (class, relative path)
+    seen = {_folder_key(root)}  # folders listed for walking, by (device, inode)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        keep = []
+        for name in sorted(d for d in dirnames if not d.startswith(".")):
+            key = _folder_key(os.path.join(dirpath, name))
+            if key is not None and key not in seen:  # (None: gone, or a link loop os.walk cannot list either)
+                seen.add(key)
+                keep.append(name)
+        dirnames[:] = keep
         rel_dir = os.path.relpath(dirpath, root)
         for name in sorted(filenames):
             if name.startswith(".") or not name.lower().endswith(exts):
@@ -136,6 +154,14 @@ def list_image_folder(root: str, *, extensions: Sequence[str] = IMAGE_EXTENSIONS
     found.sort(key=lambda item: (label_of[item[0]], item[1]))
     items = [ListItem(i, (float(label_of[cls]),), rel) for i, (cls, rel) in enumerate(found)]
     return classes, items
+
+
+def _folder_key(path: str) -> Optional[Tuple[int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def read_image_list(lst_path: str) -> List[ListItem]:
@@ -194,23 +220,26 @@ def write_image_list(path_or_file: Union[str, BinaryIO], items: Sequence[ListIte
 
 def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_path: Optional[str] = None,
                     lst_path: Optional[str] = None, shuffle: bool = False, seed: int = 0,
-                    progress: Progress = None, verify: bool = True) -> PackResult:
+                    progress: Progress = None, verify: bool = True, list_file: Optional[str] = None) -> PackResult:
     """Write the images of ``items`` (paths relative to ``root``) as MXNet image records.
 
     Record payloads are ``pack(IRHeader(0, label, item.index, 0), image bytes)`` (several labels: a float32
-    label array, ``flag`` = their number).  ``idx_path`` defaults to ``out_rec`` with ``.idx``; keys are the
-    items' indexes.  With ``lst_path`` the items are also written as a list file, in the order packed.
-    ``shuffle`` permutes the items with ``random.Random(seed)`` first.  ``progress(n, total)`` is called
-    every 1000 records.  With ``verify`` (default) each file must open as an image (Pillow reads its
-    header and checks its structure, without decoding it), and a JPEG must end its last scan: one that
-    does not is left out and listed in ``PackResult.skipped`` with the reason.
+    label array, ``flag`` = their number).  ``idx_path`` defaults to ``out_rec`` with ``.idx`` (none when
+    ``out_rec`` is a FIFO, a device or a descriptor: :func:`direct_output`); keys are the items' indexes.
+    With ``lst_path`` the items are also written as a list file, in the order packed.  ``shuffle`` permutes
+    the items with ``random.Random(seed)`` first.  ``progress(n, total)`` is called every 1000 records.
+    With ``verify`` (default) each file must open as an image (Pillow reads its header and checks its
+    structure, without decoding it), and a JPEG must end its last scan: one that does not is left out and
+    listed in ``PackResult.skipped`` with the reason.  ``list_file``: the list the items were read from,
+    which no output may replace (nor any of the images).
     """
-    for value, name in ((root, "root"), (out_rec, "out_rec"), (idx_path, "idx_path"), (lst_path, "lst_path")):
+    for value, name in ((root, "root"), (out_rec, "out_rec"), (idx_path, "idx_path"), (lst_path, "lst_path"),
+                        (list_file, "list_file")):
         check_path_arg(value, name, file_ok=False)
     order = list(items)
     if shuffle:
         random.Random(seed).shuffle(order)
-    if idx_path is None:
+    if idx_path is None and direct_output(out_rec) is None:
         idx_path = output_paths(out_rec)[0]
     for item in order:  # before anything is read or written (read_image_list has said so by line already)
         why = _item_problem(item.index, item.labels)
@@ -219,10 +248,16 @@ def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_p
     skipped: List[Tuple[str, str]] = []
     packed: List[ListItem] = []
     total = len(order)
-    with _Outputs({"records": out_rec, "index": idx_path, **({"list": lst_path} if lst_path else {})}) as tmp:
-        with RecordWriter(tmp[out_rec], index=tmp[idx_path]) as writer:
-            for n, item in enumerate(order, 1):
-                path = item.path if os.path.isabs(item.path) else os.path.join(root, item.path)
+    paths = [item.path if os.path.isabs(item.path) else os.path.join(root, item.path) for item in order]
+    outputs = {"records": out_rec}
+    if idx_path:
+        outputs["index"] = idx_path
+    if lst_path:
+        outputs["list"] = lst_path
+    inputs = [*([(list_file, "list")] if list_file else []), *_named_like(paths, outputs.values(), "image")]
+    with _Outputs(outputs, inputs) as tmp:
+        with RecordWriter(tmp[out_rec], index=tmp[idx_path] if idx_path else None) as writer:
+            for n, (item, path) in enumerate(zip(order, paths), 1):
                 data = _read_file(path)
                 why = _not_an_image(data) if verify else None
                 if why is not None:
@@ -239,8 +274,14 @@ def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_p
             nbytes = writer.tell()
         if lst_path:
             write_image_list(tmp[lst_path], packed)
-    return PackResult(records=len(packed), bytes=nbytes, rec_path=out_rec, idx_path=idx_path, lst_path=lst_path,
-                      skipped=skipped)
+    return PackResult(records=len(packed), bytes=nbytes, rec_path=out_rec, idx_path=idx_path or None,
+                      lst_path=lst_path, skipped=skipped)
+
+
+def _named_like(paths: Sequence[str], outputs: Iterable[str], role: str) -> List[Tuple[str, str]]:
+    """``(path, role)`` of the ``paths`` whose file name is an output's: the only ones that can be one."""
+    names = {os.path.normcase(os.path.basename(out)) for out in outputs}
+    return [(p, role) for p in paths if os.path.normcase(os.path.basename(p)) in names]
 
 
 def _not_an_image(data: bytes) -> Optional[str]:
@@ -278,8 +319,9 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
     One record per attribute name per manifest line (``-ref`` attributes: the referenced file's bytes;
     others: their JSON text), in SageMaker's wrapper framing (``join="concat"``, which ``join="auto"``
     finds).
-    Records larger than ``split_bytes`` become multipart records.  ``out`` is a path (written atomically)
-    or a binary file object (e.g. ``sys.stdout.buffer``).  ``shuffle`` permutes the manifest lines with
+    Records larger than ``split_bytes`` become multipart records.  ``out`` is a path (written atomically;
+    a FIFO or a device written into: :func:`direct_output`), or a binary file object (e.g.
+    ``sys.stdout.buffer``).  ``shuffle`` permutes the manifest lines with
     ``random.Random(seed)``.  ``progress(n, None)`` is called every 1000 records.
     """
     from ..tools.manifest import iter_manifest_records, read_manifest_lines
@@ -305,8 +347,13 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
 
     split_bytes = telling_split(split_bytes)  # (parts join="auto" tells from MXNet's at the first one)
     if isinstance(out, str):
-        with _Outputs({"records": out}) as tmp, open(tmp[out], "wb") as f:
-            nbytes = write_sagemaker_recordio(records(), f, split_bytes)
+        with _Outputs({"records": out}, [(manifest_path, "manifest")]) as tmp:
+            target = tmp[out]
+            if isinstance(target, str):
+                with open(target, "wb") as f:
+                    nbytes = write_sagemaker_recordio(records(), f, split_bytes)
+            else:
+                nbytes = write_sagemaker_recordio(records(), target, split_bytes)
         name = out
     else:
         nbytes = write_sagemaker_recordio(records(), out, split_bytes)
@@ -324,17 +371,82 @@ def _read_file(path: str) -> bytes:
         raise SourceError(f"cannot read image {path}: {exc.strerror or exc}") from exc
 
 
+def direct_output(path: str) -> Optional[str]:
+    """What ``path`` is when an output there is written into rather than replaced, else None.
+
+    That is an existing node that is no regular file or folder (a FIFO: ``"a FIFO"``; a device such as
+    ``/dev/null``: ``"a character device"``), and a file descriptor of this process however it is named
+    (``/dev/stdout``, a link to ``/proc/self/fd/1``, ``/dev/fd/3``: ``"file descriptor 1 of this process"``),
+    whatever it is open on -- a rename over such a path would replace the node or the link (as root, the
+    system's ``/dev/stdout``) instead of writing where it leads.
+    """
+    fd = _own_fd(path)
+    if fd is not None:
+        return f"file descriptor {fd} of this process"
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return None
+
+
+_FD_FOLDER = re.compile(r"/proc/(\d+)(?:/task/\d+)?/fd")
+
+
+def _own_fd(path: str) -> Optional[int]:
+    """The descriptor number when ``path`` leads, through links, to ``/proc/<this process>/fd/N``."""
+    for _ in range(40):  # (the kernel's own limit on links followed)
+        folder, name = os.path.split(path)
+        match = _FD_FOLDER.fullmatch(os.path.realpath(folder or "."))
+        if match and int(match.group(1)) == os.getpid() and name.isdigit():
+            return int(name)
+        try:
+            target = os.readlink(path)
+        except (OSError, ValueError):
+            return None  # not a link
+        path = os.path.join(folder or ".", target)
+    return None
+
+
+class _Counted:
+    """A file written into directly (a FIFO, a device, a descriptor), counting the bytes written; it has
+    no ``tell``, so writers count offsets from 0, where this stream starts."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.written = 0
+
+    def write(self, data: Any) -> int:
+        n = self.file.write(data)
+        self.written += n
+        return n
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def isatty(self) -> bool:
+        return self.file.isatty()
+
+
 class _Outputs:
     """Temporary names for output paths, renamed over them on success and removed on failure.
 
-    ``outputs`` maps what each output holds (``"records"``, ``"index"``, ``"list"``) to its path.  Two of
-    them on one file raise :class:`SourceError` before anything is written: they would share one temporary
-    file, and the rename would leave one output holding both (``pack protobuf X.npy o.idx``: records and
-    index lines interleaved in ``o.idx``).
+    ``outputs`` maps what each output holds (``"records"``, ``"index"``, ``"list"``) to its path; entering
+    gives a dict from each path to what to write: its temporary path, or for a :func:`direct_output` an
+    open binary file (the node itself, or a duplicate of the descriptor: ``>>`` and the offset are kept).
+    Two of them on one file raise :class:`SourceError` before anything is written: they would share one
+    temporary file, and the rename would leave one output holding both (``pack protobuf X.npy o.idx``:
+    records and index lines interleaved in ``o.idx``).  So does an output that is one of ``inputs``
+    (``(path, role)``: ``pack manifest m m``), a folder, or a terminal.
     """
 
-    def __init__(self, outputs: Dict[str, str]) -> None:
+    def __init__(self, outputs: Dict[str, str], inputs: Iterable[Tuple[str, str]] = ()) -> None:
         seen: Dict[str, str] = {}
+        self.direct: Dict[str, str] = {}  # path -> what it is, for the outputs written into
         for what, path in outputs.items():
             key = _same_file(path)
             if key in seen:
@@ -343,19 +455,67 @@ class _Outputs:
                 raise SourceError(f"{path}: the {seen[key]} and the {what} would both be written to this one "
                                   f"file{hint}")
             seen[key] = what
-        self.final = list(outputs.values())
-        self.tmp = {p: os.path.join(os.path.dirname(p) or ".", f".{os.path.basename(p)}.tmp-{os.getpid()}")
-                    for p in self.final}
+            kind = direct_output(path)
+            if kind is not None:
+                self.direct[path] = kind
+            elif os.path.isdir(path):
+                raise SourceError(f"{path}: is a folder; give an output file name")
+        self._refuse_inputs(outputs, inputs)
+        self.final = [p for p in outputs.values() if p not in self.direct]
+        self.tmp: Dict[str, Any] = {
+            p: os.path.join(os.path.dirname(p) or ".", f".{os.path.basename(p)}.tmp-{os.getpid()}")
+            for p in self.final}
+        self.opened: List[Tuple[str, _Counted]] = []
 
-    def __enter__(self) -> dict:
+    def _refuse_inputs(self, outputs: Dict[str, str], inputs: Iterable[Tuple[str, str]]) -> None:
+        """An output renamed over an input, or written into the very file an input is, would destroy it."""
+        for inp, role in inputs:
+            real = os.path.normcase(os.path.realpath(inp))
+            try:
+                st = os.stat(inp)
+                node: Optional[Tuple[int, int]] = (st.st_dev, st.st_ino)
+            except (OSError, ValueError):
+                node = None  # (not there: its reading says so)
+            for what, path in outputs.items():
+                if path in self.direct:
+                    try:
+                        out = os.stat(path)
+                    except OSError:
+                        continue
+                    same = node is not None and stat.S_ISREG(out.st_mode) and (out.st_dev, out.st_ino) == node
+                else:  # a rename replaces the name (a link, not what it leads to)
+                    same = _same_file(path) == real
+                if same:
+                    shown = f" ({inp})" if inp != path else ""
+                    raise SourceError(f"{path}: the {what} would replace the {role} being read{shown}; give "
+                                      f"another output file")
+
+    def __enter__(self) -> Dict[str, Any]:
         for path in self.final:
             folder = os.path.dirname(path) or "."
             if not os.path.isdir(folder):
                 raise SourceError(f"cannot write {path}: no folder {folder}")
+        try:
+            for path in self.direct:
+                fd = _own_fd(path)
+                try:  # (a FIFO's open waits for its reader)
+                    handle = os.dup(fd) if fd is not None else os.open(path, os.O_WRONLY)
+                except OSError as err:
+                    raise SourceError(f"cannot write {path}: {err.strerror or err}") from err
+                file = _Counted(os.fdopen(handle, "wb"))
+                self.opened.append((path, file))
+                self.tmp[path] = file
+                if file.isatty():
+                    raise SourceError(f"{path}: refusing to write records to a terminal; redirect it, or give "
+                                      f"an output file")
+        except BaseException:
+            self._close(quiet=True)
+            raise
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
+            self._close(quiet=False)
             try:
                 for path in self.final:
                     os.replace(self.tmp[path], path)
@@ -363,12 +523,29 @@ class _Outputs:
             except OSError as err:
                 self._remove()
                 raise SourceError(f"cannot write {path}: {err.strerror or err}") from err
+        self._close(quiet=True)
         self._remove()
 
-    def _remove(self) -> None:
-        for tmp in self.tmp.values():
+    def _close(self, quiet: bool) -> None:
+        """Close the outputs written into; unless ``quiet``, the first error closing one (its last bytes
+        flushed: a full device says so here) is raised, after every one is closed."""
+        failed = None
+        for path, file in self.opened:
             try:
-                os.unlink(tmp)
+                file.file.close()
+            except OSError as err:
+                if failed is None:
+                    failed = (path, err)
+        self.opened = []
+        if failed is not None and not quiet:
+            self._remove()
+            path, err = failed
+            raise SourceError(f"{path}: {err.strerror or err}") from err
+
+    def _remove(self) -> None:
+        for path in self.final:
+            try:
+                os.unlink(self.tmp[path])
             except OSError:
                 pass
 
@@ -384,7 +561,8 @@ def pack_protobuf(features_path: str, out: str, labels_path: Optional[str] = Non
     """Write ``features_path`` (a 2-D ``.npy`` array, or a scipy sparse matrix saved with
     ``scipy.sparse.save_npz``) as SageMaker RecordIO-protobuf, one Record per row, into ``out`` and the
     ``.idx`` next to it (:mod:`parrecio.recordio.protobuf_writer`: the SageMaker SDK's bytes); the
-    labels from the 1-D ``.npy`` ``labels_path``.  Both files are written atomically, as the other packs'."""
+    labels from the 1-D ``.npy`` ``labels_path``.  Both files are written atomically, as the other packs'
+    (into a FIFO or a device, :func:`direct_output`: the records only, no ``.idx``)."""
     import numpy as np
 
     from ..recordio.protobuf_writer import write_dense, write_sparse
@@ -419,10 +597,14 @@ def pack_protobuf(features_path: str, out: str, labels_path: Optional[str] = Non
     else:
         features = load(features_path)
         write = write_dense
-    idx = output_paths(out)[0]
-    with _Outputs({"records": out, "index": idx}) as tmp:  # a failed run leaves the old out and idx as they were
+    idx = output_paths(out)[0] if direct_output(out) is None else None  # (no index beside a FIFO, a device)
+    inputs = [(features_path, "features"), *([(labels_path, "labels")] if labels_path is not None else [])]
+    with _Outputs({"records": out, **({"index": idx} if idx else {})}, inputs) as tmp:
+        # a failed run leaves the old out and idx as they were
         try:
-            rows = write(tmp[out], features, labels, index=tmp[idx])
+            rows = write(tmp[out], features, labels, index=tmp[idx] if idx else None)
         except (ValueError, TypeError) as exc:
             raise SourceError(f"{features_path}: {exc}") from None
-    return PackResult(records=rows, bytes=os.path.getsize(out), rec_path=out, idx_path=idx)
+    target = tmp[out]
+    nbytes = target.written if isinstance(target, _Counted) else os.path.getsize(out)
+    return PackResult(records=rows, bytes=nbytes, rec_path=out, idx_path=idx)
