@@ -15,7 +15,7 @@ import errno
 import mmap
 import os
 import secrets
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from ..errors import PipelineError
 
@@ -59,6 +59,10 @@ class Segment:
     def create(cls, name: str, size: int, purpose: str = "") -> "Segment":
         """A new segment ``name`` of ``size`` bytes, its pages allocated; ``purpose`` says what it holds
         in the error raised when /dev/shm has no room for it."""
+        return _with_descriptors(lambda: cls._create(name, size, purpose), name)
+
+    @classmethod
+    def _create(cls, name: str, size: int, purpose: str) -> "Segment":
         if _posixshmem is None:  # pragma: no cover
             raise OSError("POSIX shared memory is not available on this platform")
         size = max(int(size), 1)
@@ -81,6 +85,11 @@ class Segment:
 
     @classmethod
     def attach(cls, name: str) -> "Segment":
+        """The existing segment ``name``, mapped here."""
+        return _with_descriptors(lambda: cls._attach(name), name)
+
+    @classmethod
+    def _attach(cls, name: str) -> "Segment":
         fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
         try:
             size = os.fstat(fd).st_size
@@ -107,6 +116,57 @@ class Segment:
 
     def __repr__(self) -> str:
         return f"Segment({self.name!r}, {self.size})"
+
+
+def _with_descriptors(make: Callable[[], "Segment"], name: str) -> "Segment":
+    """``make()``; when this process has run out of file descriptors (EMFILE), once more with its soft
+    limit raised to its hard limit, then a PipelineError that says what holds them.
+
+    A mapping keeps a descriptor for as long as it lives (CPython's ``mmap`` holds a duplicate, before
+    Python 3.13 always): every output slot and one-off segment mapped here costs one, and output slots
+    are as many as the batches the user keeps (``list(reader)`` of small batches: thousands), in the
+    consumer and in each decoder process.  The usual soft limit (1024) is far below the usual hard one."""
+    try:
+        return make()
+    except OSError as err:
+        if err.errno != errno.EMFILE or not _raise_descriptor_limit():
+            if err.errno == errno.EMFILE:
+                raise _out_of_descriptors(err, name) from err
+            raise
+    try:
+        return make()
+    except OSError as err:
+        if err.errno == errno.EMFILE:
+            raise _out_of_descriptors(err, name) from err
+        raise
+
+
+def _raise_descriptor_limit() -> bool:
+    """Raise this process's soft limit on open descriptors to its hard limit; whether it rose."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft == resource.RLIM_INFINITY or soft >= target:
+            return False
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return True
+    except (ImportError, ValueError, OSError):
+        return False
+
+
+def _out_of_descriptors(err: OSError, name: str) -> PipelineError:
+    try:
+        import resource
+        limit = f" ({resource.getrlimit(resource.RLIMIT_NOFILE)[0]} allowed, the hard limit)"
+    except (ImportError, ValueError, OSError):  # pragma: no cover
+        limit = ""
+    return PipelineError(
+        f"cannot map the shared-memory segment {name}: this process has no file descriptor left{limit}. "
+        f"Each output slot and each segment of a large group mapped here holds one for as long as it is "
+        f"mapped, and the batches and views you keep hold theirs (a list of every batch: one each): raise "
+        f"the limit (`ulimit -n`), or keep copies (np.array(batch), bytes(view)) instead of the batches "
+        f"themselves")
 
 
 # What says that /dev/shm itself cannot hold our segments (not a limit of this process, such as EMFILE):
