@@ -377,3 +377,31 @@ def test_the_users_main_is_never_touched_while_children_start(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == [f"{w} {m} {{'main_file.py'}}" for w, m in
                                         ((0, None), (1, "spawn"), (1, "forkserver"), (1, "fork"))] + ["misses 0 True"]
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver")
+def test_a_start_through_a_dying_fork_server_is_tried_again(monkeypatch):
+    """A SIGTERM to the whole process group kills the fork server too; a worker replaced meanwhile (a pass
+    shutting down after the user's handler raised) met the dying server: EOFError, a traceback instead of
+    the user's exception (2 runs in 8 of the CLI's demo).  children.start tries again while the server is
+    being replaced; other start methods, and errors after the process exists, are not retried."""
+    from parrecio.pipeline import children
+    ctx = multiprocessing.get_context("forkserver")
+    real = ctx.Process.start
+    fails = []
+
+    def flaky(self):
+        if len(fails) < 3:
+            fails.append(1)
+            raise EOFError
+        return real(self)
+
+    monkeypatch.setattr(ctx.Process, "start", flaky)
+    proc = ctx.Process(target=os.getpid, daemon=True)
+    children.start(proc)
+    proc.join(30)
+    assert len(fails) == 3 and proc.exitcode == 0
+    spawned = multiprocessing.get_context("spawn")
+    monkeypatch.setattr(spawned.Process, "start", lambda self: (_ for _ in ()).throw(EOFError()))
+    with pytest.raises(EOFError):
+        children.start(spawned.Process(target=os.getpid))
