@@ -30,6 +30,11 @@ def test_each_place_and_flag_comes_back():
             assert back.place.is_file == (place.kind == FILE) and back.place.is_oneoff == (place.kind == ONEOFF)
 
 
+def test_retired_slots_come_back():
+    task = Task(3, 0, 0, 2, IN_RING, array("q", [0, 8]), array("q", [8, 8]), retired=("p-s7", "p-s9"))
+    assert _round_trip(task).retired == ("p-s7", "p-s9") and _round_trip(task) == task
+
+
 def test_an_empty_task_comes_back():
     task = Task(0, 0, 0, 0, IN_RING, array("q"), array("q"))
     assert _round_trip(task) == task

@@ -142,6 +142,7 @@ class Task:
     split: bool = False     # pickle each value on its own (a re-run after a result that did not unpickle)
     epoch: int = 0          # the pass's epoch: with the group's sequence number, the key of random decoders
     pair: int = -1          # a whole chunk's number among its pass's pairs (parrecio.pipeline.pairing), or -1
+    retired: Tuple[str, ...] = ()  # output slots the pool gave back since this worker's last task: unmap them
 
     def __reduce__(self):
         # The consumer pickles one Task per chunk: as a plain tuple with the arrays as bytes this takes half
@@ -149,13 +150,13 @@ class Task:
         # wake-up with cold caches, where it was ~1/10 of the consumer's cost per task).
         return _task, (self.task_id, self.chunk_seq, self.start, self.n, self.place.kind, self.place.name,
                        self.ring_offs.tobytes(), self.lens.tobytes(), self.dest, self.isolated, self.split,
-                       self.epoch, self.pair)
+                       self.epoch, self.pair, self.retired)
 
 
 def _task(task_id: int, chunk_seq: int, start: int, n: int, kind: int, name: str, offs: bytes, lens: bytes,
-          dest: list, isolated: bool, split: bool, epoch: int, pair: int) -> Task:
+          dest: list, isolated: bool, split: bool, epoch: int, pair: int, retired: Tuple[str, ...] = ()) -> Task:
     return Task(task_id, chunk_seq, start, n, Place(kind, name), _q(offs), _q(lens), dest, isolated, split, epoch,
-                pair)
+                pair, retired)
 
 
 @dataclass

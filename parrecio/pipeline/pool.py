@@ -55,6 +55,7 @@ class _Worker:
     killing: bool = False   # judged stuck and killed; its death is yet to be collected
     taken: Set[int] = field(default_factory=set)  # isolated tasks it said it began (worker.TAKEN)
     sentinel: int = -1      # proc.sentinel, read once (the property checks the process is open)
+    retired: List[str] = field(default_factory=list)  # output slots given back, to unmap with its next task
 
 
 class WorkerPool:
@@ -169,8 +170,16 @@ class WorkerPool:
             self._turn = best.index + 1
         return best
 
+    def retire(self, names: List[str]) -> None:
+        """The output slots ``names`` were given back (``SlotPool.retire``): each worker unmaps them when
+        its next task comes (a worker started later never mapped them)."""
+        for w in self.workers:
+            w.retired.extend(names)
+
     def submit(self, worker: _Worker, task: Task) -> None:
         """Send ``task`` to ``worker`` and count it in flight there."""
+        if worker.retired:
+            task.retired, worker.retired = tuple(worker.retired), []
         if not worker.inflight:
             worker.progress = self.clock
         worker.inflight[task.task_id] = task

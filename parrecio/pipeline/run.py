@@ -85,6 +85,9 @@ class Run(Pass):
         self.undispatched: Deque[_ChunkState] = deque()
         self.recovery = Recovery(self.stats)  # re-runs: after a worker died, after a result that did not unpickle
         self.tasks: Dict[int, _ChunkState] = {}
+        retired = res.slots.retire()  # slots grown for batches the user kept in earlier passes, let go of
+        if retired and res.pool is not None:
+            res.pool.retire(retired)
         self.slots = SlotTracker(res.slots)  # output positions of this pass
         self.in_pipeline = 0        # chunks dispatched and not yet delivered
         self.poller = Poller()

@@ -107,7 +107,9 @@ class SlotPool:
     def __init__(self, layout: SlotLayout, prefix: str, initial: int) -> None:
         self.layout = layout
         self.prefix = prefix
-        self.segments: List[Segment] = []
+        self.segments: Dict[int, Segment] = {}  # slot number -> its segment (numbers never reused)
+        self._made = 0
+        self.initial = initial  # what the pool shrinks back to (retire)
         self.free: Deque[int] = deque()
         self._released: Deque[int] = deque()  # appended by the leases' weakref callbacks, from any thread
         self._refs: Dict[int, tuple] = {}  # id of a lease's weak reference -> (it, its slot), until it fires
@@ -117,10 +119,11 @@ class SlotPool:
             self._grow()
 
     def _grow(self) -> int:
-        slot = len(self.segments)
-        self.segments.append(Segment.create(f"{self.prefix}s{slot}", self.layout.nbytes,
-                                            f"output slot {slot} ({self.layout.slot_size} samples' fixed-shape "
-                                            f"outputs)"))
+        slot = self._made
+        self.segments[slot] = Segment.create(f"{self.prefix}s{slot}", self.layout.nbytes,
+                                             f"output slot {slot} ({self.layout.slot_size} samples' fixed-shape "
+                                             f"outputs)")
+        self._made += 1
         self.free.append(slot)
         return slot
 
@@ -162,17 +165,31 @@ class SlotPool:
         if slot not in self._leased:
             self.free.append(slot)
 
+    def retire(self) -> List[str]:
+        """Give back the free slots past the initial number (a pool grown by batches the user kept, and has
+        let go of since): unmapped here, their names removed; returns those names, which the decoder
+        processes unmap too (``Task.retired``).  Called between passes: a pool that grows anew in each
+        pass (the user keeps a batch or two) costs a few segments per pass, never a leak."""
+        self.poll()
+        names: List[str] = []
+        while len(self.segments) > self.initial and self.free:
+            seg = self.segments.pop(self.free.pop())
+            seg.unlink()
+            seg.close()
+            names.append(seg.name)
+        return names
+
     def unlink(self) -> None:
         """Remove every segment's name (their mappings stay valid)."""
-        for seg in self.segments:
+        for seg in self.segments.values():
             seg.unlink()
 
     def close(self) -> None:
         """Unlink every segment; unmap those no view uses (the others stay mapped for the user)."""
         self.unlink()
-        for seg in self.segments:
+        for seg in self.segments.values():
             seg.close()
-        self.segments = []
+        self.segments = {}
         self.free.clear()
 
 

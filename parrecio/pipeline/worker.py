@@ -110,6 +110,11 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
             if msg.isolated:  # a re-run judging a poison record: say that its group is being decoded now
                 send_result(result_fd, TaskDone(msg.task_id, None, 0.0, os.getpid()), TAKEN, False,
                             ringer.ring if ringer is not None else None)
+            for name in msg.retired:  # output slots the consumer gave back: their memory goes with our mapping
+                entry = slots.pop(name, None)
+                if entry is not None:
+                    seg, entry = entry[0], None  # (the arrays over it first)
+                    seg.close()
             done = _run_task(cfg, job, msg, ring, slots, mapped, plan, progress)
             body, split = _pickled(done, msg.split, cfg.decoders)
             send_result(result_fd, done, body, split, ringer.ring if ringer is not None else None)
