@@ -178,3 +178,17 @@ def test_malformed_index_line(tmp_path):
     with pytest.raises(CorruptRecordError) as e:
         IndexedRecordReader(tmp_path / "d.rec")
     assert e.value.offset == 4
+
+
+@pytest.mark.parametrize("join,total", [("mxnet", 1204), ("concat", 1200)])
+def test_a_part_past_max_record_bytes_names_its_record(join, total):
+    """A part after the first that takes its record past the limit: the error names the record's start and
+    the size it would reach (it said "record length 600 bytes exceeds max_record_bytes (bytes left for this
+    record: 396)", as if the part were a record); its offset stays the part's, where reading stopped."""
+    data = F[0] + frame(b"a" * 600, 1) + frame(b"b" * 600, 3) + F[1]
+    with RecordReader(io.BytesIO(data), join=join, max_record_bytes=1000) as r:
+        with pytest.raises(CorruptRecordError) as e:
+            list(r)
+    assert e.value.offset == 628
+    assert e.value.reason == (f"a part of 600 bytes takes the multipart record that starts at byte 20 to {total} "
+                              f"bytes: it exceeds max_record_bytes (1000)")

@@ -173,7 +173,8 @@ def read_record(src: FrameSource, offset: int, *, join: str, max_record_bytes: i
         if not len(head):
             raise CorruptRecordError(f"stream ends inside the multipart record that starts at byte {offset}",
                                      pos, source=source)
-        cflag, length = _check_header(head, pos, max_record_bytes - len(joined) - len(sep), source)
+        cflag, length = _check_header(head, pos, max_record_bytes - len(joined) - len(sep), source,
+                                      (offset, len(joined) + len(sep), max_record_bytes))
         if cflag < CFLAG_MIDDLE:
             raise CorruptRecordError(f"new record (cflag {cflag}) before the multipart record that starts at "
                                      f"byte {offset} was closed by a cflag 3 part", pos, source=source)
@@ -187,8 +188,11 @@ def read_record(src: FrameSource, offset: int, *, join: str, max_record_bytes: i
             return memoryview(joined), pos
 
 
-def _check_header(head: memoryview, offset: int, limit: int, source: Optional[str]) -> Tuple[int, int]:
-    """Validate a frame header; return ``(cflag, length)``.  ``limit`` is the bytes still allowed."""
+def _check_header(head: memoryview, offset: int, limit: int, source: Optional[str],
+                  part_of: Optional[Tuple[int, int, int]] = None) -> Tuple[int, int]:
+    """Validate a frame header; return ``(cflag, length)``.  ``limit`` is the bytes still allowed.
+    ``part_of``: ``(where the record starts, its bytes before this part, max_record_bytes)`` for a part
+    after the first of a multipart record (what an error about its length names)."""
     if len(head) < HEADER_SIZE:
         raise CorruptRecordError(f"truncated frame header: stream ends after {len(head)} of {HEADER_SIZE} "
                                  f"header bytes", offset, source=source)
@@ -200,8 +204,13 @@ def _check_header(head: memoryview, offset: int, limit: int, source: Optional[st
         raise CorruptRecordError(f"bad magic 0x{magic:08X} (expected 0x{MAGIC:08X}){what}", offset, source=source)
     cflag, length = lrec >> 29, lrec & LENGTH_MASK
     if length > limit:
-        raise CorruptRecordError(f"record length {length} bytes exceeds max_record_bytes (bytes left for "
-                                 f"this record: {max(limit, 0)})", offset, source=source)
+        if part_of is not None:
+            start, before, most = part_of
+            raise CorruptRecordError(f"a part of {length} bytes takes the multipart record that starts at byte "
+                                     f"{start} to {before + length} bytes: it exceeds max_record_bytes ({most})",
+                                     offset, source=source)
+        raise CorruptRecordError(f"record length {length} bytes exceeds max_record_bytes ({limit})", offset,
+                                 source=source)
     return cflag, length
 
 
