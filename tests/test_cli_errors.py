@@ -280,3 +280,21 @@ def test_a_damaged_multipart_first_record_points_at_its_next_part(tmp_path: Path
                                      f"--skip-corrupt reads past it")
     with RecordReader(str(rec), join="concat", on_corrupt="skip") as reader:
         assert [r.payload for r in reader] == [b"whole"]
+
+
+def test_extract_by_key_from_stdin_and_bench_of_no_samples_are_refused(tmp_path: Path):
+    """``extract - --key K`` said it needs "an index file next to - (-.idx)"; ``bench --samples 0`` ran a
+    whole batch."""
+    rec = tmp_path / "k.rec"
+    rec.write_bytes(b"".join(frame(b"x%d" % i) for i in range(3)))
+    (tmp_path / "k.idx").write_text("0\t0\n1\t12\n2\t24\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "parrecio.cli", "extract", "-", "--key", "1"],
+                          input=rec.read_bytes(), capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 1 and error_line(proc) == (
+        "parrecio extract: error: --key needs the .rec file's index: it cannot be used with stdin (give the "
+        "file's path, or --index N for the N-th record)")
+    assert cli("extract", rec, "--key", "1").stdout == b"x1"
+    proc = cli("bench", rec, "--samples", "0")
+    assert proc.returncode == 2 and proc.stderr.decode().splitlines()[-1].endswith(
+        "argument --samples: must be at least 1, not 0")

@@ -332,6 +332,9 @@ def _extract_one(args: argparse.Namespace) -> bytes:
     if args.key is not None:
         if idx is None:
             from ..recordio.paths import index_path
+            if args.file == "-":
+                raise ParrecioError("--key needs the .rec file's index: it cannot be used with stdin (give the "
+                                    "file's path, or --index N for the N-th record)")
             raise ParrecioError(f"--key needs an index file next to {args.file} ({index_path(args.file)})")
         with IndexedRecordReader(args.file, idx, join=args.join, max_record_bytes=args.max_record_bytes) as rec:
             keys = rec.keys
