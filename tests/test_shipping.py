@@ -310,3 +310,70 @@ def test_decoder_from_a_module_the_children_cannot_import(tmp_path, method):
                                                        "No module named 'helpers_elsewhere'") in message, message
     assert replaced == "0" and int(took) < 20
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+RUN_TIME_MODULE = '''
+class Dec:
+    def __init__(self, tag): self.tag = tag
+    def __call__(self, b): return b
+    def __reduce__(self):
+        gate = __import__("builtins").__dict__.get("_PARRECIO_GATES", {}).get(self.tag)
+        if gate is not None:
+            gate["calls"] += 1
+            if gate["calls"] == gate["at"]:
+                gate["entered"].set()
+                gate["go"].wait(10)
+        return (Dec, (self.tag,))
+'''
+
+
+def _loads_in_a_new_process(blob: bytes) -> str:
+    proc = subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
+                          input=blob, capture_output=True, timeout=120)
+    return "ok" if proc.returncode == 0 else proc.stderr.decode().strip().splitlines()[-1]
+
+
+def test_decoders_of_a_run_time_module_shipped_from_two_threads_at_once(monkeypatch):
+    """Two readers' decoders of one module made at run time (a DDP worker's ``__mp_main__`` is one), shipped
+    from two threads at once: the first ship unregistered the module from cloudpickle's by-value registry
+    while the second pickled, and the second's decoders went by reference to a module no decoder process
+    can import (ModuleNotFoundError there).  Shipping by value is one thread at a time now."""
+    import builtins
+    import types
+    dyn = types.ModuleType("parrecio_test_dyn_decoders")  # no __spec__, no file: a child cannot import it
+    exec(RUN_TIME_MODULE, dyn.__dict__)
+    monkeypatch.setitem(sys.modules, dyn.__name__, dyn)
+    gates = {t: dict(calls=0, at=3, entered=threading.Event(), go=threading.Event()) for t in "AB"}
+    monkeypatch.setattr(builtins, "_PARRECIO_GATES", gates, raising=False)
+    out = {}
+    ta = threading.Thread(target=lambda: out.setdefault("A", ship([dyn.Dec("A")], ["a"], "forkserver")))
+    tb = threading.Thread(target=lambda: out.setdefault("B", ship([dyn.Dec("B")], ["b"], "forkserver")))
+    ta.start()
+    assert gates["A"]["entered"].wait(10)  # A is pickling by value (its 3rd pickle of the decoder)
+    tb.start()
+    gates["B"]["entered"].wait(1)  # B pickles meanwhile -- or, as now, waits for A to be done
+    gates["A"]["go"].set()
+    ta.join(10)
+    gates["B"]["go"].set()
+    tb.join(10)
+    assert out["A"].by_value and out["B"].by_value
+    assert [_loads_in_a_new_process(out[t].blob) for t in "AB"] == ["ok", "ok"]
+    import cloudpickle
+    assert dyn.__name__ not in cloudpickle.list_registry_pickle_by_value()
+
+
+def test_importable_c_functions_and_types_go_by_reference():
+    """Only the modules that define the decoders' classes and Python functions are looked at: C functions
+    and the types of plain objects live in modules made at run time inside importable packages
+    (``torch._C._nn``, Cython's ``_cython_3_x``), which shipped such decoders by value (through cloudpickle,
+    which could not pickle some: a torch enum was refused)."""
+    import functools
+    import numpy as np
+    for decoders in ([functools.partial(np.frombuffer, dtype=np.uint8)], [np.add], [np.float32(1.5)]):
+        shipped = ship(decoders, ["x"] * len(decoders), "forkserver")
+        assert not shipped.by_value, decoders
+    torch = pytest.importorskip("torch")
+    for decoders in ([torch._C._nn.gelu], [torch.fft.rfft]):
+        shipped = ship(decoders, ["x"], "forkserver")
+        assert not shipped.by_value, decoders
+        assert _loads_in_a_new_process(shipped.blob) == "ok"

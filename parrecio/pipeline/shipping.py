@@ -27,9 +27,12 @@ reader process, which does not need them).
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import pickle
 import sys
-from typing import Any, Iterator, List, Sequence, Tuple
+import threading
+import types
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 __all__ = ["Shipped", "ship", "unship"]
 
@@ -88,44 +91,76 @@ def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Shipped:
     return Shipped(blob, repr(decoders))
 
 
+class _Definitions(pickle.Pickler):
+    """Pickles to nowhere, noting the module of every class and Python function on the way: where each is
+    defined (the types of plain objects, and C functions, are no concern: their modules are a package's,
+    which a child imports)."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.modules: Dict[str, None] = {}
+
+    def persistent_id(self, obj: Any) -> None:
+        if isinstance(obj, (type, types.FunctionType)):
+            name = getattr(obj, "__module__", None)
+            if isinstance(name, str):
+                self.modules[name] = None
+        return None
+
+
 def _unimportable(decoders: Tuple[Any, ...], plain: bool) -> List[str]:
-    """The modules that ``decoders`` refer to and a decoder process cannot import: the script's
-    (``__main__``, ``__mp_main__``) and modules made at run time (no ``__spec__``).  ``plain``: whether
-    pickle pickles them; else they are walked as cloudpickle pickles them (a lambda's globals too)."""
-    from .children import _ModuleLister
+    """The modules that define classes or functions of ``decoders`` and that a decoder process cannot
+    import: the script's (``__main__``, ``__mp_main__``), and a top-level module made at run time that no
+    file on ``sys.path`` provides (``runpy.run_path``'s ``<run_path>``, a ``types.ModuleType`` put in
+    ``sys.modules``).  ``plain``: whether pickle pickles them; else they are walked as cloudpickle pickles
+    them (a lambda's globals too)."""
+    from .children import _Nowhere
     if plain:
-        lister = _ModuleLister()
+        lister = _Definitions(_Nowhere())
     else:
         import cloudpickle
 
-        class _Listing(_ModuleLister, cloudpickle.CloudPickler):
+        class _Listing(_Definitions, cloudpickle.CloudPickler):
             pass
-        lister = _Listing()
+        lister = _Listing(_Nowhere())
     lister.dump(decoders)
-    found = []
-    for name in lister.modules:
-        mod = sys.modules.get(name)
-        if name in ("__main__", "__mp_main__") or (mod is not None and getattr(mod, "__spec__", False) is None):
-            found.append(name)
-    return found
+    return [name for name in lister.modules if not _importable(name)]
+
+
+def _importable(name: str) -> bool:
+    """Whether a new process can import module ``name`` (when unsure: yes, as pickle assumes)."""
+    if name in ("__main__", "__mp_main__"):
+        return False
+    mod = sys.modules.get(name)
+    if mod is None or getattr(mod, "__spec__", False) is not None or "." in name:
+        return True  # (a submodule made at run time, torch._C._nn say, comes with its package's import)
+    try:
+        return importlib.machinery.PathFinder.find_spec(name) is not None
+    except (ImportError, ValueError):  # pragma: no cover
+        return True
+
+
+_REGISTRY = threading.Lock()  # cloudpickle's registry of modules pickled by value is the process's
 
 
 @contextlib.contextmanager
 def _by_value(cloudpickle: Any, names: Sequence[str]) -> Iterator[None]:
     """cloudpickle pickles what the modules ``names`` hold by value for the while (it does so for
-    ``__main__`` by itself; a module the user registered stays registered)."""
-    registered = set(cloudpickle.list_registry_pickle_by_value())
-    added = []
-    try:
-        for name in names:
-            mod = sys.modules.get(name)
-            if name != "__main__" and name not in registered and getattr(mod, "__name__", None) == name:
-                cloudpickle.register_pickle_by_value(mod)
-                added.append(mod)
-        yield
-    finally:
-        for mod in added:
-            cloudpickle.unregister_pickle_by_value(mod)
+    ``__main__`` by itself; a module the user registered stays registered).  Under a lock: two readers
+    shipping decoders of one such module from two threads would otherwise unregister it under each other."""
+    with _REGISTRY:
+        registered = set(cloudpickle.list_registry_pickle_by_value())
+        added = []
+        try:
+            for name in names:
+                mod = sys.modules.get(name)
+                if name != "__main__" and name not in registered and getattr(mod, "__name__", None) == name:
+                    cloudpickle.register_pickle_by_value(mod)
+                    added.append(mod)
+            yield
+        finally:
+            for mod in added:
+                cloudpickle.unregister_pickle_by_value(mod)
 
 
 def unship(shipped: Any) -> Tuple[Any, ...]:
