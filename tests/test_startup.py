@@ -380,28 +380,30 @@ def test_the_users_main_is_never_touched_while_children_start(tmp_path):
 
 
 @pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver")
-def test_a_start_through_a_dying_fork_server_is_tried_again(monkeypatch):
+def test_a_worker_start_through_a_dying_fork_server_is_tried_again(tmp_path, monkeypatch, no_leaks):
     """A SIGTERM to the whole process group kills the fork server too; a worker replaced meanwhile (a pass
     shutting down after the user's handler raised) met the dying server: EOFError, a traceback instead of
-    the user's exception (2 runs in 8 of the CLI's demo).  children.start tries again while the server is
-    being replaced; other start methods, and errors after the process exists, are not retried."""
-    from parrecio.pipeline import children
-    ctx = multiprocessing.get_context("forkserver")
-    real = ctx.Process.start
+    the user's exception (2 runs in 8 of the CLI's demo).  A worker's start is tried again, with new pipes,
+    while the server is being replaced; under spawn an EOFError is not retried."""
+    from parrecio.pipeline import pool as pool_module
+    path = tmp_path / "s.rec"
+    recs = payloads(60)
+    write_rec(path, recs)
+    real = pool_module.start
     fails = []
 
-    def flaky(self):
+    def flaky(proc):
         if len(fails) < 3:
-            fails.append(1)
+            fails.append(proc)
             raise EOFError
-        return real(self)
+        return real(proc)
 
-    monkeypatch.setattr(ctx.Process, "start", flaky)
-    proc = ctx.Process(target=os.getpid, daemon=True)
-    children.start(proc)
-    proc.join(30)
-    assert len(fails) == 3 and proc.exitcode == 0
-    spawned = multiprocessing.get_context("spawn")
-    monkeypatch.setattr(spawned.Process, "start", lambda self: (_ for _ in ()).throw(EOFError()))
-    with pytest.raises(EOFError):
-        children.start(spawned.Process(target=os.getpid))
+    monkeypatch.setattr(pool_module, "start", flaky)
+    with ParallelReader(str(path), fields=Fixed(), workers=2) as r:
+        got = [digest_array(bytes(p)) for p in recs]
+        assert all(np.array_equal(a, b) for a, b in zip(r, got))
+        assert len(fails) == 3 and len(set(r.worker_pids)) == 2
+    fails.clear()
+    with ParallelReader(str(path), fields=Fixed(), workers=2, tuning=Tuning(start_method="spawn")) as r:
+        with pytest.raises(EOFError):
+            list(r)

@@ -34,7 +34,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
@@ -216,24 +215,10 @@ def start_janitor(prefix: str, lifeline_fd: int, detached: bool = False) -> Opti
 
 def start(proc: Any) -> None:
     """Start the multiprocessing process ``proc``, without re-importing ``__main__`` in it (and, when this
-    start launches the fork server, in the fork server: see :func:`_main_not_reimported`).
-
-    A fork server that is dying (a SIGTERM sent to the whole process group: a container stopped, a job
-    preempted) answers nothing: multiprocessing raises EOFError, and launches a new server only once the
-    old one is seen dead.  So such a start is tried again for up to 2 s (a worker replaced while a pass
-    shuts down, after the user's handler turned that SIGTERM into an exception, failed with EOFError)."""
-    deadline = time.monotonic() + 2.0
+    start launches the fork server, in the fork server: see :func:`_main_not_reimported`)."""
     try:
-        while True:
-            try:
-                with _main_not_reimported():
-                    proc.start()
-                return
-            except (EOFError, ConnectionError):
-                if getattr(proc, "_start_method", None) != "forkserver" or proc.pid is not None \
-                        or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        with _main_not_reimported():
+            proc.start()
     except BaseException:
         # (a Ctrl-C that lands once the process exists: stopped here, it cannot run on unseen -- a reader
         # process writing into the ring beside the next pass's -- until the lifeline ends)

@@ -108,6 +108,22 @@ class WorkerPool:
             self.workers.append(self._spawn(i))
 
     def _spawn(self, index: int) -> _Worker:
+        """A new worker ``index``.  A fork server that is dying (a SIGTERM sent to the whole process group:
+        a container stopped, a job preempted) answers nothing: multiprocessing raises EOFError, and starts
+        a new server only once the old one is seen dead.  So such a start is tried again for up to 2 s,
+        with new pipes each time (a child the dying server forked anyway finds its pipes closed, and ends):
+        a worker replaced while a pass shut down, after the user's handler turned that SIGTERM into an
+        exception, failed with EOFError, a traceback in place of theirs."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                return self._spawn_once(index)
+            except (EOFError, ConnectionError):
+                if self.ctx.get_start_method() != "forkserver" or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _spawn_once(self, index: int) -> _Worker:
         self.version += 1
         job = self.job
         if self.board is not None:
