@@ -128,9 +128,6 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
             raise
         if not run.completed:
             return
-        # Until the last copy is out, the pass is not over: left here (a break, close()), its state is a
-        # position in the epoch, whose copies a resumed pass hands out (ParallelReader._pass_ended).
-        run.owes_copies = True
         missing, held = _missing(run.positions - before, delivered, held, batch_size, drop_last)
         if missing > 0 and before and epoch_first is not None:  # resumed: copy what an uninterrupted pass does
             again = epoch_first()
@@ -145,6 +142,9 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
             raise PipelineError(f"every sample of shard {run.cfg.shard_index} in epoch {run.epoch} was "
                                 f"skipped: nothing to pad its {missing} positions with (even_shards="
                                 f"{run.cfg.even_shards!r}, on_error='skip')")
+        # Until the last copy is out, the pass is not over: left here (a break, close()), its state is a
+        # position in the epoch, whose copies a resumed pass hands out (ParallelReader._pass_ended).
+        run.owes_copies = True
         if held is not None:
             room = max(0, min(missing, batch_size - rows_of(held)))
             if room:
