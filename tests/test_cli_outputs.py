@@ -313,6 +313,44 @@ def test_pack_images_walks_each_folder_once(work: Path, ups: int):
     assert b"2 classes (0=cat, 1=dog)" in proc.stderr
 
 
+def test_class_folders_that_are_one_folder_stay_classes(work: Path):
+    """Two class folders that are links to one folder (or bind mounts of one) are two classes, as im2rec
+    has them; de-duplicating folders at the top level too dropped the second, and every later class's
+    label moved down by one."""
+    shared = work / "shared"
+    shared.mkdir()
+    (shared / "x.png").write_bytes(png(40, 30, seed=3))
+    os.symlink(shared, work / "photos" / "a_cat")
+    os.symlink(shared, work / "photos" / "b_kitten")
+    proc = cli("pack", "images", work / "photos", work / "o.rec", cwd=work, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "o.lst").read_text() == ("0\t0.000000\ta_cat/x.png\n1\t1.000000\tb_kitten/x.png\n"
+                                            "2\t2.000000\tcat/1.jpg\n3\t3.000000\tdog/2.png\n")
+
+
+@pytest.mark.parametrize("kind", ["manifest", "images"])
+def test_pack_into_a_link_to_its_stdout_whose_reader_has_gone(work: Path, kind: str):
+    """``pack ... /dev/stdout | head -c0`` (here a link to /proc/self/fd/1): a quiet exit 0, as with ``-``;
+    a small manifest's records (under the write buffer) failed only at the close, and said
+    'error: /dev/stdout: Broken pipe', status 1."""
+    out = work / "out-link"
+    os.symlink("/proc/self/fd/1", out)
+    (work / "b.bin").write_bytes(b"tiny")  # records under the write buffer: written out only at the close
+    (work / "small.manifest").write_text('{"source-ref": "b.bin", "label": 1}\n')
+    args = (["pack", "manifest", work / "small.manifest", out, "--attribute-names", "source-ref,label"]
+            if kind == "manifest" else ["pack", "images", work / "photos", out])
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = cli(*args, stdout=w, cwd=work)
+    finally:
+        os.close(w)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Broken pipe" not in err, err
+    assert os.path.islink(out)
+
+
 # -- 4. write errors on stdout ---------------------------------------------------------------------------
 
 REC_COMMANDS = {

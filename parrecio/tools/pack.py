@@ -116,9 +116,11 @@ def list_image_folder(root: str, *, extensions: Sequence[str] = IMAGE_EXTENSIONS
     (label 0, class name ``"."``).  Mixing images at the top level with class sub-folders is an error, as is
     a folder without images.
 
-    Symbolic links to folders are followed, and each folder is walked once: a link back up (``up -> ..``)
-    or a second way into a folder is left out, so a folder belongs to the parent that lists it first (in
-    walk order: the top level's class folders before anything inside them).
+    Symbolic links to folders are followed, and below the class folders each folder is walked once: a link
+    back up (``up -> ..``) or a second way into a folder is left out, so a folder belongs to the parent
+    that lists it first (in walk order: the top level's class folders before anything inside them).  The
+    class folders themselves are all kept, as im2rec keeps them: two that are one folder (links, bind
+    mounts) are two classes of the same images, and the labels of the classes after them do not move.
     """
     check_path_arg(root, "root", file_ok=False)
     if not os.path.isdir(root):
@@ -128,9 +130,11 @@ def list_image_folder(root: str, *, extensions: Sequence[str] = IMAGE_EXTENSIONS
     seen = {_folder_key(root)}  # folders listed for walking, by (device, inode)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         keep = []
+        top = dirpath == root
         for name in sorted(d for d in dirnames if not d.startswith(".")):
             key = _folder_key(os.path.join(dirpath, name))
-            if key is not None and key not in seen:  # (None: gone, or a link loop os.walk cannot list either)
+            # (None: gone, or a link loop os.walk cannot list either)
+            if key is not None and (top or key not in seen):
                 seen.add(key)
                 keep.append(name)
         dirnames[:] = keep
@@ -540,6 +544,8 @@ class _Outputs:
         if failed is not None and not quiet:
             self._remove()
             path, err = failed
+            if isinstance(err, BrokenPipeError):  # (its reader has gone, | head: as a write would say it)
+                raise err
             raise SourceError(f"{path}: {err.strerror or err}") from err
 
     def _remove(self) -> None:
