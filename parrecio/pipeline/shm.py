@@ -146,13 +146,22 @@ def _raise_descriptor_limit() -> bool:
     try:
         import resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        target = hard if hard != resource.RLIM_INFINITY else _nr_open()
         if soft == resource.RLIM_INFINITY or soft >= target:
             return False
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         return True
     except (ImportError, ValueError, OSError):
         return False
+
+
+def _nr_open() -> int:
+    """The kernel's cap on a descriptor limit (an unlimited hard limit cannot be set beyond it)."""
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1 << 20
 
 
 def _out_of_descriptors(err: OSError, name: str) -> PipelineError:
