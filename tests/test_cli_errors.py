@@ -297,4 +297,4 @@ def test_extract_by_key_from_stdin_and_bench_of_no_samples_are_refused(tmp_path:
     assert cli("extract", rec, "--key", "1").stdout == b"x1"
     proc = cli("bench", rec, "--samples", "0")
     assert proc.returncode == 2 and proc.stderr.decode().splitlines()[-1].endswith(
-        "argument --samples: must be at least 1, not 0")
+        "argument --samples: must be at least 1 sample, not 0")

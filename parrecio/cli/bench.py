@@ -26,6 +26,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .cat import at_least_one
+
 NAME = "bench"
 HELP = "measure a reader configuration's throughput (samples/s, MB/s) and name the bottleneck"
 
@@ -59,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, metavar="B", help="batch size (default 64)")
     parser.add_argument("--size", type=int, default=224, metavar="S", help="image side in pixels (default 224)")
     parser.add_argument("--epochs", type=int, default=1, help="passes per run (default 1)")
-    parser.add_argument("--samples", type=_at_least_one, default=None, metavar="N",
+    parser.add_argument("--samples", type=at_least_one("sample"), default=None, metavar="N",
                         help="stop each pass after about N samples (default: the whole stream)")
     parser.add_argument("--join", choices=("auto", "mxnet", "concat"), default=None,
                         help="multipart convention (default: the source's)")
@@ -69,17 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- fields --------------------------------------------------------------------------------------------
-
-def _at_least_one(text: str) -> int:
-    """An ``argparse`` type: a count of at least 1 (``--samples 0`` ran a whole batch)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of samples, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
 
 def make_decoder(name: str, size: int):
     """A decoder for one field spec name (see :data:`FIELD_NAMES`)."""

@@ -46,18 +46,22 @@ def add_stream_options(parser: argparse.ArgumentParser) -> None:
                         help="records larger than this are treated as corrupt (default 64 MiB)")
 
 
-def positive_bytes(text: str) -> int:
-    """An ``argparse`` type: a byte count of at least 1 (a usage error, exit status 2, otherwise).
+def at_least_one(unit: str):
+    """An ``argparse`` type: a count of ``unit`` (``"byte"``) of at least 1 (a usage error, exit status 2,
+    otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit}s, not {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be at least 1 {unit}, not {value}")
+        return value
+    return parse
 
-    The reader takes 0 too, but then every non-empty record is "corrupt": never what a user means.
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of bytes, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 byte, not {value}")
-    return value
+
+# The reader takes 0 too, but then every non-empty record is "corrupt": never what a user means.
+positive_bytes = at_least_one("byte")
 
 
 def input_source(path: str):
