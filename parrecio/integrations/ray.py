@@ -48,9 +48,9 @@ its first record.
 :class:`~parrecio.CorruptRecordError`, each naming the file (``.source``), the byte offset of the sample's
 first record (``.offset``) and the sample's index *in its file* (``.index``), worded as ParallelReader
 words them.  Ray re-raises a task's exception in the driver as a ``RayTaskError`` that is also an
-instance of the original class, so ``except DecodeError as err`` works; read the attributes from
-``err.cause`` (parrecio's own exception: on Ray's wrapper ``index``, ``offset`` and ``source`` read
-``None``), the message names all three either way.  ``on_error="skip"`` drops such samples (logged as
+instance of the original class, so ``except DecodeError as err`` works, and ``index``, ``offset`` and
+``source`` read the same on that wrapper as on ``err.cause`` (parrecio's own exception); the message names
+all three either way.  ``on_error="skip"`` drops such samples (logged as
 warnings by the worker) and, for framing errors, resyncs on the next record.
 
 **Random decoders** (``Image(crop=RandomResizedCrop(), flip=0.5)``, and ``BoundingBoxes(image=...)`` /
@@ -447,7 +447,10 @@ def _column(values: List[Any]) -> np.ndarray:
             return np.stack(values)
     elif values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) \
             and len({type(v) for v in values}) == 1:
-        return np.asarray(values)
+        try:  # (ints past int64 -- a uint64 hash in JSON -- made numpy choose float64: values changed)
+            return np.asarray(values, dtype=np.int64 if isinstance(values[0], int) else np.float64)
+        except OverflowError:
+            pass  # an object column, as ray.data.from_items makes of them: the exact ints
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out
