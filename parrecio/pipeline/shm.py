@@ -126,19 +126,16 @@ def _with_descriptors(make: Callable[[], "Segment"], name: str) -> "Segment":
     Python 3.13 always): every output slot and one-off segment mapped here costs one, and output slots
     are as many as the batches the user keeps (``list(reader)`` of small batches: thousands), in the
     consumer and in each decoder process.  The usual soft limit (1024) is far below the usual hard one."""
-    try:
-        return make()
-    except OSError as err:
-        if err.errno != errno.EMFILE or not _raise_descriptor_limit():
-            if err.errno == errno.EMFILE:
+    raised = False
+    while True:
+        try:
+            return make()
+        except OSError as err:
+            if err.errno != errno.EMFILE:
+                raise
+            if raised or not _raise_descriptor_limit():
                 raise _out_of_descriptors(err, name) from err
-            raise
-    try:
-        return make()
-    except OSError as err:
-        if err.errno == errno.EMFILE:
-            raise _out_of_descriptors(err, name) from err
-        raise
+            raised = True
 
 
 def _raise_descriptor_limit() -> bool:
