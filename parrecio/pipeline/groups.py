@@ -236,6 +236,7 @@ class GroupStream:
         capacity, rng = self.cfg.shuffle_buffer, self.rng
         assert rng is not None
         buf: List[Group] = []
+        damage: Optional[CorruptRecordError] = None
         try:
             for g in groups:
                 if len(buf) < capacity:
@@ -244,14 +245,13 @@ class GroupStream:
                 i = int(rng.integers(len(buf)))
                 buf[i], g = g, buf[i]
                 yield g
-        except CorruptRecordError:
-            for i in rng.permutation(len(buf)):
-                yield buf[i]
-            buf.clear()
-            raise
+        except CorruptRecordError as exc:
+            damage = exc
         for i in rng.permutation(len(buf)):
             yield buf[i]
         buf.clear()
+        if damage is not None:
+            raise damage
 
     # -- one stream ------------------------------------------------------------------------------
     def _frame(self, stream_id: int, name: str, reader: Any, place: Placement) -> Iterator[Group]:
