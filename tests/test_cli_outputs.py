@@ -237,21 +237,27 @@ def test_pack_refuses_a_folder_as_output_before_writing(work: Path):
     assert snapshot(work) == before
 
 
+def _sigterm_once(proc: subprocess.Popen, ready, what: str, timeout: float) -> bytes:
+    """Once ``ready()``, SIGTERM to ``proc``; its stderr when it has ended (killed if it does not)."""
+    try:
+        wait_until(ready, timeout=timeout, what=what)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return err
+
+
 def test_sigterm_stops_a_pack_waiting_for_its_fifo_reader(work: Path):
     """A FIFO nobody reads: pack waits in open(); SIGTERM ends it as Ctrl-C does, the FIFO left."""
     fifo = work / "train.rec"
     os.mkfifo(fifo)
     proc = subprocess.Popen(argv(*pack_args("manifest", fifo)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env(), cwd=work)
-    try:
-        wait_until(lambda: _blocked_in_open(proc.pid) or proc.poll() is not None, timeout=30,
-                   what="pack to wait in the FIFO's open")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    err = _sigterm_once(proc, lambda: _blocked_in_open(proc.pid) or proc.poll() is not None,
+                        "pack to wait in the FIFO's open", 30)
     assert proc.returncode == 130 and err == b"parrecio pack: interrupted\n"
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert not glob.glob(str(work / ".train.rec.tmp-*"))
@@ -431,17 +437,11 @@ def test_sigterm_stops_pack_as_ctrl_c_does(work: Path):
     (work / "out.rec").write_bytes(b"earlier output")
     proc = subprocess.Popen(argv("pack", "manifest", "big.manifest", "out.rec", "--attribute-names", "source-ref",
                                  "--split-bytes", "3"), stderr=subprocess.PIPE, env=env(), cwd=work)
-    try:
-        def grown() -> Optional[str]:
-            tmp = glob.glob(str(work / ".out.rec.tmp-*"))
-            return tmp[0] if tmp and os.path.getsize(tmp[0]) > 1 << 20 else None
-        wait_until(grown, timeout=60, what="the temporary output to grow")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+
+    def grown() -> Optional[str]:
+        tmp = glob.glob(str(work / ".out.rec.tmp-*"))
+        return tmp[0] if tmp and os.path.getsize(tmp[0]) > 1 << 20 else None
+    err = _sigterm_once(proc, grown, "the temporary output to grow", 60)
     assert proc.returncode == 130
     assert err.decode().endswith("parrecio pack: interrupted\n") and "Traceback" not in err.decode()
     assert not glob.glob(str(work / ".out.rec.tmp-*"))

@@ -127,12 +127,12 @@ def list_image_folder(root: str, *, extensions: Sequence[str] = IMAGE_EXTENSIONS
         raise SourceError(f"{root}: not a directory")
     exts = tuple(e.lower() for e in extensions)
     found: List[Tuple[str, str]] = []  # (class, relative path)
-    seen = {_folder_key(root)}  # folders listed for walking, by (device, inode)
+    seen = {_node(root)}  # folders listed for walking, by (device, inode)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         keep = []
         top = dirpath == root
         for name in sorted(d for d in dirnames if not d.startswith(".")):
-            key = _folder_key(os.path.join(dirpath, name))
+            key = _node(os.path.join(dirpath, name))
             # (None: gone, or a link loop os.walk cannot list either)
             if key is not None and (top or key not in seen):
                 seen.add(key)
@@ -160,10 +160,11 @@ def list_image_folder(root: str, *, extensions: Sequence[str] = IMAGE_EXTENSIONS
     return classes, items
 
 
-def _folder_key(path: str) -> Optional[Tuple[int, int]]:
+def _node(path: str) -> Optional[Tuple[int, int]]:
+    """``(device, inode)`` of what ``path`` leads to, or None when it is not there."""
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):
         return None
     return st.st_dev, st.st_ino
 
@@ -475,11 +476,7 @@ class _Outputs:
         """An output renamed over an input, or written into the very file an input is, would destroy it."""
         for inp, role in inputs:
             real = os.path.normcase(os.path.realpath(inp))
-            try:
-                st = os.stat(inp)
-                node: Optional[Tuple[int, int]] = (st.st_dev, st.st_ino)
-            except (OSError, ValueError):
-                node = None  # (not there: its reading says so)
+            node = _node(inp)  # (None: not there, its reading says so)
             for what, path in outputs.items():
                 if path in self.direct:
                     try:
