@@ -7,7 +7,7 @@
 - ``pack`` refuses an output that is one of its inputs, before anything is written;
 - ``pack images`` walks each folder once, whatever symbolic links lead back up;
 - a write error on stdout: a closed pipe exits quietly (status 0), any other error is one line, status 1;
-- SIGTERM stops a ``pack`` as Ctrl-C does: its temporary output is removed.
+- SIGTERM stops a ``pack`` or a ``demo`` as Ctrl-C does: its temporary output is removed.
 
 The device nodes these tests write into are made in a temporary folder (``os.mknod``, root only), never
 the system's ``/dev`` nodes.  Each test runs ``python -m parrecio.cli`` in a subprocess.
@@ -446,3 +446,37 @@ def test_sigterm_stops_pack_as_ctrl_c_does(work: Path):
     assert err.decode().endswith("parrecio pack: interrupted\n") and "Traceback" not in err.decode()
     assert not glob.glob(str(work / ".out.rec.tmp-*"))
     assert (work / "out.rec").read_bytes() == b"earlier output"
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["the-process", "its-process-group"])
+def test_sigterm_stops_a_demo_and_removes_its_temporary_stream(tmp_path: Path, group: bool):
+    """SIGTERM while the demo's pipeline runs ends it as Ctrl-C does: its temporary stream is removed, and
+    no process or shared-memory segment of it is left -- sent to the demo alone, or to its whole process
+    group (a container stop, ``timeout``), which kills the reader's processes too."""
+    from parrecio.pipeline.shm import leftover
+    from pipeline_helpers import our_children
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    e = env()
+    e["TMPDIR"] = str(temp)
+    proc = subprocess.Popen(argv("demo", "--samples", 3000, "--workers", 1, "--batch-size", 8, "--size", 64),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, start_new_session=True)
+    streams = lambda: glob.glob(str(temp / "parrecio-demo-*" / "demo.*"))  # noqa: E731
+    running = lambda: proc.poll() is not None or any(  # noqa: E731
+        f"parrecio-{proc.pid}-" in name for name in leftover(f"parrecio-{proc.pid}-"))
+    try:
+        wait_until(running, timeout=120, what="the demo's pipeline to start")
+        assert proc.poll() is None and len(streams()) == 2  # demo.rec and demo.idx, while it decodes
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and err.endswith(b"parrecio demo: interrupted\n"), (proc.returncode, err)
+    assert os.listdir(temp) == []  # (it was left behind before)
+    wait_until(lambda: not leftover(f"parrecio-{proc.pid}-") and not our_children(), timeout=10,
+               what="the demo's segments and processes to be gone")

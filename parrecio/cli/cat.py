@@ -166,9 +166,10 @@ class ClosedStdout:
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """Within: SIGTERM (``kill``, ``timeout``, a container stop) raises KeyboardInterrupt, as Ctrl-C does,
-    so that ``finally`` blocks clean up (a pack's temporary files).  Not installed outside the main thread,
-    nor where SIGTERM is ignored.  (Not for the commands that run a reader's processes: a SIGTERM sent to
-    the whole group has killed those, and the fork server, before the reader's shutdown meets them.)"""
+    so that ``finally`` blocks clean up (a pack's or a demo's temporary files).  Not installed outside the
+    main thread, nor where SIGTERM is ignored.  (A SIGTERM sent to a demo's whole process group kills the
+    reader's processes too; its shutdown then meets them dead, which it handles as it handles any death:
+    tests/test_cli_outputs.py checks that nothing is left.)"""
     import signal
     import threading
 

@@ -21,6 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .cat import sigterm_interrupts
+
+    with sigterm_interrupts():  # a demo stopped by SIGTERM removes its temporary stream, as on Ctrl-C
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..tools.demo import build_demo_stream, run_demo
     from ..pipeline.parallel_reader import _default_workers
 
