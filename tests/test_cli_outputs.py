@@ -5,6 +5,7 @@
   node where it is (a temporary file renamed over it would replace the node), and writes no ``.idx`` or
   ``.lst`` beside it;
 - ``pack`` refuses an output that is one of its inputs, before anything is written;
+- ``pack`` into the file stderr is open on writes no log line among the records;
 - ``pack images`` walks each folder once, whatever symbolic links lead back up;
 - a write error on stdout: a closed pipe exits quietly (status 0), any other error is one line, status 1;
 - SIGTERM stops a ``pack`` or a ``demo`` as Ctrl-C does: its temporary output is removed.
@@ -226,6 +227,37 @@ def test_pack_into_dev_stdout_redirected_to_a_file_writes_through_the_redirectio
     assert log.read_bytes() == b"earlier lines\n" + want
     assert os.readlink(link) == "/proc/self/fd/1"
     assert sorted(os.listdir(work / "out")) == ["stdout"]
+
+
+@pytest.mark.parametrize("kind", sorted(PACKS))
+def test_pack_into_its_own_stderr_keeps_its_log_lines_out_of_the_records(work: Path, kind: str):
+    """``pack ... /dev/stderr 2> out.rec`` (here a link to /proc/self/fd/2): the records are the whole
+    file -- pack's log lines (and progress bar) would land in it, so it writes none.  They were mixed in."""
+    want = reference(work, kind)
+    link = work / "stderr-link"
+    os.symlink("/proc/self/fd/2", link)
+    out = work / "out.rec"
+    with open(out, "wb") as f:
+        proc = subprocess.run(argv(*pack_args(kind, link)), stdout=subprocess.PIPE, stderr=f, env=env(), cwd=work,
+                              timeout=120)
+    assert proc.returncode == 0 and proc.stdout == b""
+    assert out.read_bytes() == want
+
+
+def test_pack_to_stdout_shared_with_stderr_keeps_its_log_lines_out_of_the_records(work: Path):
+    """``pack manifest M - > out.rec 2>&1``: stdout and stderr are one file, so no log line is written
+    into the stream; with stderr elsewhere the summary line is still there."""
+    want = reference(work, "manifest")
+    out = work / "out.rec"
+    with open(out, "wb") as f:
+        proc = subprocess.run(argv(*pack_args("manifest", "-")), stdout=f, stderr=subprocess.STDOUT, env=env(),
+                              cwd=work, timeout=120)
+    assert proc.returncode == 0
+    assert out.read_bytes() == want
+    with open(out, "wb") as f:
+        proc = cli(*pack_args("manifest", "-"), cwd=work, stdout=f)
+    assert proc.returncode == 0 and out.read_bytes() == want
+    assert proc.stderr.decode().startswith("pack: "), proc.stderr
 
 
 def test_pack_refuses_a_folder_as_output_before_writing(work: Path):

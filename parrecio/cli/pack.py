@@ -10,7 +10,8 @@ Examples::
 
 The work is in :mod:`parrecio.tools.pack`; this module parses arguments and prints a summary.  OUT may be
 a FIFO, a device or ``/dev/stdout``: the records are written into it (and no ``.idx``/``.lst`` beside it).
-An OUT that is one of the inputs is refused before anything is written.  SIGTERM stops a pack as Ctrl-C
+An OUT that is one of the inputs is refused before anything is written; into the file stderr is open on,
+nothing is logged.  SIGTERM stops a pack as Ctrl-C
 does: its temporary files are removed.
 """
 
@@ -106,12 +107,14 @@ def _run(args: argparse.Namespace, tools: Any) -> int:
 
     from .progress import bar
 
-    log = (lambda line: None) if args.quiet else (lambda line: print(f"pack: {line}", file=sys.stderr, flush=True))
+    # (stderr that is the output -- OUT /dev/stderr, or "- > out.rec 2>&1" -- would get the log in the records)
+    quiet = args.quiet or _is_stderr(args.out)
+    log = (lambda line: None) if quiet else (lambda line: print(f"pack: {line}", file=sys.stderr, flush=True))
     pbar = None
 
     def progress(n: int, total: Optional[int]) -> None:  # every 1000 records: onto the bar
         nonlocal pbar
-        if args.quiet:
+        if quiet:
             return
         if pbar is None:
             pbar = bar(total, "pack")
@@ -164,3 +167,15 @@ def _run(args: argparse.Namespace, tools: Any) -> int:
     extra = f" from {res.lines} manifest lines" if args.pack_kind == "manifest" else ""
     log(f"{res.records} records{extra}, {res.bytes} bytes: {', '.join(written)}")
     return 0
+
+
+def _is_stderr(out: str) -> bool:
+    """Whether the output ``out`` (``-``: stdout) is the file that stderr is open on: the same node."""
+    import os
+
+    try:
+        err = os.fstat(2)
+        st = os.fstat(1) if out == "-" else os.stat(out)
+    except (OSError, ValueError):
+        return False
+    return (st.st_dev, st.st_ino) == (err.st_dev, err.st_ino)
