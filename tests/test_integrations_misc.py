@@ -101,6 +101,16 @@ def test_prepare_and_flatten_ragged():
     with pytest.raises(TypeError, match="max_boxes"):
         prepare(([np.zeros((1, 5)), np.zeros((2, 5))],), dense)
     assert prepare({"a": (1, 2)}, {"a": (FieldSpec("tensor", (), "int64"),) * 2}, lambda v, n: "R") == {"a": (1, 2)}
+    # a ragged column inferred from a batch whose images agreed in width: a later width is a clear error
+    # (it was numpy's own concatenate error, naming no column)
+    images = infer_signature([np.zeros((30, 40, 3), np.uint8), np.zeros((31, 40, 3), np.uint8)])
+    assert images == FieldSpec("ragged", (None, None, 40, 3), "uint8")
+    with pytest.raises(TypeError, match=r"ragged \(None, None, 40, 3\) uint8 came with an array of shape "
+                                        r"\(30, 41, 3\): its values vary in more than their first dimension"):
+        prepare([np.zeros((30, 40, 3), np.uint8), np.zeros((30, 41, 3), np.uint8)], images)
+    with pytest.raises(TypeError, match=r"shape \(30, 40\)"):  # (a rank that differs, too)
+        prepare([np.zeros((30, 40), np.uint8)], images)
+    assert prepare([np.zeros((0, 40, 3), np.uint8)], images)[1].tolist() == [0]
 
 
 def test_tf_dataset_needs_tensorflow():

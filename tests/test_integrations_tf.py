@@ -435,3 +435,110 @@ def test_an_empty_fifo_is_an_empty_stream_at_once(tmp_path, workers, no_leaks):
                 make(reader)
         writer.join(10)
         assert not writer.is_alive()
+
+
+# -- where the stream stands through a dataset: the batch dataset() looks at is not handed out yet ---------
+def _shuffled(path, workers):
+    return ParallelReader(path, fields=[Image(SIZE), ClassLabel()], workers=workers, batch_size=BATCH,
+                          shuffle=True, seed=7)
+
+
+def _epoch_batches(path, epoch):
+    """Epoch ``epoch``'s batches of :func:`_shuffled`, read by the reader alone (workers=0)."""
+    with _shuffled(path, 0) as reader:
+        reader.set_epoch(epoch)
+        return [_copy(b) for b in reader]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_dict_through_a_dataset_counts_the_batches_handed_out(cls_rec, workers, no_leaks):
+    """Right after dataset() (its first batch taken to infer the signature) the position is 0, and after
+    k batches taken from an iterator of the dataset it is k batches: tf.data's own prefetch is not
+    injected.  A reader resumed from there gives exactly the rest of the epoch.  (The position was one
+    batch ahead at dataset(), and 2-3 batches ahead while iterating.)"""
+    want = _epoch_batches(cls_rec, 0)
+    with _shuffled(cls_rec, workers) as reader:
+        ds = dataset(reader)
+        assert reader.state_dict()["position"] == 0 and reader.epoch == 0
+        it = iter(ds)
+        got = [next(it) for _ in range(2)]
+        time.sleep(0.3)  # (a prefetch thread would have taken more by now)
+        state = reader.state_dict()
+        assert (state["epoch"], state["position"]) == (0, 2 * BATCH)
+        for b, g in enumerate(got):
+            assert_same(g, want[b], f"batch {b}")
+        del it
+    with _shuffled(cls_rec, workers) as reader:
+        reader.load_state_dict(state)
+        rest = list(dataset(reader))
+        assert len(rest) == BATCHES - 2
+        for b, g in enumerate(rest):
+            assert_same(g, want[2 + b], f"resumed batch {b}")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_and_load_state_dict_after_dataset_apply_to_its_first_iteration(cls_rec, workers, no_leaks):
+    """The pass dataset() began to infer the signature is not the user's yet: set_epoch(5) makes the
+    first iteration epoch 5 (it was epoch 0's order, silently); set_epoch of that same epoch keeps it
+    (no second start); load_state_dict is the rest of the saved epoch (it was refused: 'while a pass is
+    being iterated')."""
+    want0, want5 = _epoch_batches(cls_rec, 0), _epoch_batches(cls_rec, 5)
+    with _shuffled(cls_rec, workers) as reader:
+        ds = dataset(reader)
+        reader.set_epoch(5)
+        assert reader.epoch == 5 and reader.state_dict()["epoch"] == 5
+        got = list(ds)
+        assert len(got) == BATCHES and reader.state_dict()["epoch"] == 6
+        for b, g in enumerate(got):
+            assert_same(g, want5[b], f"batch {b}")
+    with _shuffled(cls_rec, workers) as reader:
+        ds = dataset(reader)
+        reader.set_epoch(0)  # (the README's loop: set_epoch(epoch) before each epoch)
+        got = list(ds)
+        assert reader.stats.epochs == 1  # the pass begun by dataset(), not a second one
+        for b, g in enumerate(got):
+            assert_same(g, want0[b], f"batch {b}")
+    with _shuffled(cls_rec, workers) as reader:
+        ds = dataset(reader)
+        reader.load_state_dict({**reader.state_dict(), "epoch": 5, "position": 3 * BATCH})
+        got = list(ds)
+        assert len(got) == BATCHES - 3
+        for b, g in enumerate(got):
+            assert_same(g, want5[3 + b], f"resumed batch {b}")
+
+
+def test_load_state_dict_after_dataset_of_a_stream_is_refused(tmp_path, cls_rec, no_leaks):
+    """A FIFO cannot be read again: the pass dataset() began cannot be ended and begun elsewhere, so
+    load_state_dict says so (and set_epoch warns that it applies to the pass after it)."""
+    import threading
+    fifo = tmp_path / "f.fifo"
+    os.mkfifo(fifo)
+    data = cls_rec.read_bytes()
+    writer = threading.Thread(target=lambda: open(fifo, "wb").write(data), daemon=True)
+    writer.start()
+    with deadline(60), ParallelReader(str(fifo), fields=[Image(SIZE), ClassLabel()], workers=2,
+                                      batch_size=BATCH) as reader:
+        ds = dataset(reader)
+        state = reader.state_dict()
+        assert (state["epoch"], state["position"]) == (0, 0)
+        with pytest.raises(Exception, match="cannot be read again; call load_state_dict before dataset"):
+            reader.load_state_dict(state)
+        with pytest.warns(UserWarning, match="cannot be read again, so that pass stays epoch 0"):
+            reader.set_epoch(3)
+        assert len(list(ds)) == BATCHES  # the pass goes on, whole
+    writer.join(10)
+
+
+def test_steps_per_epoch_of_a_resumed_reader_is_a_whole_pass_with_a_warning(cls_rec, no_leaks):
+    """Keras gives every epoch steps_per_epoch steps: the rest of a resumed epoch (1 batch) cut every later
+    epoch to 1 batch; now it is the whole pass's 5, and a warning says to fit the rest on its own."""
+    kw = dict(fields=[Image(SIZE), ClassLabel()], workers=0, batch_size=BATCH)
+    with ParallelReader(cls_rec, **kw) as reader:
+        assert steps_per_epoch(reader) is None  # (no .idx: known after a first pass)
+        assert len(list(reader)) == BATCHES and steps_per_epoch(reader) == BATCHES
+        reader.load_state_dict({**reader.state_dict(), "epoch": 0, "position": (BATCHES - 1) * BATCH})
+        assert len(reader) == 1
+        with pytest.warns(UserWarning, match=r"resumes epoch 0 mid-way, 1 of its 5 batches left.*"
+                                             r"steps_per_epoch=1, initial_epoch=0, epochs=1"):
+            assert steps_per_epoch(reader) == BATCHES
+        assert len(list(reader)) == 1 and steps_per_epoch(reader) == BATCHES

@@ -20,9 +20,9 @@ of shared memory, no copy; Keras converts them). With the TensorFlow
 backend, Keras feeds a generator through ``tf.data.Dataset.from_generator`` and ``prefetch``, which may
 wrap those arrays without copying them: the batches it holds (the first ones it peeks at to infer the
 signature, those it prefetches) keep their output slots until Keras is done with them, a bounded number.
-``steps_per_epoch`` is ``len(reader)`` when the reader knows its length, else ``None``: then give Keras the
-number of batches of one pass yourself, or Keras's epochs and the reader's passes drift apart (harmless,
-but epochs no longer mean passes). Nothing here imports Keras or TensorFlow. For ``tf.data``, and
+``steps_per_epoch`` is the batches of a whole pass when the reader knows its length, else ``None``: then
+give Keras the number of batches of one pass yourself, or Keras's epochs and the reader's passes drift
+apart (harmless, but epochs no longer mean passes). Nothing here imports Keras or TensorFlow. For ``tf.data``, and
 ``model.fit(ds, epochs=n)`` without ``steps_per_epoch``, see :func:`parrecio.integrations.tf.dataset`.
 
 Tested with TensorFlow 2.21 (tensorflow-cpu) and Keras 3 in ``tests/test_integrations_tf.py``.
@@ -73,11 +73,29 @@ def _column(item: Any, key: Key) -> Any:
 
 
 def steps_per_epoch(reader: Any) -> Optional[int]:
-    """``len(reader)`` (batches per pass) when the reader knows it, else ``None``."""
+    """Batches of a whole pass (``len(reader)``) when the reader knows it, else ``None``.
+
+    Keras gives every epoch this many steps, so a reader resumed mid-epoch (``load_state_dict``), whose
+    next pass is only the rest of its epoch, still gets the whole pass's number -- the rest's would
+    shorten every later epoch -- with a ``UserWarning``: fit the rest of that epoch on its own first
+    (``model.fit(generator(reader, epochs=1), steps_per_epoch=len(reader), initial_epoch=e, epochs=e + 1)``),
+    else Keras's epochs and the reader's passes drift apart by the batches delivered before the save."""
+    length = getattr(reader, "_length", None)
     try:
-        return len(reader)
+        if length is None:
+            return len(reader)
+        steps = length(whole=True)
     except TypeError:
         return None
+    if getattr(reader, "resuming", False):
+        import warnings
+        rest = len(reader)
+        warnings.warn(f"steps_per_epoch: this reader resumes epoch {reader.epoch} mid-way, {rest} of its "
+                      f"{steps} batches left; Keras gives every epoch {steps} steps, so fit the rest of the "
+                      f"epoch on its own first (model.fit(generator(reader, epochs=1), steps_per_epoch={rest}, "
+                      f"initial_epoch={reader.epoch}, epochs={reader.epoch + 1})), else Keras's epochs and "
+                      f"the reader's passes drift apart", UserWarning, stacklevel=2)
+    return steps
 
 
 def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,

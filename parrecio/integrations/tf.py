@@ -201,13 +201,22 @@ def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, n
                 raise TypeError(f"a column described as sparse came as a {type(value).__name__}")
             return coo if sparse is None else sparse(coo.indices, coo.values.copy(), coo.shape)
         if signature.kind == "ragged":
-            values, lengths = flatten_ragged(list(value))
+            arrays = list(value)
+            inner = signature.shape[2:] if signature.shape is not None else ()
+            for a in arrays:
+                shape = np.shape(a)[1:]
+                if len(shape) != len(inner) or any(d is not None and d != e for d, e in zip(inner, shape)):
+                    raise TypeError(f"a column described as ragged {tuple(signature.shape)} {signature.dtype} "
+                                    f"came with an array of shape {np.shape(a)}: its values vary in more than "
+                                    f"their first dimension (the first batch happened to agree); give the "
+                                    f"decoder a fixed output size or pass output_signature with None there")
+            values, lengths = flatten_ragged(arrays)
             return (values, lengths) if ragged is None else ragged(values, lengths)
         if signature.kind == "tensor" and isinstance(value, list):
             raise TypeError(f"a column described as a dense {signature.shape} {signature.dtype} tensor came "
                             f"as a list (values of different shapes): the first batch happened to be "
-                            f"uniform; give the decoder a fixed output (e.g. BoundingBoxes(max_boxes=...)) "
-                            f"or pass output_signature")
+                            f"uniform, or output_signature says dense; give the decoder a fixed output "
+                            f"(e.g. BoundingBoxes(max_boxes=...)) or pass output_signature")
         if copy and isinstance(value, np.ndarray):
             return value.copy()
         return _plain(value)
@@ -266,12 +275,16 @@ def batches(reader: Any, first: Any = None, first_iter: Optional[Iterator[Any]] 
     :class:`~parrecio.errors.PipelineError` when resumed, instead of stopping short."""
     pending = [(first, first_iter)] if first_iter is not None else []
     latest: list = [None]  # the _Pass of the latest call
+    taken = getattr(reader, "_peek_taken", None)  # (a ParallelReader: the first item was peeked at)
 
     def gen() -> Iterator[Any]:
+        it = None
         if pending:
-            it = pending[0][1]
-            head = [pending.pop()[0]]  # popped as it is yielded: not kept for the rest of the pass
-        else:
+            it, head = pending[0][1], [pending.pop()[0]]  # popped as it is yielded: not kept for the pass
+            if taken is not None and not taken(it):  # set_epoch/load_state_dict ended that pass: begin theirs
+                _close(it)
+                it = None
+        if it is None:
             if latest[0] is not None:
                 latest[0].end(reader)
             it, head = iter(reader), []
@@ -361,7 +374,10 @@ def dataset(reader: Any, output_signature: Any = None) -> "tf.data.Dataset":
 
     ``output_signature``: nested ``tf.TypeSpec`` (as for ``from_generator``) or nested
     :class:`FieldSpec`; ``None`` infers it from the first item, which starts the reader's first pass
-    now (that item is yielded first when the dataset is first iterated). Ragged columns are fed as
+    now (that item is yielded first when the dataset is first iterated; until then a ParallelReader acts
+    as if the pass had not begun: ``state_dict``, ``set_epoch`` and ``load_state_dict`` see it so).
+    Batches are taken from the reader when tf.data asks for them (its automatic prefetch is off for this
+    dataset), so ``state_dict()`` counts those handed out. Ragged columns are fed as
     ``tf.RaggedTensor`` when the signature says so (an inferred ragged column, or a given
     ``tf.RaggedTensorSpec`` with ``ragged_rank=1``), and sparse RecordIO-protobuf batches as
     ``tf.SparseTensor``. The tensors are copies of the reader's arrays
@@ -374,23 +390,34 @@ def dataset(reader: Any, output_signature: Any = None) -> "tf.data.Dataset":
     batched = getattr(reader, "batch_size", None) is not None
     first = it = None
     if output_signature is None:
+        # A ParallelReader's first item is peeked at: until the dataset hands it out, the reader acts as if
+        # the pass had not begun (state_dict, set_epoch, load_state_dict).
+        peek = getattr(reader, "_peek", None)
         while True:
             # (a reader resumed from a state saved after an epoch's last batch has nothing left of that
             # epoch: its next pass, the next epoch, is the dataset's first iteration)
             resumed = bool(getattr(reader, "resuming", False))
-            it = iter(reader)
             try:
-                first = next(it)
+                if peek is not None:
+                    it = None
+                    first, it = peek()
+                else:
+                    it = iter(reader)
+                    first = next(it)
                 break
             except StopIteration:
-                _close(it)
+                if it is not None:
+                    _close(it)
                 if not resumed:
                     raise ValueError("cannot infer output_signature: the reader's stream is empty") from None
         try:
             output_signature = infer_signature(first, batched=batched)
         except TypeError:
             first = None
-            _close(it)
+            if peek is not None:
+                reader._peek_dropped(it)  # (as a pass never begun: state_dict() says nothing was taken)
+            else:
+                _close(it)
             raise
     neutral = from_tensor_specs(output_signature)   # how to shape the values
     specs = to_tensor_specs(output_signature)       # what tf is told (a given tf.TypeSpec stays as it is)
@@ -409,7 +436,11 @@ def dataset(reader: Any, output_signature: Any = None) -> "tf.data.Dataset":
             del item  # no view of a shared-memory slot is kept while the generator waits
             yield out
 
-    return tf.data.Dataset.from_generator(generator, output_signature=specs)
+    # No prefetch of tf.data's own (its autotune injects one): batches are taken from the reader when asked
+    # for, so that state_dict() counts those handed out (a .prefetch(n) of yours reads n ahead).
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    return tf.data.Dataset.from_generator(generator, output_signature=specs).with_options(options)
 
 
 def _plain(item: Any) -> Any:

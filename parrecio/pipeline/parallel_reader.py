@@ -280,16 +280,20 @@ class ParallelReader:
         if run is not None and not run.closed:
             run.aborted = True  # (read by the iterating thread; its shutdown() is its own to do)
 
-    def _drop_unstarted(self) -> None:
+    def _drop_unstarted(self, peeked: bool = False) -> None:
         """End the pass whose iterator was dropped before its first ``next()`` (``iter(loader)`` only to
-        look at it): a generator never started runs no ``finally`` to end it.  Where the source can be
-        read again it does not count as an epoch either: the next pass is that epoch again, from where
-        it would have started (a stream its reader process may have read from is used up, as by a pass
-        left after some batches).  (Under ``res.lock``.)"""
+        look at it): a generator never started runs no ``finally`` to end it; with ``peeked``, also a
+        pass an adapter only peeked at (:meth:`_peek`).  Where the source can be read again it does not
+        count as an epoch either: the next pass is that epoch again, from where it would have started (a
+        stream its reader process may have read from is used up, as by a pass left after some batches).
+        (Under ``res.lock``.)"""
         res = self._res
         run = res.run
-        if run is None or run.user_iter is None or run.user_iter() is not None:
+        if run is None or run.user_iter is None:
             return
+        if run.user_iter() is not None and not (peeked and run.peeked):
+            return
+        run.superseded = True  # (a peeked pass's generator, closed later, must not say where the stream stands)
         run.abort()
         res.run = None
         if res.source.rereadable():
@@ -297,6 +301,43 @@ class ParallelReader:
             self._epoch, self._skip, self._handed = run.epoch, run.skip, run.before
         if self._state is State.RUNNING:
             self._state = State.IDLE
+
+    def _peek(self) -> Tuple[Any, Iterator[Any]]:
+        """Begin a pass and take its first item, for an adapter that must look at it before the user asks
+        for anything (tf.data's signature inference): the item and the pass's iterator.  Until
+        :meth:`_peek_taken`, the reader acts as if the pass had not begun: ``state_dict()`` says where it
+        starts, and ``set_epoch()`` of another epoch or ``load_state_dict()`` end it (where the source can
+        be read again; a stream cannot be, and then ``load_state_dict`` is refused) and plan theirs.
+        Raises ``StopIteration`` when the pass is empty."""
+        it = iter(self)
+        first = next(it)
+        with self._res.lock:
+            run = self._res.run
+            if run is not None and run.user_iter is not None and run.user_iter() is it:
+                run.peeked = True
+        return first, it
+
+    def _peek_taken(self, it: Iterator[Any]) -> bool:
+        """The adapter hands out the item :meth:`_peek` took: True, and the pass counts it from now on;
+        False when that pass was ended meanwhile (by ``set_epoch``, ``load_state_dict``, ``close``): the
+        adapter begins a new one."""
+        with self._res.lock:
+            run = self._res.run
+            if run is None or not run.peeked or run.aborted or run.user_iter is None or run.user_iter() is not it:
+                return False
+            run.peeked = False
+            return True
+
+    def _peek_dropped(self, it: Iterator[Any]) -> None:
+        """The adapter will not hand out the item :meth:`_peek` took (its signature could not be inferred):
+        that pass ends as one never begun."""
+        with self._res.lock:
+            run = self._res.run
+            if run is not None and run.peeked and run.user_iter is not None and run.user_iter() is it:
+                self._drop_unstarted(peeked=True)
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
     def _start_failed(self, exc: BaseException) -> None:
         """A pass failed to start (a Ctrl-C included) after its reader process may have read some of the
@@ -318,7 +359,7 @@ class ParallelReader:
             if self._state is State.CLOSED or res.closing:
                 raise PipelineError("this ParallelReader is closed" + (f": {res.closed_why}" if res.closed_why
                                                                         else ""))
-            self._drop_unstarted()
+            self._drop_unstarted(peeked=True)
             if res.run is not None:  # a previous pass was left unfinished: end it first
                 other = res.run.thread
                 if other is not threading.current_thread() and other.is_alive() and (
@@ -479,6 +520,9 @@ class ParallelReader:
         empty: a state saved after the epoch's last batch."""
         with self._res.lock:
             self._drop_unstarted()  # (a pass made and dropped unstarted took the position: it is given back)
+            run = self._res.run
+            if run is not None and run.peeked:  # (not begun, for the user)
+                return bool(run.skip or run.before)
         return bool(self._skip or self._handed)
 
     def set_epoch(self, epoch: int) -> None:
@@ -489,7 +533,19 @@ class ParallelReader:
         resumed loop of the README); another epoch drops it, with a warning."""
         epoch = count("epoch", epoch, minimum=0)
         with self._res.lock:
-            self._drop_unstarted()  # (before its epoch is set: it would set back its own)
+            run = self._res.run
+            if run is not None and run.peeked:  # a pass an adapter began to look at its first batch
+                if epoch == run.epoch:
+                    return  # it is that epoch's pass already
+                if not self._res.source.rereadable():
+                    warnings.warn(f"set_epoch({epoch}) after the pass of epoch {run.epoch} was begun to look "
+                                  f"at its first batch (tf.data's signature inference): "
+                                  f"{self._res.source.name} cannot be read again, so that pass stays epoch "
+                                  f"{run.epoch} and epoch {epoch} is the pass after it (call set_epoch "
+                                  f"before dataset(), or give it output_signature)", UserWarning, stacklevel=2)
+                    self._epoch = epoch
+                    return
+            self._drop_unstarted(peeked=True)  # (before its epoch is set: it would set back its own)
         if self._skip and epoch != self._epoch:
             warnings.warn(f"set_epoch({epoch}) after load_state_dict() of epoch {self._epoch} at position "
                           f"{self._skip}: the saved position is dropped and epoch {epoch} starts from its "
@@ -511,7 +567,7 @@ class ParallelReader:
         with self._res.lock:
             self._drop_unstarted()
         run = self._res.run
-        if run is not None:  # mid-pass: after the last item handed out
+        if run is not None and not run.peeked:  # mid-pass: after the last item handed out
             epoch, pos, done, handed = run.epoch, run.cursor.pos, False, run.cursor.handed
         else:  # where the last pass stopped (or what set_epoch/load_state_dict set)
             epoch, pos, done, handed = self._progress
@@ -532,7 +588,13 @@ class ParallelReader:
         ``PipelineError`` while a pass is being iterated."""
         cfg, res = self._res.cfg, self._res
         with res.lock:
-            self._drop_unstarted()
+            run = res.run
+            if run is not None and run.peeked and not res.source.rereadable():
+                raise PipelineError(f"load_state_dict() after a pass was begun to look at its first batch "
+                                    f"(tf.data's signature inference): {res.source.name} cannot be read "
+                                    f"again; call load_state_dict before dataset(), or give it "
+                                    f"output_signature")
+            self._drop_unstarted(peeked=True)
         if res.run is not None:
             raise PipelineError("load_state_dict() while a pass is being iterated: call it before "
                                 "the next `for` loop")
@@ -604,6 +666,10 @@ class ParallelReader:
         Pipe-mode channel before its first epoch ends, an ``.idx`` that does not fit its file).  A
         resumed pass (after :meth:`load_state_dict`) yields only what remains of its epoch, and that is
         what its length is: the saved position is left out (the passes after it are whole again)."""
+        return self._length()
+
+    def _length(self, whole: bool = False) -> int:
+        """``len(self)``; with ``whole``, that of a whole pass even where the next one is resumed."""
         done = self._pass_samples
         n = done[0] if done is not None and done[1] == self._data_key() else None
         if n is None and self._res.cfg.index_paths:
@@ -618,7 +684,9 @@ class ParallelReader:
             raise TypeError("the number of samples is not known before a first complete pass "
                             "(no .idx file next to every .rec file)")
         run, cfg = self._res.run, self._res.cfg
-        if pads(cfg):  # a resumed pass pads up to the share: what remains of it after the samples delivered
+        if whole:
+            pass
+        elif pads(cfg):  # a resumed pass pads up to the share: what remains of it after the samples delivered
             n = max(0, n - (run.before if run is not None else self._handed))
         else:
             n = max(0, n - (run.skip if run is not None else self._skip))

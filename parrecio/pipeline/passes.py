@@ -71,6 +71,9 @@ class Pass:
         self.owes_copies = False    # completed, and equal shards' copies still to hand out (padding.py)
         self.delivered = 0          # samples yielded in this pass
         self.user_iter: Any = None  # a weak reference to the iterator the user got for it
+        # begun by an adapter that took its first item before the user asked for anything (tf.data's
+        # signature inference): until it hands that item out, the reader acts as if the pass had not begun
+        self.peeked = False
 
     @property
     def opened_stream(self) -> bool:
