@@ -3,7 +3,8 @@ pass's reader is ready and waits for its job, so that a short pass does not wait
 start: the same process when its pass ended cleanly (it is *kept*), else one started ahead.  What must
 hold: every pass byte-exact and in order whether it got a spare or not, and whatever a kept process read
 before (one-off segments, many ring wraps, several files, shuffled and resumed passes); a reader whose
-pass failed or was stopped is not kept; a spare that died is replaced; one never used is stopped at
+pass failed or was stopped is not kept; a spare that died is replaced (also one killed as its pass
+begins, before it took its job); one never used is stopped at
 close; sources that cannot be sent to a waiting process (descriptors) get none; a spare whose consumer
 dies exits too.
 """
@@ -81,6 +82,26 @@ def test_a_spare_killed_while_it_waits_is_replaced(stream, no_leaks):
         wait_until(lambda: not spare.proc.is_alive(), what="the spare's death")
         assert list(reader) == recs  # a new reader process, started as usual
         assert reader._res.run is None or reader._res.run.reader_pid != spare.pid
+
+
+@pytest.mark.parametrize("fields", ["raw", "fixed"])
+def test_a_waiting_reader_killed_just_as_its_pass_begins_is_replaced(stream, no_leaks, fields):
+    """SIGKILL to the waiting reader (a spare, or the last pass's reader kept) right before the next pass:
+    not yet reaped, it looks alive and is given the job, then dies without taking it.  It read nothing, so
+    a new process reads the pass, whole and exact (the pass failed with 'the reader process died')."""
+    path, recs, want = stream
+    kw = dict(fields=None) if fields == "raw" else dict(fields=Fixed(), batch_size=16)
+    with deadline(120), ParallelReader(path, workers=2, tuning=SMALL, **kw) as reader:
+        list(reader)
+        for _ in range(6):
+            waiting = reader._res.spare
+            os.kill(waiting.pid, signal.SIGKILL)
+            got = list(reader)  # (at once: the process is not reaped yet)
+            if fields == "raw":
+                assert got == recs
+            else:
+                assert np.concatenate(got).tobytes() == want.tobytes()
+            assert not _alive(waiting.pid)
 
 
 def test_an_early_break_and_a_resume_use_the_spare_exactly(stream, no_leaks):

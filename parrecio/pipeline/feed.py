@@ -9,12 +9,12 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import PipelineError, SourceError
 from .mapped import FileCheck, MappedFiles, changed_since
 from .messages import Chunk, ReaderEnd, StreamStart, Waiting
-from .reader_handle import ReaderHandle
+from .reader_handle import ReaderHandle, ReaderLost
 from .shm import Segment, unlink
 from .views import exported
 
@@ -28,8 +28,9 @@ class Feed:
     ``hold``: the bytes of groups read in place whose release may be held back (see :meth:`release`)."""
 
     def __init__(self, reader: ReaderHandle, stats: Any, epoch: int, ring_pos: Tuple[int, int] = (0, 0),
-                 hold: int = 0) -> None:
+                 hold: int = 0, restart: Optional[Callable[[], ReaderHandle]] = None) -> None:
         self.reader, self.stats, self.epoch = reader, stats, epoch
+        self.restart = restart              # a new reader process for the same job (see receive)
         self.hold = hold
         self.sent_pos = ring_pos[0]         # the ring position of the last Release sent
         self.owed = [0, 0]                  # one-off and mapped bytes released and not yet sent
@@ -38,6 +39,7 @@ class Feed:
         # ring positions: released to the reader, and after the newest chunk received (a pass starts
         # where the chunks that views still pin leave it: ReaderJob.ring_pos)
         self.released_pos, self.received_pos = ring_pos
+        self._start = ring_pos[0]
         self.waiting = -1                   # the Releases the reader had seen when it last said Waiting
         self.kept = False                   # the reader ended cleanly and waits for the next pass's job
         self.file: Optional[str] = None     # the segment of the file the reader mapped last
@@ -47,6 +49,16 @@ class Feed:
         file it read in place changed, when that is why)."""
         try:
             msgs = self.reader.receive()
+        except ReaderLost:
+            if self.restart is None:
+                raise
+            # A waiting reader killed as its pass began (the OOM killer, a kill): it read nothing, so a
+            # new one reads the pass; once only.
+            self.reader.stop()
+            self.reader, self.restart = self.restart(), None
+            if self.sent_pos != self._start:  # (a Release the dead one took with it: ring space freed since)
+                self.reader.release(self.sent_pos)
+            return []
         except PipelineError as exc:
             why = self._file_changed()
             if why is None:

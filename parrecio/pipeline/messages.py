@@ -22,7 +22,8 @@ from typing import List, NamedTuple, Optional, Tuple
 
 from ..errors import DecodeError, ParrecioError, field_error
 
-__all__ = ["StreamStart", "Chunk", "Waiting", "ReaderEnd", "Release", "Stop", "Task", "TaskDone", "RemoteError"]
+__all__ = ["StreamStart", "Chunk", "Waiting", "ReaderEnd", "Release", "Stop", "Begun", "Task", "TaskDone",
+           "RemoteError"]
 
 
 @dataclass
@@ -121,6 +122,12 @@ class Release:
 @dataclass
 class Stop:
     """Stop now (end of run, early break, close)."""
+
+
+@dataclass
+class Begun:
+    """A waiting reader process (a spare, or the last pass's reader kept) took its job, before it reads
+    anything: one that dies before this message read nothing of the pass, and another can take its job."""
 
 
 @dataclass

@@ -22,14 +22,19 @@ from typing import Any, List, Optional
 
 from ..errors import PipelineError
 from .children import child_entry, close_quietly, describe_exit, environ_now, forget_processes, start
-from .messages import ReaderEnd, Release, Stop
+from .messages import Begun, ReaderEnd, Release, Stop
 from .poller import ReadyCheck
 from .config import PipelineConfig
 from .reader_proc import ReaderJob, serve_main
 from .shm import sweep
 from .wire import MessageReader, send_message
 
-__all__ = ["ReaderHandle"]
+__all__ = ["ReaderHandle", "ReaderLost"]
+
+
+class ReaderLost(PipelineError):
+    """A waiting reader process given its job died before it took it (its :class:`Begun`): it read
+    nothing of the pass, so another process can read it (:class:`parrecio.pipeline.feed.Feed`)."""
 
 
 class ReaderHandle:
@@ -48,6 +53,7 @@ class ReaderHandle:
         self.source_name = job.source.name if job is not None else ""
         self.ended = False  # its ReaderEnd was received: it sends nothing more
         self.releases_sent = 0  # Release messages sent (its Waiting says how many it has seen)
+        self.begun = True  # False from begin() until its Begun comes: a death meanwhile read nothing
         try:
             self.proc = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
                                     args=(self.prefix, lifeline_r, serve_main, cfg, data_w, ctrl_r, lifeline_r, job),
@@ -75,6 +81,7 @@ class ReaderHandle:
         self.source_name = job.source.name
         self.ended = False
         self.releases_sent = 0
+        self.begun = False
         return self.proc.is_alive()
 
     @property
@@ -100,8 +107,10 @@ class ReaderHandle:
             eof = self._receive_into(msgs)
         if not self.ended and (eof or self._exited.ready()):
             self.proc.join(1.0)
-            raise PipelineError(f"the reader process died ({describe_exit(self.proc.exitcode)}) "
-                                f"before the end of the stream {self.source_name!r}")
+            # (killed while it waited, the job sent into its pipe regardless: nothing of the pass was read)
+            kind = PipelineError if self.begun else ReaderLost
+            raise kind(f"the reader process died ({describe_exit(self.proc.exitcode)}) "
+                       f"before the end of the stream {self.source_name!r}")
         return msgs
 
     def _receive_into(self, msgs: List[Any]) -> bool:
@@ -110,6 +119,9 @@ class ReaderHandle:
         if self.ended:
             return False
         for msg in self._inbox.read():
+            if isinstance(msg, Begun):
+                self.begun = True
+                continue
             msgs.append(msg)
             if isinstance(msg, ReaderEnd):
                 self.ended = True

@@ -54,7 +54,7 @@ from .groups import GroupStream, Placement, open_indexed_all
 from .mapped import map_stream
 from .children import CONSUMER_DEATH_GRACE
 from .chunker import Chunker
-from .messages import FILE, IN_RING, Place, ReaderEnd, Release, RemoteError, StreamStart
+from .messages import FILE, IN_RING, Begun, Place, ReaderEnd, Release, RemoteError, StreamStart
 from .placement import Mapped, Windows
 from .poller import ReadyCheck, below_buffer
 from .reader_link import Link, Stopped
@@ -394,6 +394,10 @@ def serve_main(cfg: PipelineConfig, data_conn, ctrl_conn, lifeline, job: Optiona
         if job is None:
             job = _next_job(cfg, ctrl_conn, lifeline)
             if job is None:
+                return
+            try:
+                data_conn.send(Begun())  # (before anything is read: see ReaderHandle.receive)
+            except (EOFError, OSError):
                 return
         if not reader_main(cfg, job, data_conn, ctrl_conn, lifeline) or not job.serve_on:
             return

@@ -114,11 +114,16 @@ class Run(Pass):
         try:
             job = ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip, ring_pos,
                             views=self.pinned is not None, serve_on=res.serves_on())
-            reader = res.take_spare(job) or ReaderHandle(res.ctx, cfg, job, res.lifeline.r)
+            lifeline = res.lifeline.r
+            reader = res.take_spare(job)
+            # (a spare killed as it was given its job read nothing: then another reads the pass)
+            restart = None if reader is None else lambda: ReaderHandle(res.ctx, cfg, job, lifeline)
+            if reader is None:
+                reader = ReaderHandle(res.ctx, cfg, job, lifeline)
             # its chunks, its end, the ring's accounting (releases of groups read in place held back up
             # to a quarter of their budget, but not while views may pin chunks: see _unpin)
             hold = 0 if self.pinned is not None else cfg.mapped_budget // 4
-            self.feed = Feed(reader, self.stats, epoch, ring_pos, hold)
+            self.feed = Feed(reader, self.stats, epoch, ring_pos, hold, restart)
         except BaseException:
             self.closed = True
             try:
@@ -187,7 +192,7 @@ class Run(Pass):
                                and pool is not None and pool.bell is not None else ALL)
         end, reader = self.feed.end, self.feed.reader
         self.poller.watch((pool.version if pool is not None else -1, end is None, self._watch_data, watch,
-                           pool.partial() if watch != ALL else ()), self._waitables)
+                           pool.partial() if watch != ALL else (), id(reader)), self._waitables)
         t0 = time.monotonic()
         ready = self.poller.wait(timeout)
         if self.res.closing:  # close() from another thread: leave the pipeline to it
