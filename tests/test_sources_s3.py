@@ -107,7 +107,9 @@ class FaultProxy:
     - ``("norange",)``: the Range header dropped (a 200 with the whole object, as a server or proxy that
       ignores it answers); ``("noifmatch",)``: the If-Match header dropped, likewise;
     - ``("flip", at)``: the body's byte ``at`` changed on the way, headers and checksums as sent;
-    - ``("hang",)``: no answer until ``release()``.
+    - ``("hang",)``: no answer until ``release()``;
+    - ``("stall", nbytes)``: headers and the first nbytes of the body, then nothing more (the connection
+      open) until ``release()``.
 
     ``log`` lists (method, path, Range header, what was done)."""
 
@@ -202,6 +204,12 @@ class FaultProxy:
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         if h.command == "HEAD":
+            return
+        if action and action[0] == "stall":
+            h.wfile.write(data[:action[1]])
+            h.wfile.flush()
+            self.released.wait(30)
+            h.close_connection = True
             return
         if action and action[0] == "cut":
             h.wfile.write(data[:action[1]])
@@ -576,6 +584,30 @@ def test_close_while_the_reader_waits_for_a_hung_server(proxy, aws, tmp_path, no
         next(it)
     assert time.monotonic() - t0 < 10
     proxy.release()
+
+
+def test_close_from_another_thread_ends_a_workers_0_read_of_a_stalled_body(proxy, aws, tmp_path, no_leaks):
+    """workers=0 reads in the user's thread: a body that stops mid-way (the server holds the connection,
+    every resumed GET stalls too) is given up after one read timeout once close() came, with the
+    PipelineError of a closed reader.  It went on for every resume (max_attempts x read_timeout each):
+    13 s and a SourceError here, 3.5 minutes with the default options."""
+    bucket, _ = write_data(aws, tmp_path, index=False, sizes=(2,), big=3 << 20)
+    proxy.rule("GET", "/data/part-9-big.rec", ("stall", 2 << 20))
+    proxy.rule("GET", "/data/part-9-big.rec", ("hang",), times=100)  # (the resumed GETs)
+    opts = dict(max_attempts=5, connect_timeout=2, read_timeout=2)
+    reader = ParallelReader(f"s3://{bucket}/data/", workers=0, storage_options=opts)
+    try:
+        it = iter(reader)
+        assert len(next(it)) > 0  # part-0.rec's first record: the big object's GET is sent ahead
+        threading.Timer(0.5, reader.close).start()
+        t0 = time.monotonic()
+        with pytest.raises(PipelineError, match="close"):
+            for _ in it:
+                pass
+        assert time.monotonic() - t0 < 8  # one read timeout (2 s) after the close, and a margin
+    finally:
+        proxy.release()
+        reader.close()
 
 
 # -- SageMaker-style concat objects (multipart records, groups of two) --------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 from ..decoders.sniff import sniff
 from ..errors import CorruptRecordError
 from ..recordio import RecordReader
-from ..sources.fifo import enlarge_pipe, stoppable
+from ..sources.fifo import enlarge_pipe, stoppable, while_stoppable
 from .decode import FieldFailed, failure_error
 from .groups import CONTEXT, Group, GroupStream, Placement
 from .mapped import FileCheck
@@ -220,6 +220,7 @@ class _Timed:
         self.name = getattr(file, "name", None)
         self._stop = stop
         self._ready: Optional[ReadyCheck] = None  # a pipe or FIFO with a stop(): data awaited in steps
+        self._retries: Optional[while_stoppable] = None  # a stream of no descriptor (S3): its retries stop
         # A regular file is checked after each read: one replaced, truncated, rewritten or grown meanwhile
         # is a SourceError, as when the reader process reads it in place (parrecio.pipeline.mapped).
         self._check: Optional[FileCheck] = None
@@ -229,6 +230,8 @@ class _Timed:
                 self._check = FileCheck.of(fd, str(self.name))
         except (AttributeError, OSError, ValueError):
             fd = None
+        if fd is None and stop is not None:
+            self._retries = while_stoppable(stop)
         if fd is not None and self._check is None:
             enlarge_pipe(fd)  # (a FIFO read in 64 KiB turns with its writer: 0.37-0.40x a plain loop)
             mode = os.fstat(fd).st_mode
@@ -244,19 +247,25 @@ class _Timed:
                 self._stop()  # type: ignore[misc]
         t0 = time.perf_counter()
         try:
-            if self._readinto is not None:
-                n = self._readinto(buf)
-            else:
-                data = (getattr(self._file, "read1", None) or self._file.read)(len(buf))
-                if data is None:
-                    return None
-                buf[:len(data)] = data
-                n = len(data)
-            if self._check is not None:
-                self._check()
-            return n
+            if self._retries is not None:
+                with self._retries:
+                    return self._read(buf)
+            return self._read(buf)
         finally:
             self._stats.read_time += time.perf_counter() - t0
+
+    def _read(self, buf: Any) -> Optional[int]:
+        if self._readinto is not None:
+            n = self._readinto(buf)
+        else:
+            data = (getattr(self._file, "read1", None) or self._file.read)(len(buf))
+            if data is None:
+                return None
+            buf[:len(data)] = data
+            n = len(data)
+        if self._check is not None:
+            self._check()
+        return n
 
     def readable(self) -> bool:
         return True

@@ -154,7 +154,7 @@ class FifoWait:
 
 
 _T = TypeVar("_T")
-_waits = threading.local()  # .check: what a wait for a FIFO in this thread calls before each look
+_waits = threading.local()  # .check: what a wait in this thread (for a FIFO, an S3 retry) calls before each look
 
 
 def stoppable(items: Iterable[_T], check: Callable[[], None]) -> Iterator[_T]:
@@ -181,10 +181,29 @@ def stoppable(items: Iterable[_T], check: Callable[[], None]) -> Iterator[_T]:
             close()
 
 
-def _check_stop() -> None:
+def check_stop() -> None:
+    """Call the ``check`` of :func:`stoppable` or :func:`while_stoppable` that is in force in this
+    thread, if any: it raises when the pass was ended (a wait for a FIFO, a source's retry loop)."""
     check = getattr(_waits, "check", None)
     if check is not None:
         check()
+
+
+class while_stoppable:
+    """``with while_stoppable(check):`` -- waits inside (a source's retries) call ``check`` through
+    :func:`check_stop`, so that a pass ended from another thread stops them."""
+
+    __slots__ = ("check", "outer")
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self.check = check
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_waits, "check", None)
+        _waits.check = self.check
+
+    def __exit__(self, *exc: object) -> None:
+        _waits.check = self.outer
 
 
 def is_fifo(path: str) -> bool:
@@ -206,7 +225,7 @@ def open_fifo(path: str, wait: FifoWait, *, appear: bool = False) -> BinaryIO:
     scanned = 0.0     # when the processes that hold it were last looked at
     try:
         while True:
-            _check_stop()
+            check_stop()
             try:
                 st: Optional[os.stat_result] = os.stat(path)
             except FileNotFoundError:

@@ -90,6 +90,7 @@ from ..recordio.paths import index_path, recordio_names
 from ..recordio.joins import IndexedJoin
 from .base import Source, Stream
 from .daemon_pool import DaemonPool
+from .fifo import check_stop
 
 __all__ = ["S3Source", "S3Index", "S3IndexedReader", "is_s3_url", "parse_url", "check_storage_options"]
 
@@ -630,6 +631,7 @@ class _ObjectStream(io.RawIOBase):
             self._close_body()
 
     def _failed(self, cause: Any) -> None:
+        check_stop()  # (with workers=0 this is the user's thread: a close() from another one ends the pass)
         self._close_body()
         self._stalls += 1
         self._failures += 1
@@ -641,7 +643,13 @@ class _ObjectStream(io.RawIOBase):
             if isinstance(cause, BaseException):
                 err.__cause__ = cause
             raise err
-        time.sleep(min(5.0, _RESUME_BACKOFF * 2 ** (self._stalls - 1)) * random.uniform(0.5, 1.0))
+        pause = min(5.0, _RESUME_BACKOFF * 2 ** (self._stalls - 1)) * random.uniform(0.5, 1.0)
+        until = time.monotonic() + pause
+        while True:  # (in steps: a pass ended meanwhile stops here, not after the next GET's tries)
+            time.sleep(max(0.0, min(0.1, until - time.monotonic())))
+            check_stop()
+            if time.monotonic() >= until:
+                break
 
     def _resume(self) -> Any:
         kwargs = dict(Bucket=self._obj.bucket, Key=self._obj.key, Range=f"bytes={self._pos}-")
