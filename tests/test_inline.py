@@ -614,3 +614,45 @@ def test_each_payload_is_decoded_once_even_when_it_fails(tmp_path, batch_size):
     assert dec.calls == len(records)
     values = got if batch_size is None else [v for b in got for v in b]
     assert values == [len(x) for x in records if not x.startswith(b"bad")]
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["listed", "with-a-slot"])
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_a_span_of_big_payloads_ends_at_the_chunk_byte_cap(tmp_path, fixed, batch_size, no_leaks):
+    """workers=0 holds the values of a span until it is taken: a span ended only at slot_size samples, so
+    256 payloads of 32 MiB were all read and copied (8 GiB) before the first sample came.  It now also
+    ends once its payloads reach the chunk byte cap (1 MiB here): the first sample comes after a few
+    decodes, and the pass is exact, batched or not, beside a fixed-shape field too (rows stay in one slot).
+    (Batched, a span ends at the slot of batch_size samples anyway.)"""
+    recs = payloads(2 * 40, seed=5, max_len=60_000)
+    recs = [r + bytes(70_000) for r in recs]  # 70-130 KB records
+    path = tmp_path / "big.rec"
+    write_rec(path, recs)
+    calls = []
+
+    def counted(payload):
+        calls.append(len(payload))
+        return bytes(payload)
+
+    fields = [counted, Fixed()] if fixed else [counted, Raw()]
+    groups = [len(recs[2 * i]) + len(recs[2 * i + 1]) for i in range(40)]
+    need = next(k for k in range(1, 41) if sum(groups[:k]) >= 1 << 20)  # the cap: max(1 MiB, ring / 8)
+    assert need <= 6
+    tuning = Tuning(ring_bytes=4 << 20)  # (chunk_bytes: max(1 MiB, ring_bytes / 8))
+    with ParallelReader(path, fields=fields, workers=0, batch_size=batch_size, tuning=tuning) as reader:
+        it = iter(reader)
+        first = next(it)
+        assert len(calls) <= need + (batch_size or 0), len(calls)  # (was 40: the whole stream)
+        got = [first] + list(it)
+    if batch_size is None:
+        samples = got
+    else:
+        assert [len(b[0]) for b in got] == [3] * 13 + [1]
+        samples = [tuple(col[i] for col in b) for b in got for i in range(len(b[0]))]
+    assert len(samples) == 40
+    for i, (a, b) in enumerate(samples):
+        assert a == recs[2 * i]
+        if fixed:
+            assert np.array_equal(b, digest_array(recs[2 * i + 1]))
+        else:
+            assert b == recs[2 * i + 1]

@@ -96,7 +96,7 @@ class InlineRun(Pass):
         cfg, plan, epoch = self.cfg, self.plan, self.epoch
         decode, keyed = plan.decode, plan.keyed
         seq = self.skip
-        out = SpanBuilder(cfg.layout, [t or p for t, p in zip(cfg.travels, cfg.passthrough)], seq)
+        out = SpanBuilder(cfg.layout, [t or p for t, p in zip(cfg.travels, cfg.passthrough)], seq, cfg.chunk_bytes)
         failed = None
         try:
             try:
@@ -108,7 +108,7 @@ class InlineRun(Pass):
                             failed = self._failed(exc, g, seq)
                         else:
                             seq += 1
-                            if out.add(vals):
+                            if out.add(vals, sum(map(len, g.parts))):
                                 yield out.take(seq)  # type: ignore[misc]
                             continue
                     seq += 1  # a group that failed, or that cannot be read: it keeps its position

@@ -40,16 +40,20 @@ class LocalSlot:
 class SpanBuilder:
     """Decoded samples collected into spans of one slot, as a Run delivers them."""
 
-    def __init__(self, layout: Any, columns: Sequence[bool], seq: int) -> None:
+    def __init__(self, layout: Any, columns: Sequence[bool], seq: int, max_bytes: int) -> None:
         self.layout, self.columns, self.row = layout, columns, 0
         self.lease: Optional[LocalSlot] = None
         self.fixed, self.size = layout.has_fixed, layout.slot_size
         self.listed = [f for f, c in enumerate(columns) if c]  # fields whose values are listed
         self.taken = 0  # samples in the spans taken
+        # A span also ends once its samples' payloads reach this many bytes: listed values (raw payloads
+        # copied to bytes, decoded values) are held until the span is taken, and slot_size records of
+        # tens of MiB each were all held before the first sample was handed out.
+        self.max_bytes = max_bytes
         self.start(seq)
 
     def start(self, seq: int) -> None:
-        self.seq, self.n, self.index = seq, 0, self.row
+        self.seq, self.n, self.index, self.nbytes = seq, 0, self.row, 0
         self.cols: List[Optional[list]] = [[] if c else None for c in self.columns]
 
     def outs(self) -> Sequence[Any]:
@@ -62,14 +66,17 @@ class SpanBuilder:
             self.row = self.index = 0
         return self.layout.outs(lease.arrays, self.row)
 
-    def add(self, vals: List[Any]) -> bool:
-        """Append one sample; whether the span is full (a slot's worth)."""
+    def add(self, vals: List[Any], nbytes: int) -> bool:
+        """Append one sample, read from ``nbytes`` payload bytes; whether the span is full (a slot's worth,
+        or its payload bytes reached ``max_bytes`` while values are listed)."""
         cols = self.cols
         for f in self.listed:
             cols[f].append(vals[f])  # type: ignore[union-attr]
         self.n += 1
         self.row += 1
-        return (self.row if self.fixed else self.n) == self.size
+        self.nbytes += nbytes
+        return (self.row if self.fixed else self.n) == self.size or (
+            self.nbytes >= self.max_bytes and bool(self.listed))
 
     def take(self, seq: int) -> Optional[Span]:
         """The span so far (None when empty); the next one starts at sample ``seq``."""
