@@ -242,6 +242,34 @@ def test_cat_byte_exact(data, manifest_rec):
     assert hexed[0] == "15" and bytes.fromhex(hexed[2]) == expected[15]
 
 
+def _cat_peak(path, fmt) -> int:
+    """Peak resident bytes of a process that runs ``parrecio cat PATH --format FMT`` into /dev/null."""
+    # (VmHWM, the peak of this process image: ru_maxrss keeps the forking parent's peak across exec)
+    code = ("import sys; from parrecio.cli.main import main; main(['cat', sys.argv[1], '--format', sys.argv[2]]); "
+            "sys.stdout.flush(); print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0], "
+            "file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code, str(path), fmt], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, timeout=120, check=True)
+    return int(proc.stderr.split()[-2]) * 1024
+
+
+def test_cat_text_formats_hold_a_big_record_a_few_times_over(tmp_path):
+    """A 16 MiB record of NULs: json-lines holds its text (6 bytes a NUL as \\u0000) once plus the line,
+    about 8x the record (it was 13.7x: the line copied again for its newline); hex writes 1 MiB pieces,
+    about 1x (it was 4.7x: the whole hex text three times)."""
+    big, tiny = tmp_path / "nul.rec", tmp_path / "tiny.rec"
+    with RecordWriter(str(big)) as w:
+        w.write(bytes(16 << 20))
+    with RecordWriter(str(tiny)) as w:
+        w.write(b"x")
+    out = cli("cat", big, "--format", "hex").stdout
+    assert out == b"0\t0\t" + b"00" * (16 << 20) + b"\n"
+    del out
+    for fmt, most in (("json-lines", 10), ("hex", 2.5)):
+        grew = (_cat_peak(big, fmt) - _cat_peak(tiny, fmt)) / (16 << 20)
+        assert grew < most, (fmt, grew)
+
+
 def test_extract_byte_exact(data, manifest_rec, images_rec, tmp_path):
     expected = data["expected"]
     assert cli("extract", manifest_rec, "--index", 5).stdout == expected[5]        # no .idx: scan

@@ -253,15 +253,19 @@ def run(args: argparse.Namespace) -> int:
                     if written and sep:
                         out.write(sep)
                     out.write(view)
-                elif args.format == "hex":
-                    out.write(f"{index}\t{offset}\t{view.hex()}\n".encode("ascii"))
+                elif args.format == "hex":  # (in pieces: a record's text is never whole in memory twice)
+                    out.write(f"{index}\t{offset}\t".encode("ascii"))
+                    for i in range(0, len(view), _HEX_PIECE):
+                        out.write(view[i:i + _HEX_PIECE].hex().encode("ascii"))
+                    out.write(b"\n")
                 else:
                     doc = {"index": index, "offset": offset, "size": len(view), "kind": payload_kind(view)}
                     try:
                         doc["text"] = str(view, "utf-8")
                     except UnicodeDecodeError:
                         doc["base64"] = base64.b64encode(view).decode("ascii")
-                    out.write(orjson.dumps(doc) + b"\n")
+                    out.write(orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE))  # (no copy for the newline)
+                    del doc
                 written += 1
                 if stop is not None and index + 1 >= stop:
                     break
@@ -269,6 +273,9 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         return silence_broken_pipe()
     return 0
+
+
+_HEX_PIECE = 1 << 20  # payload bytes written as hex at a time
 
 
 # -- extract -------------------------------------------------------------------------------------------
