@@ -104,6 +104,9 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
     first: Any = None     # a copy of the pass's first sample (a one-row batch when batched)
     held: Any = None      # the last batch, held back until the count is known
     held_pos = 0
+    # A batch held back is not handed out: the stream may be read to its end (run.completed) while the
+    # user takes the batch before it, and a loop left then must leave the epoch unfinished.
+    run.owes_copies = batch_size is not None
     try:
         try:
             for item in items:

@@ -68,7 +68,9 @@ class Pass:
         self.aborted = False        # ended from outside (close(), a new pass) before the consumer was done
         self.superseded = False     # ended by a newer pass (which owns the reader's position from then on)
         self.completed = False      # the whole stream was delivered without an error
-        self.owes_copies = False    # completed, and equal shards' copies still to hand out (padding.py)
+        # its last items are not all handed out, whatever ``completed`` says: a batch padding.py holds
+        # back, or equal shards' copies
+        self.owes_copies = False
         self.delivered = 0          # samples yielded in this pass
         self.user_iter: Any = None  # a weak reference to the iterator the user got for it
         # begun by an adapter that took its first item before the user asked for anything (tf.data's
