@@ -265,6 +265,57 @@ def test_dataset_forwards_set_epoch_and_state_dict(tmp_path, no_leaks):
     assert [list(b) for b in head + tail] == [list(b) for b in whole]
 
 
+def _ids(batches):
+    return [int(x) for b in batches for x in b]
+
+
+def test_set_epoch_and_load_state_dict_between_iter_and_the_first_batch(tmp_path, no_leaks):
+    """``it = iter(loader); ds.set_epoch(e)``: the pass begins at the first batch, so it is epoch e (the
+    pass began at iter(), and the loop read epochs 0, 0, 1, 2: epoch 0 twice, silently); an iterator made
+    and dropped unused does not put its epoch back over a set_epoch() since (the next loop read epoch 0
+    after set_epoch(5)); and a set_epoch() during a pass is what state_dict() says once it ended."""
+    path = tmp_path / "e.rec"
+    with RecordWriter(str(path), index=str(tmp_path / "e.idx")) as w:
+        for i in range(30):
+            w.write(b"%d" % i, key=i)
+    kw = dict(fields=Json(), workers=1, batch_size=4, shuffle=True, seed=5)
+
+    def epoch_ids(e):
+        with ParallelReader(path, **{**kw, "workers": 0}) as r:
+            r.set_epoch(e)
+            return _ids(r)
+
+    want = {e: epoch_ids(e) for e in (0, 1, 2, 5, 7, 8)}
+    assert len({tuple(v) for v in want.values()}) == 6
+    with ParallelIterableDataset(path, **kw) as ds:
+        loader = DataLoader(ds, batch_size=None)
+        for e in (0, 1, 2):
+            it = iter(loader)
+            ds.set_epoch(e)
+            assert _ids(it) == want[e], e
+        it = iter(loader)
+        ds.set_epoch(5)
+        del it
+        assert _ids(loader) == want[5]
+        state = ds.state_dict()
+        assert (state["epoch"], state["position"]) == (6, 0)
+        it = iter(loader)
+        ds.load_state_dict({**state, "epoch": 7, "position": 8})
+        assert _ids(it) == want[7][8:]
+        it = iter(loader)
+        head = [next(it) for _ in range(2)]
+        ds.set_epoch(1)  # during a pass: the next one
+        rest = list(it)
+        assert _ids(head + rest) == want[8]  # (the pass after epoch 7's rest)
+        assert (ds.state_dict()["epoch"], ds.state_dict()["position"]) == (1, 0)
+        assert _ids(loader) == want[1]
+    with ParallelReader(path, **kw) as r:  # the reader alone: an iterator made, then set_epoch, dropped
+        it = iter(r)
+        r.set_epoch(5)
+        del it
+        assert _ids(r) == want[5] and r.state_dict()["epoch"] == 6
+
+
 def test_torchrun_ddp_two_ranks_gloo_equal_steps(tmp_path, no_leaks):
     """examples/ddp_train.py under torchrun with 2 processes (gloo, CPU): 101 samples, even_shards="pad",
     a global shuffle per epoch: both ranks finish every epoch with equal step counts, together they see

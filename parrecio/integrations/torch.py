@@ -241,8 +241,7 @@ def _make_dataset_class() -> type:
         def __iter__(self):
             _check_not_in_worker()
             _check_not_batched_again(self.reader, sys._getframe(1))
-            items = iter(self.reader)  # starts the pass now (processes on the first one)
-            return self._epoch(items)
+            return self._epoch()
 
         def set_epoch(self, epoch: int) -> None:
             """The next pass is epoch ``epoch`` (:meth:`ParallelReader.set_epoch`): call it before each
@@ -257,7 +256,10 @@ def _make_dataset_class() -> type:
             """:meth:`ParallelReader.load_state_dict`: the next pass is the rest of that epoch."""
             self.reader.load_state_dict(state)
 
-        def _epoch(self, items):
+        def _epoch(self):
+            # The pass begins at the first next(), not at iter(loader): a set_epoch() or load_state_dict()
+            # between the two is for this pass (it was left to the one after, silently).
+            items = iter(self.reader)
             try:
                 if not self.convert:
                     yield from items

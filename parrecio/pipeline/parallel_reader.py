@@ -214,6 +214,9 @@ class ParallelReader:
         self._handed = 0          # samples of its epoch delivered before them (fewer if some were skipped)
         # (epoch, position, completed, samples handed out) where the last pass stopped
         self._progress = (0, 0, False, 0)
+        # the pass that was begun when set_epoch() planned the next one (its end must not put back its own
+        # epoch over that plan), or None
+        self._planned_during: Any = None
         self._procs: Dict[int, Any] = {}  # psutil handles for telemetry()
         self._pass_samples: Optional[Tuple[int, Any]] = None  # samples of the last complete pass, and the
         #                                                       data it read (_data_key)
@@ -298,7 +301,9 @@ class ParallelReader:
         res.run = None
         if res.source.rereadable():
             res.stats.epochs -= 1
-            self._epoch, self._skip, self._handed = run.epoch, run.skip, run.before
+            if self._planned_during is not run:  # (else set_epoch() planned the next pass since: that stays)
+                self._epoch, self._skip, self._handed = run.epoch, run.skip, run.before
+                self._progress = (self._epoch, self._skip, False, self._handed)
         if self._state is State.RUNNING:
             self._state = State.IDLE
 
@@ -393,6 +398,7 @@ class ParallelReader:
             self._progress = (self._epoch, self._skip, False, self._handed)
             self._epoch += 1
             self._skip = self._handed = 0
+            self._planned_during = None
             res.stats.epochs += 1
             self._state = State.RUNNING
         if self.workers == 0:  # decoded in this process; no lock or clock per item: run checks run.aborted
@@ -498,11 +504,15 @@ class ParallelReader:
 
     def _pass_ended(self, run: Any, pos: int) -> None:
         """Bookkeeping at the end of a pass: where it stopped, and its length when it was complete (with
-        every copy that equal shards owe: one left before them stopped inside the epoch)."""
-        if run.completed and not run.owes_copies:
+        every copy that equal shards owe: one left before them stopped inside the epoch).  A next pass
+        planned by set_epoch() while this one ran stays what state_dict() says."""
+        done = run.completed and not run.owes_copies
+        if done and not run.skip:
+            self._pass_samples = (run.delivered, self._data_key())
+        if self._planned_during is run:
+            self._progress = (self._epoch, self._skip, False, self._handed)
+        elif done:
             self._progress = (run.epoch, 0, True, 0)
-            if not run.skip:
-                self._pass_samples = (run.delivered, self._data_key())
         else:
             self._progress = (run.epoch, pos, False, run.cursor.handed)
 
@@ -543,7 +553,7 @@ class ParallelReader:
                                   f"{self._res.source.name} cannot be read again, so that pass stays epoch "
                                   f"{run.epoch} and epoch {epoch} is the pass after it (call set_epoch "
                                   f"before dataset(), or give it output_signature)", UserWarning, stacklevel=2)
-                    self._epoch = epoch
+                    self._epoch, self._planned_during = epoch, run
                     return
             self._drop_unstarted(peeked=True)  # (before its epoch is set: it would set back its own)
         if self._skip and epoch != self._epoch:
@@ -554,6 +564,7 @@ class ParallelReader:
         if epoch != self._epoch:
             self._skip = self._handed = 0
         self._epoch = epoch
+        self._planned_during = self._res.run  # (a pass begun: its end leaves this plan as it is)
         self._progress = (self._epoch, self._skip, False, self._handed)
 
     def state_dict(self) -> dict:
