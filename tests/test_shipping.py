@@ -239,6 +239,56 @@ def test_fields_share_main_state_as_in_one_process(method, workers):
     assert proc.stdout.split() == ["60", "60", "True"], proc.stdout
 
 
+MAIN_VALUES = textwrap.dedent("""\
+    import os, tempfile
+    from dataclasses import dataclass
+    from parrecio import DecodeError, ParallelReader, RecordWriter, Tuning
+
+    @dataclass
+    class Sample:                          # a value of a class of the script
+        n: int
+        text: str
+
+    class Refused(Exception):              # an exception of a class of the script
+        pass
+
+    def decode(payload):
+        n = int(bytes(payload))
+        if n == 7:
+            raise Refused(f"no {n}")
+        return Sample(n, str(n))
+
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "x.rec")
+    with RecordWriter(path) as w:
+        for i in range(40):
+            w.write(b"%d" % i)
+    kw = dict(fields=decode, workers=WORKERS, tuning=Tuning(start_method=METHOD))
+    with ParallelReader(path, on_error="skip", **kw) as r:
+        got = list(r)
+        ok = all(type(g) is Sample for g in got) and [g.n for g in got] == [i for i in range(40) if i != 7]
+        print(ok, r.stats.skipped)
+    with ParallelReader(path, **kw) as r:
+        try:
+            list(r)
+        except DecodeError as exc:
+            print(type(exc.__cause__) is Refused, exc.index)
+    """)
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_values_and_exceptions_of_the_scripts_classes_travel_back(method, workers):
+    """A decoder of the script returns a dataclass of the script and raises an exception class of the
+    script: they come back as those classes, as with workers=0.  Under forkserver and spawn every value
+    failed to pickle in the decoder process (a DecodeError per sample: all 40 skipped), and the exception
+    came back as a bare remote traceback."""
+    code = MAIN_VALUES.replace("METHOD", repr(method)).replace("WORKERS", str(workers))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "1", "True", "7"], proc.stdout
+
+
 LATE_STATE = textwrap.dedent("""\
     import json, os, tempfile
     from parrecio import ParallelReader, RecordWriter, Tuning

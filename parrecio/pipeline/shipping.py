@@ -165,5 +165,44 @@ def _by_value(cloudpickle: Any, names: Sequence[str]) -> Iterator[None]:
 
 def unship(shipped: Any) -> Tuple[Any, ...]:
     """The decoders themselves, in a decoder process (what :func:`ship` returned; the decoders as they
-    are where nothing was pickled: a ``fork`` child)."""
-    return tuple(shipped.load() if isinstance(shipped, Shipped) else shipped)
+    are where nothing was pickled: a ``fork`` child).  Decoders that came by value have the script's
+    classes and functions they use bound in this process's ``__main__`` too (:func:`_bind_script`)."""
+    decoders = tuple(shipped.load() if isinstance(shipped, Shipped) else shipped)
+    if isinstance(shipped, Shipped) and shipped.by_value:
+        _bind_script(decoders)
+    return decoders
+
+
+_SCRIPT = ("__main__", "__mp_main__")
+
+
+def _bind_script(decoders: Tuple[Any, ...]) -> None:
+    """Bind the classes and functions of the script (``__main__``, ``__mp_main__``) that ``decoders`` hold
+    -- rebuilt by value here -- by their names in this process's module of that name, where none is bound
+    yet: pickle stores a value of such a class (a dataclass a decoder returns, an exception it raises) as
+    "__main__.Name", looked up here when it travels back and in the consumer's script when it arrives.
+    Without this every such value failed to pickle (a DecodeError for each sample) under forkserver and
+    spawn."""
+    import cloudpickle
+    from .children import _Nowhere
+    found: Dict[str, Dict[str, Any]] = {}
+
+    class _Script(cloudpickle.CloudPickler):
+        def persistent_id(self, obj: Any) -> None:
+            if isinstance(obj, (type, types.FunctionType)):
+                module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+                if module in _SCRIPT and isinstance(name, str) and name.isidentifier():
+                    found.setdefault(module, {}).setdefault(name, obj)
+            return None
+
+    try:
+        _Script(_Nowhere()).dump(decoders)
+    except Exception:  # (they were pickled this way once already; nothing to bind then)
+        return
+    for module, objs in found.items():
+        mod = sys.modules.get(module)
+        if mod is None:  # (__mp_main__ where this process's script is __main__)
+            mod = sys.modules[module] = types.ModuleType(module)
+        for name, obj in objs.items():
+            if not hasattr(mod, name):
+                setattr(mod, name, obj)
