@@ -112,9 +112,17 @@ def field_error(what: str, exc: BaseException, index: Optional[int], offset: Opt
         err.reason = f"{what}: {exc.reason}{note}"
         err.args = (err._format(),)
         return err
-    err = DecodeError(f"{what}: {type(exc).__name__}: {exc}{note}", index=index, offset=offset, source=source)
+    err = DecodeError(f"{what}: {type(exc).__name__}: {said(exc)}{note}", index=index, offset=offset, source=source)
     err.__cause__ = exc
     return err
+
+
+def said(exc: BaseException) -> str:
+    """``str(exc)``, or what stands for it when that raises (a decoder's exception class may be broken)."""
+    try:
+        return str(exc)
+    except Exception as why:
+        return f"<str() of the {type(exc).__name__} failed: {type(why).__name__}>"
 
 
 class SourceError(ParrecioError):

@@ -57,17 +57,38 @@ class UnpicklableOn:
         return bytes(payload)
 
 
+class OwnBaseException(BaseException):
+    """A BaseException of a decoder's own (neither an Exception nor one Python knows)."""
+
+
+class BrokenStr(Exception):
+    """An exception whose ``str()`` raises."""
+
+    def __str__(self):
+        raise AttributeError("no message here")
+
+
+class NotAnException(Exception):
+    """An exception that pickles as something else (a ``__reduce__`` of its own gone wrong)."""
+
+    def __reduce__(self):
+        return dict, ((("why", "reduced"),),)
+
+
 class RaiseBaseOn:
-    """``bytes(payload)``, except that marked payloads raise ``KeyboardInterrupt`` or ``SystemExit``
-    (BaseExceptions that are not Exceptions)."""
+    """``bytes(payload)``, except that marked payloads raise the exception named ``exc_name``: a
+    BaseException that is no Exception, or an exception that is hard to carry (its ``str()`` raises, it
+    pickles as a dict)."""
+
+    KINDS = {"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit, "GeneratorExit": GeneratorExit,
+             "OwnBaseException": OwnBaseException, "BrokenStr": BrokenStr, "NotAnException": NotAnException}
 
     def __init__(self, marker: bytes, exc_name: str):
         self.marker, self.exc_name = marker, exc_name
 
     def __call__(self, payload):
         if _marked(payload, self.marker):
-            exc = {"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}[self.exc_name]
-            raise exc(f"{self.exc_name} raised by the decoder")
+            raise self.KINDS[self.exc_name](f"{self.exc_name} raised by the decoder")
         return bytes(payload)
 
 

@@ -292,21 +292,54 @@ def test_04_result_that_cannot_travel(tmp_path, no_leaks, kind, on_error):
         assert skipped == 1
 
 
-@pytest.mark.parametrize("exc_name", ["KeyboardInterrupt", "SystemExit"])
-def test_04_decoder_raising_a_base_exception(tmp_path, no_leaks, exc_name):
+@pytest.mark.parametrize("exc_name", ["KeyboardInterrupt", "SystemExit", "GeneratorExit", "OwnBaseException",
+                                      "BrokenStr", "NotAnException"])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_04_decoder_raising_a_base_exception(tmp_path, no_leaks, exc_name, on_error):
+    """Whatever a decoder raises is a DecodeError of its sample, naming the exception's type: GeneratorExit
+    and a BaseException of the decoder's own killed the decoder process (twice: a 'poison record' that
+    named nothing); an exception whose str() raises did too; one that pickles as a dict escaped as an
+    AttributeError and took the good samples of its task with it."""
     path, recs, offsets = _marked_stream(tmp_path)
     got, err = [], None
     with deadline(60):
-        with ParallelReader(path, fields=RaiseBaseOn(b"MARK", exc_name), workers=2, tuning=Tuning(chunk_groups=4)) as reader:
+        with ParallelReader(path, fields=RaiseBaseOn(b"MARK", exc_name), workers=2, on_error=on_error,
+                            tuning=Tuning(chunk_groups=4)) as reader:
             try:
                 for s in reader:
                     got.append(s)
             except Exception as exc:
                 err = exc
+            replaced, skipped = reader.stats.workers_replaced, reader.stats.skipped
+    assert replaced == 0
+    if on_error == "skip":
+        assert err is None and got == recs[:13] + recs[14:] and skipped == 1
+        return
     assert isinstance(err, DecodeError), repr(err)
     assert got == recs[:13]
     assert (err.index, err.offset) == (13, offsets[13])
     assert exc_name in str(err)
+
+
+@pytest.mark.parametrize("exc_name", ["BrokenStr", "NotAnException"])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_04_workers_0_and_exceptions_hard_to_carry(tmp_path, no_leaks, exc_name, on_error):
+    """The same with workers=0: an exception whose str() raises escaped as that AttributeError, under
+    skip too, and ended the pass."""
+    path, recs, offsets = _marked_stream(tmp_path)
+    got, err = [], None
+    with ParallelReader(path, fields=RaiseBaseOn(b"MARK", exc_name), workers=0, on_error=on_error) as reader:
+        try:
+            for s in reader:
+                got.append(s)
+        except Exception as exc:
+            err = exc
+        skipped = reader.stats.skipped
+    if on_error == "skip":
+        assert err is None and got == recs[:13] + recs[14:] and skipped == 1
+    else:
+        assert isinstance(err, DecodeError) and (err.index, err.offset) == (13, offsets[13]), repr(err)
+        assert got == recs[:13] and exc_name in str(err)
 
 
 # -- 5. the consumer's own time is not the decoders' --------------------------------------------------------

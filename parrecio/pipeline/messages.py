@@ -20,7 +20,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import List, NamedTuple, Optional, Tuple
 
-from ..errors import DecodeError, ParrecioError, field_error
+from ..errors import DecodeError, ParrecioError, field_error, said
 
 __all__ = ["StreamStart", "Chunk", "Waiting", "ReaderEnd", "Release", "Stop", "Begun", "Task", "TaskDone",
            "RemoteError"]
@@ -189,11 +189,15 @@ class RemoteError:
         self.field = field  # which field of the group failed, -1 when not field-specific
         self.note = note    # appended to the reason: what the payload is (parrecio.pipeline.mismatch)
         self.type_name = type(exc).__name__
-        self.message = str(exc)
-        self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.message = said(exc)
+        try:
+            self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        except Exception:  # (its str() raises: the frames without the last line)
+            self.traceback = "".join(traceback.format_tb(exc.__traceback__)) + f"{self.type_name}: {self.message}\n"
         try:
             self.exc_bytes: Optional[bytes] = pickle.dumps(exc)
-            pickle.loads(self.exc_bytes)
+            if not isinstance(pickle.loads(self.exc_bytes), BaseException):  # (a __reduce__ of its own)
+                self.exc_bytes = None
         except Exception:
             self.exc_bytes = None
 
@@ -207,8 +211,11 @@ class RemoteError:
         """The remote exception rebuilt here, with the remote traceback as its cause, or None."""
         if self.exc_bytes is None:
             return None
-        exc = pickle.loads(self.exc_bytes)
-        exc.__cause__ = _RemoteTraceback(self.traceback)
+        try:
+            exc = pickle.loads(self.exc_bytes)
+            exc.__cause__ = _RemoteTraceback(self.traceback)
+        except Exception:  # (it loaded in the decoder process; here something differs)
+            return None
         return exc
 
     def as_decode_error(self, what: str, index: int, offset: Optional[int],

@@ -81,8 +81,9 @@ def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn,
         send_result(result_conn.fileno(), TaskDone(CANNOT_LOAD, None, 0.0, os.getpid()),
                     pickle.dumps(why), False)
         return
-    # a decoder's KeyboardInterrupt or SystemExit is a decode error of its sample (see above)
-    plan = DecodePlan.of(cfg, copy_passthrough=False, catch=(Exception, KeyboardInterrupt, SystemExit), stable=True)
+    # whatever a decoder raises -- KeyboardInterrupt, SystemExit, GeneratorExit, a BaseException of its own --
+    # is a decode error of its sample (see above), never the end of this process
+    plan = DecodePlan.of(cfg, copy_passthrough=False, catch=(BaseException,), stable=True)
     try:
         ring = Segment.attach(job.ring_name)
         ringer = Ringer(job.pairs, bell) if job.pairs else None
