@@ -148,3 +148,42 @@ def test_json_with_a_byte_order_mark():
     assert np.array_equal(BoundingBoxes()(bom + label), BoundingBoxes()(label))
     with pytest.raises(DecodeError, match="invalid JSON"):
         Json()(bom + bom + b"{}")  # one mark, once
+
+
+class _ShortInto:
+    """A tuple output_spec of two, whose decode_into returns a tuple of one (or a list)."""
+    output_spec = (ArraySpec((2,), np.uint8), None)
+
+    def __init__(self, rest):
+        self.rest = rest
+
+    def __call__(self, payload):
+        return np.zeros(2, np.uint8), b"x"
+
+    def decode_into(self, payload, out):
+        out[0][...] = 7
+        return self.rest
+
+
+@pytest.mark.parametrize("rest, said", [((None,), "tuple of 1"), ((None, b"x", 3), "tuple of 3"),
+                                        ([None, b"x"], "list")])
+def test_decode_into_that_returns_the_wrong_tuple_is_a_clear_error(rest, said):
+    """A tuple of another length (or no tuple) from decode_into was cut to fit by zip, or crashed the
+    batching later with a bare IndexError (the workers=0 pass then delivered none of the samples before)."""
+    dec = _ShortInto(rest)
+    outs = (np.zeros(2, np.uint8), None)
+    with pytest.raises(ValueError, match=f"decode_into returned {said}, but its output_spec is a tuple of 2"):
+        write_into(dec, b"p", dec.output_spec, outs)
+    assert write_into(_ShortInto((None, b"y")), b"p", dec.output_spec, outs) == (None, b"y")
+
+
+def test_array_spec_refuses_negative_dimensions_and_object_dtypes():
+    """Both reached the shared-memory slots: numpy's own error with workers=0, and decoder processes that
+    died at their start with workers ('a decoder that cannot be unpickled or imported')."""
+    with pytest.raises(ValueError, match=r"shape \(4, -1\): a dimension below 0"):
+        ArraySpec((4, -1), np.float32)
+    with pytest.raises(ValueError, match="holds Python objects"):
+        ArraySpec((3,), object)
+    with pytest.raises(ValueError, match="holds Python objects"):
+        ArraySpec((3,), np.dtype([("a", np.int32), ("b", object)]))
+    assert ArraySpec((0, 3), np.int16).nbytes == 0 and ArraySpec((2,), "U4").nbytes == 32

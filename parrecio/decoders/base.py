@@ -66,8 +66,15 @@ class ArraySpec:
     dtype: np.dtype
 
     def __init__(self, shape, dtype) -> None:
-        object.__setattr__(self, "shape", tuple(int(s) for s in shape))
-        object.__setattr__(self, "dtype", np.dtype(dtype))
+        shape = tuple(int(s) for s in shape)
+        dtype = np.dtype(dtype)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"ArraySpec shape {shape}: a dimension below 0")
+        if dtype.hasobject:  # (the slots are shared memory: no Python object can live there)
+            raise ValueError(f"ArraySpec dtype {dtype}: holds Python objects, which cannot be written into "
+                             f"shared memory; give no output_spec for such values (they travel pickled)")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", dtype)
 
     @property
     def nbytes(self) -> int:
@@ -153,6 +160,11 @@ def write_into(decoder: Any, payload: Any, spec: OutputSpec, out: Any, key: Opti
         return None
     if decode_into is not None:
         rest = decode_into(payload, out, **kw)
+        if not isinstance(rest, tuple) or len(rest) != len(spec):
+            size = f" of {len(rest)}" if isinstance(rest, tuple) else ""
+            raise ValueError(f"decode_into returned {type(rest).__name__}{size}, but its output_spec is a "
+                             f"tuple of {len(spec)}: return the values of the positions without a spec, "
+                             f"None at the others")
     else:
         rest = decoder(payload, **kw)
         if not isinstance(rest, tuple) or len(rest) != len(spec):
