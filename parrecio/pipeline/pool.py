@@ -222,13 +222,13 @@ class WorkerPool:
         return tuple(w.index for w in self.workers if w.inbox.partial)
 
     def collect(self, ready: List[Any], every: bool = False
-                ) -> Tuple[List[Tuple[Task, Frame]], List[Tuple[Task, bool, Optional[int]]]]:
+                ) -> Tuple[List[Tuple[Task, Frame]], List[Tuple[Task, bool, Optional[int], str]]]:
         """Results from the ready workers (``every``: from every worker, when not all result pipes
         were watched), and the unfinished tasks of those that died, each with whether its worker had
         begun it (known of isolated tasks, which their worker says it takes: others count as begun) and
-        the group it was decoding (:meth:`_blamed`)."""
+        the group it was decoding (:meth:`_blamed`), and how it died."""
         done: List[Tuple[Task, Frame]] = []
-        orphans: List[Tuple[Task, bool, Optional[int]]] = []
+        orphans: List[Tuple[Task, bool, Optional[int], str]] = []
         bell = self.bell
         if bell is not None and bell.fd in ready:
             bell.drain()  # before the pipes: a ring is written after its frames
@@ -245,7 +245,8 @@ class WorkerPool:
                         f"{describe_exit(w.proc.exitcode)}); see their output above -- a decoder that "
                         f"cannot be unpickled or imported in a new process, or a script without "
                         f"`if __name__ == '__main__':` under the spawn/forkserver start methods")
-                orphans.extend((t, not t.isolated or t.task_id in w.taken, self._blamed(w, t))
+                how = describe_exit(w.proc.exitcode)
+                orphans.extend((t, not t.isolated or t.task_id in w.taken, self._blamed(w, t), how)
                                for t in w.inflight.values())
                 log.warning("parrecio: decoder process %d (pid %d) died (%s); "
                             "re-running its %d task(s) in a new one",

@@ -31,13 +31,15 @@ class Recovery:
         self.retry: Deque[Tuple[Any, int, int]] = deque()
         self.resplit: Deque[Tuple[Any, int, int]] = deque()
 
-    def orphaned(self, cs: Any, task: Task, taken: bool = True, blamed: Optional[int] = None) -> None:
+    def orphaned(self, cs: Any, task: Task, taken: bool = True, blamed: Optional[int] = None,
+                 how: str = "") -> None:
         """The worker running ``task`` (of the chunk state ``cs``) died: re-run its groups, each alone.  A
         group whose isolated re-run kills its worker too has killed two: it is a poison record -- unless
         that worker died before it took the group (``taken`` False: killed from outside while it started,
         or while it waited), which says nothing about the group: it is re-run again.  Of a whole task,
         only the group its worker was decoding (``blamed``, 0 .. n-1; -1: none) counts as having killed
-        one; ``None`` (not known): every group of the task does."""
+        one; ``None`` (not known): every group of the task does.  ``how``: how the worker died (said in a
+        poison record's error)."""
         self.stats.reruns += 1
         if task.isolated and not taken:
             self.retry.append((cs, task.start, task.n))
@@ -49,8 +51,9 @@ class Recovery:
             tries = cs.attempts.get(j, 0) + 1
             cs.attempts[j] = tries
             if task.isolated and tries >= 2:
-                exc = PipelineError("a decoder process died twice while decoding this sample "
-                                    "(poison record: it crashes or exhausts its decoder)")
+                last = f", {how} the second time" if how else ""
+                exc = PipelineError(f"a decoder process died twice while decoding this sample{last} "
+                                    f"(poison record: it crashes or exhausts its decoder)")
                 cs.errors[j] = RemoteError(exc)
                 cs.missing -= 1
             else:

@@ -215,11 +215,11 @@ class Run(Pass):
             # A worker died, perhaps between its result and its mark on the board: its partner's worker
             # would not ring.  Results are waited for one by one for the rest of the pass.
             self._pairing = False
-        for task, taken, blamed in orphans:
+        for task, taken, blamed, how in orphans:
             cs = self.tasks.pop(task.task_id, None)
             if cs is not None:
                 cs.pair = -1
-                self.recovery.orphaned(cs, task, taken, blamed)
+                self.recovery.orphaned(cs, task, taken, blamed, how)
         if self.cfg.task_timeout is not None:
             pool.kill_stuck(self.cfg.task_timeout)
         self.stats.workers_replaced = pool.replaced
