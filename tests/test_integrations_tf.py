@@ -525,8 +525,35 @@ def test_load_state_dict_after_dataset_of_a_stream_is_refused(tmp_path, cls_rec,
             reader.load_state_dict(state)
         with pytest.warns(UserWarning, match="cannot be read again, so that pass stays epoch 0"):
             reader.set_epoch(3)
+        reader.set_epoch(0)  # back to the pass begun: then the one after it is epoch 1 again (it stayed 3)
         assert len(list(ds)) == BATCHES  # the pass goes on, whole
+        assert reader.epoch == 1 and reader.state_dict()["epoch"] == 1
     writer.join(10)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataset_that_fails_after_its_first_batch_leaves_the_pass_unbegun(cls_rec, workers, monkeypatch,
+                                                                             no_leaks):
+    """dataset() interrupted after it took the first batch (a Ctrl-C while the signature is converted):
+    the pass it began is given back -- position 0 of epoch 0, and the next pass is epoch 0 whole (it was
+    recorded as a pass that had handed out its first batch: epoch 0 at position 8, then epoch 1)."""
+    import parrecio.integrations.tf as tfi
+    want = _epoch_batches(cls_rec, 0)
+
+    def interrupted(signature):
+        raise KeyboardInterrupt
+
+    with _shuffled(cls_rec, workers) as reader:
+        monkeypatch.setattr(tfi, "to_tensor_specs", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            dataset(reader)
+        monkeypatch.undo()
+        state = reader.state_dict()
+        assert (state["epoch"], state["position"], reader.epoch) == (0, 0, 0)
+        got = list(dataset(reader))
+        assert len(got) == BATCHES and reader.stats.epochs == 1
+        for b, g in enumerate(got):
+            assert_same(g, want[b], f"batch {b}")
 
 
 def test_steps_per_epoch_of_a_resumed_reader_is_a_whole_pass_with_a_warning(cls_rec, no_leaks):

@@ -389,10 +389,10 @@ def dataset(reader: Any, output_signature: Any = None) -> "tf.data.Dataset":
 
     batched = getattr(reader, "batch_size", None) is not None
     first = it = None
+    # A ParallelReader's first item is peeked at: until the dataset hands it out, the reader acts as if the
+    # pass had not begun (state_dict, set_epoch, load_state_dict).
+    peek = getattr(reader, "_peek", None)
     if output_signature is None:
-        # A ParallelReader's first item is peeked at: until the dataset hands it out, the reader acts as if
-        # the pass had not begun (state_dict, set_epoch, load_state_dict).
-        peek = getattr(reader, "_peek", None)
         while True:
             # (a reader resumed from a state saved after an epoch's last batch has nothing left of that
             # epoch: its next pass, the next epoch, is the dataset's first iteration)
@@ -410,17 +410,19 @@ def dataset(reader: Any, output_signature: Any = None) -> "tf.data.Dataset":
                     _close(it)
                 if not resumed:
                     raise ValueError("cannot infer output_signature: the reader's stream is empty") from None
-        try:
+    try:
+        if it is not None:
             output_signature = infer_signature(first, batched=batched)
-        except TypeError:
-            first = None
+        neutral = from_tensor_specs(output_signature)   # how to shape the values
+        specs = to_tensor_specs(output_signature)       # what tf is told (a given tf.TypeSpec stays as it is)
+    except BaseException:  # (a signature that cannot be inferred or converted, a Ctrl-C)
+        first = None
+        if it is not None:
             if peek is not None:
                 reader._peek_dropped(it)  # (as a pass never begun: state_dict() says nothing was taken)
             else:
                 _close(it)
-            raise
-    neutral = from_tensor_specs(output_signature)   # how to shape the values
-    specs = to_tensor_specs(output_signature)       # what tf is told (a given tf.TypeSpec stays as it is)
+        raise
     gen = batches(reader, first, it)
     del first, it
 

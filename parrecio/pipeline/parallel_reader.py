@@ -299,13 +299,19 @@ class ParallelReader:
         run.superseded = True  # (a peeked pass's generator, closed later, must not say where the stream stands)
         run.abort()
         res.run = None
-        if res.source.rereadable():
-            res.stats.epochs -= 1
-            if self._planned_during is not run:  # (else set_epoch() planned the next pass since: that stays)
-                self._epoch, self._skip, self._handed = run.epoch, run.skip, run.before
-                self._progress = (self._epoch, self._skip, False, self._handed)
+        self._give_back(run)
         if self._state is State.RUNNING:
             self._state = State.IDLE
+
+    def _give_back(self, run: Any) -> None:
+        """``run`` ended before anything of it was handed out: where the source can be read again, it
+        does not count as an epoch, and the next pass is that epoch again, from where it would have
+        started -- unless set_epoch() planned another since.  (Under ``res.lock``.)"""
+        if self._res.source.rereadable():
+            self._res.stats.epochs -= 1
+            if self._planned_during is not run:
+                self._epoch, self._skip, self._handed = run.epoch, run.skip, run.before
+                self._progress = (self._epoch, self._skip, False, self._handed)
 
     def _peek(self) -> Tuple[Any, Iterator[Any]]:
         """Begin a pass and take its first item, for an adapter that must look at it before the user asks
@@ -505,7 +511,12 @@ class ParallelReader:
     def _pass_ended(self, run: Any, pos: int) -> None:
         """Bookkeeping at the end of a pass: where it stopped, and its length when it was complete (with
         every copy that equal shards owe: one left before them stopped inside the epoch).  A next pass
-        planned by set_epoch() while this one ran stays what state_dict() says."""
+        planned by set_epoch() while this one ran stays what state_dict() says; a pass only peeked at
+        (its iterator let go of before the adapter handed its first item out) is given back."""
+        if run.peeked:
+            run.peeked = False
+            self._give_back(run)
+            return
         done = run.completed and not run.owes_copies
         if done and not run.skip:
             self._pass_samples = (run.delivered, self._data_key())
@@ -545,8 +556,10 @@ class ParallelReader:
         with self._res.lock:
             run = self._res.run
             if run is not None and run.peeked:  # a pass an adapter began to look at its first batch
-                if epoch == run.epoch:
-                    return  # it is that epoch's pass already
+                if epoch == run.epoch:  # it is that epoch's pass already (a plan for the one after, undone)
+                    if self._planned_during is run:
+                        self._epoch, self._planned_during = run.epoch + 1, None
+                    return
                 if not self._res.source.rereadable():
                     warnings.warn(f"set_epoch({epoch}) after the pass of epoch {run.epoch} was begun to look "
                                   f"at its first batch (tf.data's signature inference): "

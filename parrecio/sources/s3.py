@@ -631,8 +631,8 @@ class _ObjectStream(io.RawIOBase):
             self._close_body()
 
     def _failed(self, cause: Any) -> None:
-        check_stop()  # (with workers=0 this is the user's thread: a close() from another one ends the pass)
         self._close_body()
+        check_stop()  # (with workers=0 this is the user's thread: a close() from another one ends the pass)
         self._stalls += 1
         self._failures += 1
         attempts = self._conn.max_attempts
