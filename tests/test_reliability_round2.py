@@ -267,29 +267,40 @@ def _marked_stream(tmp_path, n=30, at=13, marker=b"MARK", seed=4):
     return path, recs, offsets
 
 
-@pytest.mark.parametrize("on_error", ["raise", "skip"])
-@pytest.mark.parametrize("kind", ["cannot be unpickled", "cannot be pickled"])
-def test_04_result_that_cannot_travel(tmp_path, no_leaks, kind, on_error):
-    path, recs, offsets = _marked_stream(tmp_path)
-    dec = UnpickleFailsOn(b"MARK") if kind == "cannot be unpickled" else UnpicklableOn(b"MARK")
+def _read_marked(path, dec, workers: int, on_error: str):
+    """Read ``path`` with ``dec``: (samples before the error, the error or None, skipped, replaced)."""
     got, err = [], None
     with deadline(60):
-        with ParallelReader(path, fields=dec, workers=2, on_error=on_error, tuning=Tuning(chunk_groups=4)) as reader:
+        with ParallelReader(path, fields=dec, workers=workers, on_error=on_error,
+                            tuning=Tuning(chunk_groups=4)) as reader:
             try:
                 for s in reader:
                     got.append(s)
             except Exception as exc:
                 err = exc
-            skipped = reader.stats.skipped
+            return got, err, reader.stats.skipped, reader.stats.workers_replaced
+
+
+def _check_marked(recs, offsets, got, err, skipped, on_error: str, said: str) -> None:
+    """Sample 13 (marked) failed: raised at its place, naming ``said``, or skipped alone."""
     if on_error == "raise":
         assert isinstance(err, DecodeError), repr(err)
         assert got == recs[:13]
         assert (err.index, err.offset) == (13, offsets[13])
-        assert kind in str(err)
+        assert said in str(err)
     else:
         assert err is None, repr(err)
         assert got == recs[:13] + recs[14:]
         assert skipped == 1
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize("kind", ["cannot be unpickled", "cannot be pickled"])
+def test_04_result_that_cannot_travel(tmp_path, no_leaks, kind, on_error):
+    path, recs, offsets = _marked_stream(tmp_path)
+    dec = UnpickleFailsOn(b"MARK") if kind == "cannot be unpickled" else UnpicklableOn(b"MARK")
+    got, err, skipped, _ = _read_marked(path, dec, 2, on_error)
+    _check_marked(recs, offsets, got, err, skipped, on_error, kind)
 
 
 @pytest.mark.parametrize("exc_name", ["KeyboardInterrupt", "SystemExit", "GeneratorExit", "OwnBaseException",
@@ -301,24 +312,9 @@ def test_04_decoder_raising_a_base_exception(tmp_path, no_leaks, exc_name, on_er
     named nothing); an exception whose str() raises did too; one that pickles as a dict escaped as an
     AttributeError and took the good samples of its task with it."""
     path, recs, offsets = _marked_stream(tmp_path)
-    got, err = [], None
-    with deadline(60):
-        with ParallelReader(path, fields=RaiseBaseOn(b"MARK", exc_name), workers=2, on_error=on_error,
-                            tuning=Tuning(chunk_groups=4)) as reader:
-            try:
-                for s in reader:
-                    got.append(s)
-            except Exception as exc:
-                err = exc
-            replaced, skipped = reader.stats.workers_replaced, reader.stats.skipped
+    got, err, skipped, replaced = _read_marked(path, RaiseBaseOn(b"MARK", exc_name), 2, on_error)
     assert replaced == 0
-    if on_error == "skip":
-        assert err is None and got == recs[:13] + recs[14:] and skipped == 1
-        return
-    assert isinstance(err, DecodeError), repr(err)
-    assert got == recs[:13]
-    assert (err.index, err.offset) == (13, offsets[13])
-    assert exc_name in str(err)
+    _check_marked(recs, offsets, got, err, skipped, on_error, exc_name)
 
 
 @pytest.mark.parametrize("exc_name", ["BrokenStr", "NotAnException"])
@@ -327,19 +323,8 @@ def test_04_workers_0_and_exceptions_hard_to_carry(tmp_path, no_leaks, exc_name,
     """The same with workers=0: an exception whose str() raises escaped as that AttributeError, under
     skip too, and ended the pass."""
     path, recs, offsets = _marked_stream(tmp_path)
-    got, err = [], None
-    with ParallelReader(path, fields=RaiseBaseOn(b"MARK", exc_name), workers=0, on_error=on_error) as reader:
-        try:
-            for s in reader:
-                got.append(s)
-        except Exception as exc:
-            err = exc
-        skipped = reader.stats.skipped
-    if on_error == "skip":
-        assert err is None and got == recs[:13] + recs[14:] and skipped == 1
-    else:
-        assert isinstance(err, DecodeError) and (err.index, err.offset) == (13, offsets[13]), repr(err)
-        assert got == recs[:13] and exc_name in str(err)
+    got, err, skipped, _ = _read_marked(path, RaiseBaseOn(b"MARK", exc_name), 0, on_error)
+    _check_marked(recs, offsets, got, err, skipped, on_error, exc_name)
 
 
 # -- 5. the consumer's own time is not the decoders' --------------------------------------------------------
