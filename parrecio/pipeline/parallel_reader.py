@@ -708,12 +708,13 @@ class ParallelReader:
             raise TypeError("the number of samples is not known before a first complete pass "
                             "(no .idx file next to every .rec file)")
         run, cfg = self._res.run, self._res.cfg
-        if whole:
-            pass
+        if whole:  # (a whole pass: nothing left out)
+            done_before = 0
         elif pads(cfg):  # a resumed pass pads up to the share: what remains of it after the samples delivered
-            n = max(0, n - (run.before if run is not None else self._handed))
+            done_before = run.before if run is not None else self._handed
         else:
-            n = max(0, n - (run.skip if run is not None else self._skip))
+            done_before = run.skip if run is not None else self._skip
+        n = max(0, n - done_before)
         if self.batch_size is None:
             return n
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
