@@ -108,7 +108,7 @@ class InlineRun(Pass):
                             failed = self._failed(exc, g, seq)
                         else:
                             seq += 1
-                            if out.add(vals, sum(map(len, g.parts))):
+                            if out.add(vals, g.parts):
                                 yield out.take(seq)  # type: ignore[misc]
                             continue
                     seq += 1  # a group that failed, or that cannot be read: it keeps its position

@@ -66,17 +66,20 @@ class SpanBuilder:
             self.row = self.index = 0
         return self.layout.outs(lease.arrays, self.row)
 
-    def add(self, vals: List[Any], nbytes: int) -> bool:
-        """Append one sample, read from ``nbytes`` payload bytes; whether the span is full (a slot's worth,
-        or its payload bytes reached ``max_bytes`` while values are listed)."""
+    def add(self, vals: List[Any], parts: Sequence[Any]) -> bool:
+        """Append one sample, decoded from the payloads ``parts``; whether the span is full (a slot's
+        worth, or, where values are listed, their payloads reached ``max_bytes``)."""
         cols = self.cols
         for f in self.listed:
             cols[f].append(vals[f])  # type: ignore[union-attr]
         self.n += 1
         self.row += 1
-        self.nbytes += nbytes
-        return (self.row if self.fixed else self.n) == self.size or (
-            self.nbytes >= self.max_bytes and bool(self.listed))
+        if (self.row if self.fixed else self.n) == self.size:
+            return True
+        if self.listed:  # (every value in a slot: nothing held but the slot)
+            self.nbytes += sum(map(len, parts))
+            return self.nbytes >= self.max_bytes
+        return False
 
     def take(self, seq: int) -> Optional[Span]:
         """The span so far (None when empty); the next one starts at sample ``seq``."""
