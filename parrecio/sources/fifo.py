@@ -164,16 +164,14 @@ def stoppable(items: Iterable[_T], check: Callable[[], None]) -> Iterator[_T]:
     it to the next pass.  Once a writer is there, the FIFO is opened and returned whatever ``check`` says:
     closing it then would lose what the writer serves."""
     it = iter(items)
+    waits = while_stoppable(check)
     try:
         while True:
-            outer = getattr(_waits, "check", None)
-            _waits.check = check
             try:
-                item = next(it)
+                with waits:
+                    item = next(it)
             except StopIteration:
                 return
-            finally:
-                _waits.check = outer
             yield item
     finally:
         close = getattr(it, "close", None)
