@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace, tools: Any) -> int:
     from .progress import bar
 
     # (stderr that is the output -- OUT /dev/stderr, or "- > out.rec 2>&1" -- would get the log in the records)
-    quiet = args.quiet or _is_stderr(args.out)
+    quiet = args.quiet or _is_stderr(args.out, tools)
     log = (lambda line: None) if quiet else (lambda line: print(f"pack: {line}", file=sys.stderr, flush=True))
     pbar = None
 
@@ -169,13 +169,16 @@ def _run(args: argparse.Namespace, tools: Any) -> int:
     return 0
 
 
-def _is_stderr(out: str) -> bool:
+def _is_stderr(out: str, tools: Any) -> bool:
     """Whether the output ``out`` (``-``: stdout) is the file that stderr is open on: the same node."""
     import os
 
-    try:
-        err = os.fstat(2)
-        st = os.fstat(1) if out == "-" else os.stat(out)
-    except (OSError, ValueError):
-        return False
-    return (st.st_dev, st.st_ino) == (err.st_dev, err.st_ino)
+    def fd_node(fd: int) -> Optional[tuple]:
+        try:
+            st = os.fstat(fd)
+        except OSError:  # (closed)
+            return None
+        return st.st_dev, st.st_ino
+
+    err = fd_node(2)
+    return err is not None and err == (fd_node(1) if out == "-" else tools._node(out))
