@@ -91,29 +91,33 @@ def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Shipped:
     return Shipped(blob, repr(decoders))
 
 
+_SCRIPT = ("__main__", "__mp_main__")
+
+
 class _Definitions(pickle.Pickler):
     """Pickles to nowhere, noting the module of every class and Python function on the way: where each is
     defined (the types of plain objects, and C functions, are no concern: their modules are a package's,
-    which a child imports)."""
+    which a child imports); and those of the script (``__main__``, ``__mp_main__``) by name."""
 
     def __init__(self, file: Any) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.modules: Dict[str, None] = {}
+        self.script: Dict[str, Dict[str, Any]] = {}  # script module -> top-level name -> the class or function
 
     def persistent_id(self, obj: Any) -> None:
         if isinstance(obj, (type, types.FunctionType)):
             name = getattr(obj, "__module__", None)
             if isinstance(name, str):
                 self.modules[name] = None
+                qualname = getattr(obj, "__qualname__", "")
+                if name in _SCRIPT and isinstance(qualname, str) and qualname.isidentifier():
+                    self.script.setdefault(name, {}).setdefault(qualname, obj)
         return None
 
 
-def _unimportable(decoders: Tuple[Any, ...], plain: bool) -> List[str]:
-    """The modules that define classes or functions of ``decoders`` and that a decoder process cannot
-    import: the script's (``__main__``, ``__mp_main__``), and a top-level module made at run time that no
-    file on ``sys.path`` provides (``runpy.run_path``'s ``<run_path>``, a ``types.ModuleType`` put in
-    ``sys.modules``).  ``plain``: whether pickle pickles them; else they are walked as cloudpickle pickles
-    them (a lambda's globals too)."""
+def _definitions(decoders: Tuple[Any, ...], plain: bool) -> _Definitions:
+    """A :class:`_Definitions` that walked ``decoders``: as pickle pickles them (``plain``), else as
+    cloudpickle does (a lambda's globals, a class of the script by value, too)."""
     from .children import _Nowhere
     if plain:
         lister = _Definitions(_Nowhere())
@@ -124,7 +128,16 @@ def _unimportable(decoders: Tuple[Any, ...], plain: bool) -> List[str]:
             pass
         lister = _Listing(_Nowhere())
     lister.dump(decoders)
-    return [name for name in lister.modules if not _importable(name)]
+    return lister
+
+
+def _unimportable(decoders: Tuple[Any, ...], plain: bool) -> List[str]:
+    """The modules that define classes or functions of ``decoders`` and that a decoder process cannot
+    import: the script's (``__main__``, ``__mp_main__``), and a top-level module made at run time that no
+    file on ``sys.path`` provides (``runpy.run_path``'s ``<run_path>``, a ``types.ModuleType`` put in
+    ``sys.modules``).  ``plain``: whether pickle pickles them; else they are walked as cloudpickle pickles
+    them (a lambda's globals too)."""
+    return [name for name in _definitions(decoders, plain).modules if not _importable(name)]
 
 
 def _importable(name: str) -> bool:
@@ -173,9 +186,6 @@ def unship(shipped: Any) -> Tuple[Any, ...]:
     return decoders
 
 
-_SCRIPT = ("__main__", "__mp_main__")
-
-
 def _bind_script(decoders: Tuple[Any, ...]) -> None:
     """Bind the classes and functions of the script (``__main__``, ``__mp_main__``) that ``decoders`` hold
     -- rebuilt by value here -- by their names in this process's module of that name, where none is bound
@@ -183,20 +193,8 @@ def _bind_script(decoders: Tuple[Any, ...]) -> None:
     "__main__.Name", looked up here when it travels back and in the consumer's script when it arrives.
     Without this every such value failed to pickle (a DecodeError for each sample) under forkserver and
     spawn."""
-    import cloudpickle
-    from .children import _Nowhere
-    found: Dict[str, Dict[str, Any]] = {}
-
-    class _Script(cloudpickle.CloudPickler):
-        def persistent_id(self, obj: Any) -> None:
-            if isinstance(obj, (type, types.FunctionType)):
-                module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
-                if module in _SCRIPT and isinstance(name, str) and name.isidentifier():
-                    found.setdefault(module, {}).setdefault(name, obj)
-            return None
-
     try:
-        _Script(_Nowhere()).dump(decoders)
+        found = _definitions(decoders, plain=False).script
     except Exception:  # (they were pickled this way once already; nothing to bind then)
         return
     for module, objs in found.items():
