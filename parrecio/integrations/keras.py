@@ -20,6 +20,8 @@ of shared memory, no copy; Keras converts them). With the TensorFlow
 backend, Keras feeds a generator through ``tf.data.Dataset.from_generator`` and ``prefetch``, which may
 wrap those arrays without copying them: the batches it holds (the first ones it peeks at to infer the
 signature, those it prefetches) keep their output slots until Keras is done with them, a bounded number.
+For mid-epoch checkpoints take the reader's state from a :class:`TrainedState`
+(``reader.state_dict()`` counts the batches Keras read ahead too).
 ``steps_per_epoch`` is the batches of a whole pass when the reader knows its length, else ``None``: then
 give Keras the number of batches of one pass yourself, or Keras's epochs and the reader's passes drift
 apart (harmless, but epochs no longer mean passes). Nothing here imports Keras or TensorFlow. For ``tf.data``, and
@@ -30,9 +32,10 @@ Tested with TensorFlow 2.21 (tensorflow-cpu) and Keras 3 in ``tests/test_integra
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+import threading
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
-__all__ = ["generator", "steps_per_epoch", "select"]
+__all__ = ["generator", "steps_per_epoch", "select", "TrainedState"]
 
 Key = Union[int, str]
 Selection = Union[None, Key, Sequence[Key], Mapping[str, Key]]
@@ -87,9 +90,9 @@ def steps_per_epoch(reader: Any) -> Optional[int]:
         steps = length(whole=True)
     except TypeError:
         return None
-    if getattr(reader, "resuming", False):
+    rest = len(reader) if getattr(reader, "resuming", False) else 0
+    if rest:  # (a state saved after an epoch's last batch leaves nothing of it: the next pass is the next epoch)
         import warnings
-        rest = len(reader)
         warnings.warn(f"steps_per_epoch: this reader resumes epoch {reader.epoch} mid-way, {rest} of its "
                       f"{steps} batches left; Keras gives every epoch {steps} steps, so fit the rest of the "
                       f"epoch on its own first (model.fit(generator(reader, epochs=1), steps_per_epoch={rest}, "
@@ -98,8 +101,87 @@ def steps_per_epoch(reader: Any) -> Optional[int]:
     return steps
 
 
+class TrainedState:
+    """The reader's ``state_dict()`` after the batches Keras has *trained on*, for mid-epoch checkpoints.
+
+    Keras reads a generator ahead (its ``from_generator`` and ``prefetch``), so ``reader.state_dict()``
+    taken in a callback counts batches Keras holds but has not trained on, and a resume from it skips
+    them.  Give one of these to :func:`generator` (``trained=``) and its :meth:`callback` to ``fit``, first
+    in the list: the generator notes the reader's state after each batch it yields, the callback counts
+    the batches trained, and :meth:`state_dict` is the state after the last of them::
+
+        trained = TrainedState()
+        model.fit(generator(reader, epochs=10, trained=trained), steps_per_epoch=steps_per_epoch(reader),
+                  epochs=10, callbacks=[trained.callback(), MyCheckpoint(trained)])
+        # MyCheckpoint.on_train_batch_end: save(trained.state_dict())
+
+    One generator per ``fit`` (a generator fit twice lost the batches the first ``fit`` read ahead).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: Dict[int, dict] = {}  # batches yielded -> the reader's state after them
+        self._trained = self._base = 0      # batches trained in this fit; those before this epoch
+        self._generators = self._fits = 0
+
+    def callback(self) -> Any:
+        """A ``keras.callbacks.Callback`` that tells this object the batches trained (imports Keras)."""
+        import keras
+
+        owner = self
+
+        class _Trained(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                with owner._lock:
+                    owner._fits += 1
+                    owner._trained = owner._base = 0
+
+            def on_epoch_begin(self, epoch, logs=None):
+                with owner._lock:
+                    owner._base = owner._trained
+
+            def on_train_batch_end(self, batch, logs=None):
+                # ``batch``: the index in this epoch of the last batch trained (the last step of an
+                # execution when ``steps_per_execution`` > 1: the callback is not called for every batch)
+                with owner._lock:
+                    owner._trained = owner._base + batch + 1
+                    for n in [n for n in owner._states if n < owner._trained]:
+                        del owner._states[n]
+
+        return _Trained()
+
+    def state_dict(self) -> dict:
+        """The reader's state after the batches trained so far in this ``fit`` (before the first: the
+        state the generator started from).  Raises ``RuntimeError`` when :meth:`callback` is not in
+        ``fit``'s callbacks or :func:`generator` was not given this object (or a generator was fit twice)."""
+        with self._lock:
+            if not self._fits or not self._generators:
+                raise RuntimeError("TrainedState: give it to generator(..., trained=) and its callback() to "
+                                   "model.fit(callbacks=[...]) before asking for the state")
+            if self._generators != self._fits:
+                raise RuntimeError(f"TrainedState: {self._fits} fits over {self._generators} generators; use "
+                                   f"a new generator(..., trained=) for each model.fit, with this object's callback() "
+                                   f"in its callbacks")
+            try:
+                return self._states[self._trained]
+            except KeyError:
+                raise RuntimeError(f"TrainedState: no state after batch {self._trained}: is the callback "
+                                   f"in the fit of this object's generator?") from None
+
+    def _begin(self, reader: Any) -> None:
+        with self._lock:
+            self._generators += 1
+            self._states = {0: reader.state_dict()}
+
+    def _yielded(self, count: int, reader: Any) -> None:
+        state = reader.state_dict()
+        with self._lock:
+            self._states[count] = state
+
+
 def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,
-              sample_weights: Selection = None, epochs: Optional[int] = None) -> Iterator[Any]:
+              sample_weights: Selection = None, epochs: Optional[int] = None,
+              trained: Optional[TrainedState] = None) -> Iterator[Any]:
     """Yield ``(x, y)`` (or ``(x, y, sample_weight)``, or ``x`` alone when ``targets`` is None) from
     pass after pass of ``reader``: endless by default, ``epochs`` passes if given.
 
@@ -109,16 +191,21 @@ def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,
     with named inputs. ``epochs``: the passes to run, ``fit``'s ``epochs`` (see the module's docstring for
     why); ``None``: endless. The empty rest of a resumed epoch (a reader resumed from a state saved after
     the epoch's last batch) does not count; any other empty pass raises ``ValueError`` (the stream is
-    empty).
+    empty).  ``trained``: a :class:`TrainedState` that notes the reader's state after each batch, for
+    checkpoints of the batches Keras trained on (``reader.state_dict()`` counts those it read ahead too).
     The reader is not closed when the generator ends: close it yourself.
     """
     if epochs is not None and epochs < 0:
         raise ValueError(f"epochs must be >= 0 or None, not {epochs}")
-    return _generate(reader, inputs, targets, sample_weights, epochs)
+    if trained is not None and not isinstance(trained, TrainedState):
+        raise TypeError(f"trained must be a TrainedState, not {type(trained).__name__}")
+    return _generate(reader, inputs, targets, sample_weights, epochs, trained)
 
 
-def _generate(reader, inputs, targets, sample_weights, epochs):
-    done = empty = 0
+def _generate(reader, inputs, targets, sample_weights, epochs, trained):
+    done = empty = count = 0
+    if trained is not None:
+        trained._begin(reader)
     while epochs is None or done < epochs:
         resumed = bool(getattr(reader, "resuming", False))
         it = iter(reader)
@@ -126,6 +213,9 @@ def _generate(reader, inputs, targets, sample_weights, epochs):
         try:
             for item in it:
                 produced = True
+                if trained is not None:
+                    count += 1
+                    trained._yielded(count, reader)
                 x = select(item, inputs)
                 if targets is None:
                     yield x
