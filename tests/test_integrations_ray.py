@@ -252,6 +252,14 @@ def test_bad_paths_options_and_indexes(ray_cluster, data, tmp_path):
         read_recordio([paths[0], missing], FIELDS)
     with pytest.raises(SourceError, match=r"s3:// URLs are not supported"):
         read_recordio("s3://bucket/train.rec", FIELDS)
+    # a file of another format among the .rec files: refused when the dataset is made, as ParallelReader
+    # refuses it, also under on_error="skip" (which read it as 0 samples, with a warning in a worker's log)
+    import gzip
+    other = tmp_path / "b.rec"
+    other.write_bytes(gzip.compress(open(paths[0], "rb").read()))
+    for on_error in ("raise", "skip"):
+        with pytest.raises(SourceError, match=r"b\.rec.*gzip-compressed; decompress it first"):
+            read_recordio([paths[0], str(other)], FIELDS, on_error=on_error)
     with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip'"):
         read_recordio(paths, FIELDS, on_error="ignore")
     with pytest.raises(ValueError, match="join must be"):

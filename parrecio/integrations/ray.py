@@ -37,7 +37,8 @@ dict; ``"0"``, ``"1"``... for a list; ``"0"`` for a single decoder; ``"record"``
 Fixed-shape arrays (``Image(size=...)``, ``BoundingBoxes(max_boxes=...)``, ``ClassLabel()``) become Ray
 tensor columns (0-d arrays: plain numeric columns), written by the decoder straight into the block's
 array (``decode_into``); ragged arrays (``BoundingBoxes()``) variable-shaped tensor columns; ``bytes``
-binary columns; JSON values what ``ray.data.from_items`` makes of them.  A field whose values are tuples
+binary columns; JSON values what ``ray.data.from_items`` makes of them (numbers of one column and block
+that mix ints and floats: all floats, Arrow's one type per column).  A field whose values are tuples
 -- ``ImageRecord`` (``(image, label)``) or any decoder with a tuple ``output_spec`` -- gives one column
 per part, ``"<field>_image"`` / ``"<field>_label"`` (``"<field>_0"``, ``"<field>_1"``... for other
 decoders); for a single decoder (``fields=ImageRecord(...)``) just ``"image"`` / ``"label"``.
@@ -59,7 +60,10 @@ boxes follow the image's crop): ``sample_key(seed, epoch, file number, index in 
 pixels do not depend on the split into tasks, the worker or a retry.  With ``seed=None`` (the default)
 each run of a task draws a fresh base, so every pass over the dataset draws new crops (Ray re-reads the
 data on each pass); an int ``seed`` gives the same crops on every pass (vary ``epoch=``).  The keys are
-not ParallelReader's (which counts positions in its reader's order), so such pixels differ from it.
+not ParallelReader's (which counts positions in its reader's order), so such pixels differ from it.  A
+streamed file (no ``.idx``) counts the samples delivered: after a damaged group skipped there the later
+samples' indexes (their keys, the numbers in errors) are lower by the groups skipped than in an indexed read
+(the damage may hide how many groups it took).
 
 **Order**: the tasks are listed in file order, then range order; Ray keeps that order only with
 ``ray.data.DataContext.get_current().execution_options.preserve_order = True`` (the order of
@@ -293,6 +297,8 @@ def _files(paths: Sequence[str], nf: int, on_error: str, use_index: bool) -> Lis
     """``(file, groups)`` per path (``groups`` None: no ``.idx``, or ``use_index=False``), every index
     parsed and checked against its file."""
     from ..pipeline.plan import whole_groups
+    from ..sources.files import CHECKED_FILES, check_heads
+    check_heads(paths[:CHECKED_FILES])  # a file of another format: refused here, as ParallelReader does
     out = []
     for path in paths:
         try:

@@ -159,7 +159,7 @@ class FileSource(Source):
         self.default_join = default_join
         if kind is not None:
             self.kind = kind
-        _check_heads(self.paths[:CHECKED_FILES])
+        check_heads(self.paths[:CHECKED_FILES])
 
     def rereadable(self) -> bool:
         return all(os.path.isfile(p) for p in self.paths)  # (a FIFO path is not)
@@ -203,7 +203,7 @@ def _describe(paths: Sequence[str]) -> str:
 CHECKED_FILES = 64
 
 
-def _check_heads(paths: Sequence[str]) -> None:
+def check_heads(paths: Sequence[str]) -> None:
     """A regular file that plainly holds another format (a folder of JPEGs given as the channel): say
     what it is now, when the reader is made, not at the first ``next()`` (FIFOs and the like are read by
     the reader process only; they are not touched here)."""
