@@ -298,3 +298,124 @@ def test_extract_by_key_from_stdin_and_bench_of_no_samples_are_refused(tmp_path:
     proc = cli("bench", rec, "--samples", "0")
     assert proc.returncode == 2 and proc.stderr.decode().splitlines()[-1].endswith(
         "argument --samples: must be at least 1 sample, not 0")
+
+
+# -- audit round 13: other damage at byte 0, stale indexes, closed stdin, odd outputs ---------------------
+
+@pytest.mark.parametrize("command", [["inspect"], ["bench", "--workers", "0", "--quiet"]])
+def test_a_file_of_frame_heads_without_an_intact_record_is_not_called_non_recordio(tmp_path: Path,
+                                                                                     command: List[str]):
+    """A download cut short inside its only record, or records over --max-record-bytes, start with the
+    RecordIO magic: inspect and bench said "not a RecordIO stream ... not with the RecordIO magic"; now
+    they say what cat says, the reader's error at byte 0."""
+    cut = tmp_path / "cut.rec"
+    cut.write_bytes(frame(bytes(range(256)) * 400)[:50_000])
+    proc = cli(command[0], cut, *command[1:])
+    assert proc.returncode == 1
+    assert error_line(proc) == (f"parrecio {command[0]}: error: truncated payload: frame declares 102400 bytes "
+                                f"(+0 padding) but the stream ends after 49992 (byte offset 0 of {cut})")
+    if command[0] == "bench":  # (it has no --max-record-bytes)
+        return
+    big = tmp_path / "big.rec"
+    big.write_bytes(frame(b"x" * 100) + frame(b"y" * 200))
+    proc = cli(command[0], big, "--max-record-bytes", "50", *command[1:])
+    assert error_line(proc).startswith(f"parrecio {command[0]}: error: record length 100 bytes exceeds "
+                                       f"max_record_bytes (50) (byte offset 0 of {big})")
+    assert "not a RecordIO stream" not in error_line(proc)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda d: d.__setitem__(slice(4, 8), struct.pack("<I", (1 << 29) - 1)),
+     "record length 536870911 bytes exceeds max_record_bytes (67108864)"),
+    (lambda d: d.__setitem__(slice(4, 8), struct.pack("<I", (3 << 29) | 10)),
+     "continuation part (cflag 3) without a first part (cflag 1)"),
+])
+def test_a_damaged_first_length_word_points_at_the_records_after_it(tmp_path: Path, damage, reason: str):
+    """Only a damaged magic at byte 0 said that records follow and how to read past them; a damaged
+    length word (a huge length, a continuation flag) at byte 0 now says so too."""
+    payloads = [b"0123456789", b"abcdefghij", b"klmnopqrst"]
+    rec = tmp_path / "l.rec"
+    _damaged(rec, payloads, damage)
+    proc = cli("cat", rec, "--format", "hex")
+    line = error_line(proc)
+    assert line.startswith(f"parrecio cat: error: {reason} (byte offset 0 of {rec}): the file's start is damaged, "
+                           f"but RecordIO records follow (a frame head at byte offset {len(frame(payloads[0]))}); "
+                           f"--skip-corrupt reads past it"), line
+    assert ("raise --max-record-bytes" in line) == ("max_record_bytes" in reason)
+    assert cli("cat", rec, "--skip-corrupt").stdout == b"".join(payloads[1:])
+
+
+def test_extract_by_index_refuses_a_stale_index(tmp_path: Path):
+    """extract --index I through an .idx took the I-th listed offset on trust: an index missing a line gave
+    the next record (status 0), one of the file before records were appended said there was no record I,
+    one with an offset past the end was not noticed.  Each is an error naming the index now; --no-index
+    reads the record."""
+    payloads = [b"record-%d" % i for i in range(12)]
+    rec = tmp_path / "t.rec"
+    rec.write_bytes(b"".join(frame(p) for p in payloads))
+    offsets = np.cumsum([0] + [len(frame(p)) for p in payloads])[:-1].tolist()
+    idx = tmp_path / "t.idx"
+
+    def listing(offs):
+        idx.write_text("".join(f"{i}\t{o}\n" for i, o in enumerate(offs)))
+
+    listing(offsets)
+    assert [cli("extract", rec, "--index", i).stdout for i in (0, 4, 11)] == [payloads[0], payloads[4], payloads[11]]
+    listing(offsets[:4] + offsets[5:])      # a line missing
+    line = error_line(cli("extract", rec, "--index", 4))
+    assert line.startswith("parrecio extract: error: the record ends at byte") and \
+        line.endswith(f"(byte offset {offsets[3]} of {rec}); --no-index counts the file's records instead"), line
+    assert cli("extract", rec, "--index", 4, "--no-index").stdout == payloads[4]
+    listing(offsets[:10])                   # the file grew after the index was written
+    assert "another record follows it there" in error_line(cli("extract", rec, "--index", 10))
+    listing(offsets[:2] + [offsets[-1] + 64])  # an offset past the end
+    assert "at or past the end of the file" in error_line(cli("extract", rec, "--index", 1))
+    listing(offsets[:4] + offsets[5:])
+    assert cli("extract", rec, "--key", 2).stdout == payloads[2]  # (its own record ends where the next is listed)
+    assert "the index is not this file's" in error_line(cli("extract", rec, "--key", 3))
+
+
+def test_closed_stdin_demo_out_idx_npz_labels_and_dash_outputs_are_one_line_errors(tmp_path: Path, images: Path):
+    """stdin closed (``<&-``): a traceback (sys.stdin is None); ``demo --out d.idx``: records and index lines
+    interleaved in d.idx; ``pack protobuf --labels L.npz``: "5 labels for 20 rows" (it counted the
+    archive's arrays); ``pack images DIR -``: files named "-", "-.idx" and "-.lst"."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for command in (["cat", "-"], ["inspect", "-"], ["extract", "-", "--index", "0"]):
+        proc = subprocess.run([sys.executable, "-m", "parrecio.cli", *command], stdin=subprocess.DEVNULL,
+                              capture_output=True, env=env, timeout=120, preexec_fn=lambda: os.close(0))
+        assert proc.returncode == 1 and error_line(proc) == (
+            f"parrecio {command[0]}: error: cannot use stdin ('-'): it is closed")
+    (tmp_path / "d.idx").write_text("old\n")
+    proc = cli("demo", "--out", tmp_path / "d.idx", "--samples", "4")
+    assert proc.returncode != 0 and proc.stderr.decode().strip() == (
+        f"parrecio demo: --out '{tmp_path / 'd.idx'}': the records and their index would both be written to "
+        f"this one file; name it {tmp_path / 'd'}.rec")
+    assert (tmp_path / "d.idx").read_text() == "old\n"
+    np.save(tmp_path / "x.npy", np.ones((20, 3), np.float32))
+    np.savez(tmp_path / "y.npz", a=np.ones(20), b=np.ones(20))
+    proc = cli("pack", "protobuf", tmp_path / "x.npy", tmp_path / "o.rec", "--labels", tmp_path / "y.npz")
+    assert error_line(proc) == (f"parrecio pack: error: {tmp_path / 'y.npz'}: an .npz archive of 2 array(s) "
+                                f"['a', 'b'], not a .npy array: save the one array with numpy.save")
+    proc = cli("pack", "images", images, "-", cwd=tmp_path)
+    assert error_line(proc) == ("parrecio pack: error: OUT '-' (standard output) is for pack manifest; pack images "
+                                "writes a .rec and its index: give a file name (or /dev/stdout for the records "
+                                "alone)")
+    assert not (tmp_path / "-").exists() and not (tmp_path / "o.rec").exists()
+
+
+def test_an_ambiguous_join_names_the_command_line_option(tmp_path: Path):
+    """AmbiguousJoin's advice is worded for the Python API (join='mxnet'); on the command line it names
+    --join, which reads the file."""
+    import io
+    from parrecio import RecordWriter
+    payload = b"x" * 8 + b"\x0a\x23\xd7\xce" + b"y" * 4  # MXNet's cut: parts of 8 and 4 bytes, or a fixed split
+    buf = io.BytesIO()
+    with RecordWriter(buf) as w:
+        w.write(b"abc")
+        w.write(payload)
+    rec = tmp_path / "a.rec"
+    rec.write_bytes(buf.getvalue())
+    line = error_line(cli("cat", rec))
+    assert line.endswith("pass --join mxnet or --join concat") and "join='" not in line, line
+    assert "(cut at an aligned magic, --join mxnet)" in line and "MXNet's writer" in line
+    assert cli("cat", rec, "--join", "mxnet").stdout == b"abc" + payload

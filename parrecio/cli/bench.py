@@ -118,7 +118,7 @@ def peek(channel: str, join: Optional[str]) -> Optional[Tuple[List[str], float]]
     from ..errors import ParrecioError
     from ..recordio import RecordReader
     from ..sources import resolve
-    from ..tools.inspect import head_of, not_recordio, payload_kind
+    from ..tools.inspect import head_of, no_record, payload_kind
 
     if channel == "-":
         return None
@@ -139,9 +139,9 @@ def peek(channel: str, join: Optional[str]) -> Optional[Tuple[List[str], float]]
                     sizes.append(len(view))
                     if len(sizes) >= PEEK_RECORDS:
                         break
-            head = head_of(path) if len(sizes) == found else None
-            if head:  # bytes, but no record: not RecordIO at all
-                raise not_recordio(path, head, os.path.getsize(path))
+                head = head_of(path) if len(sizes) == found else None
+                if head:  # bytes, but no record: not RecordIO at all, or no intact record
+                    raise no_record(path, head, os.path.getsize(path), reader.first_error)
             if len(sizes) >= PEEK_RECORDS:
                 break
     finally:

@@ -67,6 +67,9 @@ positive_bytes = at_least_one("byte")
 def input_source(path: str):
     """What :class:`~parrecio.recordio.RecordReader` should read: the path, or a raw stdin for ``-``."""
     if path == "-":
+        if sys.stdin is None:  # (started with stdin closed: `<&-`)
+            from ..errors import SourceError
+            raise SourceError("cannot use stdin ('-'): it is closed")
         return open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
     return path
 
@@ -337,8 +340,9 @@ def _idx_path(path: str):
 
 
 def _extract_one(args: argparse.Namespace) -> bytes:
-    from ..errors import ParrecioError
+    from ..errors import CorruptRecordError, ParrecioError
     from ..recordio import IndexedRecordReader, RecordReader
+    from ..recordio.index import IndexMismatch, check_index
 
     idx = None if args.no_index else _idx_path(args.file)
     if args.key is not None:
@@ -347,8 +351,16 @@ def _extract_one(args: argparse.Namespace) -> bytes:
             if args.file == "-":
                 raise ParrecioError("--key needs the .rec file's index: it cannot be used with stdin (give the "
                                     "file's path, or --index N for the N-th record)")
+            if args.no_index:
+                raise ParrecioError("--key looks the key up in the .rec file's index: it cannot be used with "
+                                    "--no-index")
+            if os.path.isfile(index_path(args.file)) and not os.path.isfile(args.file):
+                raise ParrecioError(f"--key reads the record at the offset its index lists: {args.file} is not "
+                                    f"a regular file (a FIFO or a device cannot be read by offset); use "
+                                    f"--index N (the N-th record) instead")
             raise ParrecioError(f"--key needs an index file next to {args.file} ({index_path(args.file)})")
         with IndexedRecordReader(args.file, idx, join=args.join, max_record_bytes=args.max_record_bytes) as rec:
+            check_index(rec, sorted(set(rec.offsets)), 1)
             keys = rec.keys
             key = args.key
             if keys and isinstance(keys[0], int):
@@ -362,9 +374,23 @@ def _extract_one(args: argparse.Namespace) -> bytes:
     if idx is not None:
         with IndexedRecordReader(args.file, idx, join=args.join, max_record_bytes=args.max_record_bytes) as rec:
             offsets = sorted(set(rec.offsets))
-            if args.index >= len(offsets):
-                raise ParrecioError(f"no record {args.index}: {idx} lists {len(offsets)} records")
-            return rec.read_at(offsets[args.index])
+            # A stale index (a line missing, records appended, offsets past the end) would give another
+            # record, or none, with status 0: check it as the pipeline does, and that the record before
+            # ends where the index lists this one.
+            try:
+                check_index(rec, offsets, 1)
+                if args.index >= len(offsets):
+                    raise ParrecioError(f"no record {args.index}: {idx} lists {len(offsets)} records")
+                if args.index:
+                    try:
+                        rec.read_at(offsets[args.index - 1])
+                    except IndexMismatch:
+                        raise
+                    except CorruptRecordError:
+                        pass  # (that record is damaged: not the one asked for)
+                return rec.read_at(offsets[args.index])
+            except IndexMismatch as exc:
+                raise ParrecioError(f"{exc}; --no-index counts the file's records instead") from exc
     with RecordReader(input_source(args.file), join=args.join, max_record_bytes=args.max_record_bytes,
                       on_corrupt="skip" if args.skip_corrupt else "raise",
                       source_name="<stdin>" if args.file == "-" else None) as reader:
@@ -372,7 +398,7 @@ def _extract_one(args: argparse.Namespace) -> bytes:
         for n, (_, view) in enumerate(reader.iter_views(), 1):
             if n - 1 == args.index:
                 return view.tobytes()
-    raise ParrecioError(f"no record {args.index}: {args.file} has {n} records")
+    raise ParrecioError(f"no record {args.index}: {'<stdin>' if args.file == '-' else args.file} has {n} records")
 
 
 def _strip(payload, which) -> bytes:

@@ -41,6 +41,10 @@ def _run(args: argparse.Namespace) -> int:
         if os.path.isdir(path):
             raise SystemExit(f"parrecio demo: --out {path!r} is a folder; give a file name, e.g. "
                              f"{os.path.join(path, 'demo.rec')}")
+        from ..recordio.paths import index_path
+        if os.path.abspath(index_path(path)) == os.path.abspath(path):  # (records and index in one file)
+            raise SystemExit(f"parrecio demo: --out {path!r}: the records and their index would both be "
+                             f"written to this one file; name it {os.path.splitext(path)[0]}.rec")
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             raise SystemExit(f"parrecio demo: --out {path!r}: the folder {folder!r} does not exist")

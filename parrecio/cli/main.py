@@ -123,17 +123,23 @@ def _explained(exc: ParrecioError, command: str) -> str:
     follow (its start is damaged): say what the file is, the same way for every subcommand
     (parrecio.tools.inspect.not_recordio), or that its start is damaged and how to read past it."""
     from ..errors import CorruptRecordError
+    from ..recordio.joins import AmbiguousJoin
     from ..tools.inspect import head_of, not_recordio
-    if isinstance(exc, CorruptRecordError) and exc.offset == 0 and "bad magic" in exc.reason:
+    if isinstance(exc, AmbiguousJoin):  # (its advice is worded for the Python API)
+        import re
+        return re.sub(r"join='(\w+)'", r"--join \1", str(exc))
+    if isinstance(exc, CorruptRecordError) and exc.offset == 0:
         head = head_of(exc.source)
         if head is not None:
             size = os.path.getsize(exc.source)
             found = _records_after_damage(exc.source, size)
-            if found is None:
-                return str(not_recordio(exc.source, head, size))
+            if found is None:  # (a damaged length word, a cut download: the reader's own words)
+                return str(not_recordio(exc.source, head, size)) if "bad magic" in exc.reason else str(exc)
             # the reader's guess at byte 0 ("not a RecordIO stream? it starts with ...") is wrong here
             reason = exc.reason.split("; not a RecordIO stream?")[0]
             hint = SKIP_HINTS.get(command, "'parrecio inspect' lists the damaged regions")
+            if "max_record_bytes" in reason:
+                hint += "; if the record is whole, raise --max-record-bytes"
             return (f"{reason} (byte offset 0 of {exc.source}): the file's start is damaged, but RecordIO "
                     f"records follow (a frame head at byte offset {found}); {hint}")
     return str(exc)

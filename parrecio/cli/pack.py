@@ -103,7 +103,12 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, tools: Any) -> int:
     import os
 
+    from ..errors import SourceError
     from .cat import os_error
+
+    if args.out == "-" and args.pack_kind != "manifest":  # (it made files named "-", "-.idx", "-.lst")
+        raise SourceError(f"OUT '-' (standard output) is for pack manifest; pack {args.pack_kind} writes a "
+                          f".rec and its index: give a file name (or /dev/stdout for the records alone)")
 
     from .progress import bar
 

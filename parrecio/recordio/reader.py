@@ -141,6 +141,8 @@ class RecordReader:
         self.corrupt_regions: List[Tuple[int, int]] = []
         #: Offset of the last dropped region (None before any).
         self.last_corrupt: Optional[int] = None
+        #: The error of the first dropped region (None before any): what a stream with no intact record had.
+        self.first_error: Optional[CorruptRecordError] = None
         #: Offset of the first region of the last run of damage: dropped regions one right after another,
         #: with no record between them (a broken record whose resync lands on another broken one).
         self.corrupt_run: Optional[int] = None
@@ -177,6 +179,7 @@ class RecordReader:
         self.skipped_records = self.skipped_bytes = 0
         self.corrupt_regions = []
         self.last_corrupt = self.corrupt_run = None
+        self.first_error = None
         self._run_end = -1
         self.guess = JoinGuess()
         self._max_single = 0
@@ -306,6 +309,8 @@ class RecordReader:
                     self._pin = None
                     self._error = err
                     raise
+                if self.first_error is None:
+                    self.first_error = err
                 nxt = self._skip(offset)
                 if nxt is None:
                     return None

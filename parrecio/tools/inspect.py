@@ -22,7 +22,7 @@ from ..recordio import DEFAULT_MAX_RECORD_BYTES, RecordReader
 from ..recordio.framing import HEADER_SIZE, padded_size
 from ..recordio.paths import check_path_arg
 
-__all__ = ["inspect_stream", "payload_kind", "not_recordio", "GUESS_RECORDS", "CountingReader"]
+__all__ = ["inspect_stream", "payload_kind", "not_recordio", "no_record", "GUESS_RECORDS", "CountingReader"]
 
 GUESS_RECORDS = 64
 """How many leading records :func:`inspect_stream` gives :func:`guess_fields` to guess the group size."""
@@ -112,7 +112,8 @@ def inspect_stream(source: Union[str, BinaryIO], *, join: str = "auto", name: Op
     ``guess_records`` records; 1 when nothing regular shows), ``groups``, ``leftover_records`` (records of
     an incomplete last group), ``fields`` (per position in a group: ``kinds`` -> count over the whole
     stream), ``skipped_records``, ``skipped_bytes``, ``corrupt_regions`` (``[{"offset", "bytes"}]``, the
-    first 1000).  Raises :class:`SourceError` when no record at all is found in a non-empty stream.
+    first 1000).  Raises :class:`SourceError` when no record at all is found in a non-empty stream
+    (:class:`CorruptRecordError`, the first record's, where it starts with a RecordIO frame head).
     """
     check_path_arg(source, "source")
     owned = None
@@ -132,13 +133,21 @@ def inspect_stream(source: Union[str, BinaryIO], *, join: str = "auto", name: Op
                           source_name=str(name)) as reader:
             result = _scan(reader, counting, guess_records, max_group)
             chosen = join if join != "auto" else "auto: " + reader.guess.describe()
+            if result["records"] == 0 and counting.nbytes:
+                raise no_record(name, bytes(counting.head), counting.nbytes, reader.first_error)
     finally:
         if owned is not None:
             owned.close()
-    result = {"source": str(name), "join": chosen, **result}
-    if result["records"] == 0 and counting.nbytes:
-        raise not_recordio(name, bytes(counting.head), counting.nbytes)
-    return result
+    return {"source": str(name), "join": chosen, **result}
+
+
+def no_record(name: Any, head: bytes, nbytes: int, first_error: Optional[Exception]) -> Exception:
+    """The error for bytes with no intact record: what the first frame head's record had (a truncated
+    download, a record over ``max_record_bytes``) when they start with one, else :func:`not_recordio`."""
+    from ..recordio.framing import MAGIC_BYTES
+    if first_error is not None and head.startswith(MAGIC_BYTES):
+        return first_error
+    return not_recordio(name, head, nbytes)
 
 
 def _scan(reader: RecordReader, counting: CountingReader, guess_records: int, max_group: int) -> Dict[str, Any]:

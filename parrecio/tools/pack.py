@@ -572,7 +572,13 @@ def pack_protobuf(features_path: str, out: str, labels_path: Optional[str] = Non
 
     def load(path: str) -> Any:
         try:
-            return np.load(path, allow_pickle=False)
+            got = np.load(path, allow_pickle=False)
+            if not isinstance(got, np.ndarray):  # an .npz archive of arrays (it counted as its arrays)
+                names = list(got.files)
+                got.close()
+                raise SourceError(f"{path}: an .npz archive of {len(names)} array(s) {names[:4]}, not a "
+                                  f".npy array: save the one array with numpy.save")
+            return got
         except (ValueError, OSError, EOFError) as exc:
             try:
                 with open(path, "rb") as f:
