@@ -420,3 +420,20 @@ def test_full_dev_shm_is_a_clear_error_not_a_sigbus(stream, monkeypatch, no_leak
     with deadline(60):
         assert len(list(reader)) > 0
     reader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_stats_count_the_records_framed_before_an_error_that_ends_the_pass(tmp_path, workers):
+    """The reader process's fast loop for one-record groups of a mapped file kept its counts in locals:
+    a pass that ended on an error (a record over max_record_bytes) said stats.records == 0 after 1000
+    delivered samples with workers >= 1, where workers=0 said 1000."""
+    from recordio_helpers import frame
+    path = tmp_path / "a.rec"
+    path.write_bytes(b"".join(frame(b"x" * 1000) for _ in range(1000)) + frame(b"y" * 200_000) + frame(b"z"))
+    with ParallelReader(path, None, workers=workers, tuning=Tuning(max_record_bytes=100_000)) as reader:
+        got = []
+        with pytest.raises(CorruptRecordError, match=r"exceeds max_record_bytes.*sample 1000"):
+            for payload in reader:
+                got.append(payload)
+        assert got == [b"x" * 1000] * 1000
+        assert (reader.stats.samples, reader.stats.records, reader.stats.bytes) == (1000, 1000, 1_000_000)

@@ -166,17 +166,17 @@ class Chunker:
             self.check()
 
     def add_flat(self, stream_id: int, reader: Any, mm: Any, in_file: Place, start: int,
-                 copied: Callable[[int, list, int], None]) -> Tuple[int, int]:
+                 copied: Callable[[int, list, int], None], tally: List[int]) -> None:
         """The hot loop of the commonest small-record case (the group stream's ``Placement.flat``): a
         mapped file, one record per group, no shards, no shuffle, no resume skip.  Plain records are
         framed in bulk into the pending chunk's arrays (:meth:`RecordReader.scan_flat`); the one it stops
         at goes through :meth:`RecordReader.iter_views` -- a multipart record (joined in a new buffer) to
         ``copied(stream_id, [payload], offset)``, damage to the reader's ``on_corrupt``, the end.  The
         payloads of ``mm`` (the reader's buffer: a file mapped from its byte 0) are at their file
-        offsets.  Returns the records and payload bytes it framed."""
+        offsets.  Adds the records and payload bytes it frames to ``tally`` as it goes (the caller counts
+        them when the stream ends on an error too)."""
         cfg = self.cfg
         size, chunk_bytes = self.size, self._cap(in_file)
-        records = nbytes = 0
         while True:
             p = self.pending
             if p.n and (p.stream_id != stream_id or p.place != in_file):
@@ -199,8 +199,8 @@ class Chunker:
             got, gb = reader.scan_flat(p.ring_offs, p.lens, p.stream_offs, room_n, room_b)
             p.n, p.nbytes = k + got, nb + gb
             self.seq = p.first_seq + p.n
-            records += got
-            nbytes += gb
+            tally[0] += got
+            tally[1] += gb
             if got == room_n or gb >= room_b:  # stopped at a limit: full, or the next phase
                 if self._full(p):
                     self.flush()
@@ -212,11 +212,11 @@ class Chunker:
             finally:
                 views.close()
             if got1 is None:
-                return records, nbytes
+                return
             offset, view = got1
             n = len(view)
-            records += 1
-            nbytes += n
+            tally[0] += 1
+            tally[1] += n
             if view.obj is not mm:  # a multipart record, joined in a new buffer: through the ring
                 copied(stream_id, [bytes(view)], offset)
                 continue

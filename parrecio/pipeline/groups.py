@@ -60,7 +60,7 @@ class Placement:
 
     holds = True    # parts are bytes from the start (no record stays where it was read)
     start = 0       # where the stream's offset 0 lies in its file (the .idx is read only from the start)
-    flat: Optional[Callable[[Any, "GroupStream"], Tuple[int, int]]] = None  # a fast loop for nf == 1
+    flat: Optional[Callable[[Any, "GroupStream", List[int]], None]] = None  # a fast loop for nf == 1
 
     def begin(self, offset: int, view: memoryview, keep: bool) -> None:
         """The record at stream offset ``offset`` opens a group (``keep``: of this shard)."""
@@ -267,8 +267,13 @@ class GroupStream:
     def _flat(self, reader: Any, place: Placement) -> Iterator[Group]:
         """The placement frames the stream itself (the reader process's hot loop): no group comes out."""
         assert place.flat is not None
-        records, nbytes = place.flat(reader, self)
-        self.flat_done(reader, records, nbytes, True)
+        tally = [0, 0]  # records and payload bytes framed: counted when the stream ends on an error too
+        whole = False
+        try:
+            place.flat(reader, self, tally)
+            whole = True
+        finally:
+            self.flat_done(reader, tally[0], tally[1], whole)
         return iter(())
 
     def _grouped(self, stream_id: int, name: str, reader: Any, place: Placement,

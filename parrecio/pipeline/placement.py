@@ -14,7 +14,7 @@ the ring) makes the group held: its records so far are copied out, and the reade
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from .groups import HOLD, Placement
 from .ring import RingWriter
@@ -29,7 +29,7 @@ class Mapped(Placement):
 
     holds = False
 
-    def __init__(self, mm: Any, start: int, flat: Callable[[Any, Any], Any]) -> None:
+    def __init__(self, mm: Any, start: int, flat: Callable[[Any, Any, List[int]], None]) -> None:
         self.mm = mm
         self.start = start
         self.flat = flat

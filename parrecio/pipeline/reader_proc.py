@@ -240,8 +240,8 @@ class _Reader:
                     place = Placement()
                     place.start = start  # (the records are copied out; the Realigner needs where they lie)
                 else:
-                    place = Mapped(mm, start, lambda rd, _gs: self.out.add_flat(stream_id, rd, mm, in_file, start,
-                                                                               self._emit_group))
+                    place = Mapped(mm, start, lambda rd, _gs, tally: self.out.add_flat(
+                        stream_id, rd, mm, in_file, start, self._emit_group, tally))
                 t0 = time.perf_counter()
                 try:
                     yield stream_id, stream.name, reader, place
