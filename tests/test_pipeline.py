@@ -332,7 +332,8 @@ def test_bottleneck_verdict_and_telemetry(stream, no_leaks):
                 snap = reader.telemetry()
         assert reader.stats.bottleneck == "decode"
     assert set(snap["processes"]) >= {"worker 0"}
-    assert snap["processes"]["worker 0"]["rss_bytes"] > 0
+    worker = snap["processes"]["worker 0"]
+    assert worker["rss_bytes"] > 0 and 0 < worker["private_bytes"] < worker["rss_bytes"]
     assert snap["queues"]["ring_bytes"] == 64 << 20 and snap["queues"]["slots"] >= 1
     with ParallelReader(path, fields=Fixed(), workers=2, batch_size=8) as reader:
         for _ in reader:

@@ -732,8 +732,9 @@ class ParallelReader:
 
     def telemetry(self) -> dict:
         """A snapshot of the running pipeline: per-process CPU (percent of one core since the previous
-        call) and resident memory, fill levels of the input ring, tasks and output slots, and the
-        bottleneck verdict of :attr:`stats`."""
+        call), resident memory (``rss_bytes``) and what of it is the process's own (``private_bytes``:
+        without the pages of mapped files and shared memory it has touched), fill levels of the input
+        ring, tasks and output slots, and the bottleneck verdict of :attr:`stats`."""
         import psutil
         res = self._res
         procs = {}
@@ -747,10 +748,14 @@ class ParallelReader:
             try:
                 if proc is None:
                     proc = self._procs[pid] = psutil.Process(pid)
-                usage[name] = {"pid": pid, "cpu_percent": proc.cpu_percent(None),
-                               "rss_bytes": proc.memory_info().rss}
+                mem = proc.memory_info()
+                # rss counts the pages of mapped files read (page cache: shared, reclaimable) and of the
+                # shared-memory ring; private_bytes leaves them out (Linux: rss - shared, the RssAnon)
+                shared = getattr(mem, "shared", None)
+                usage[name] = {"pid": pid, "cpu_percent": proc.cpu_percent(None), "rss_bytes": mem.rss,
+                               "private_bytes": None if shared is None else max(mem.rss - shared, 0)}
             except psutil.Error:
-                usage[name] = {"pid": pid, "cpu_percent": None, "rss_bytes": None}
+                usage[name] = {"pid": pid, "cpu_percent": None, "rss_bytes": None, "private_bytes": None}
         run = res.run
         queues = {
             "ring_bytes": res.cfg.ring_bytes,
