@@ -918,7 +918,8 @@ def _indexed_groups(index_paths: tuple, nfields: int, join: str = "auto") -> int
     ms), so a channel of many objects would otherwise wait for each in turn."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..recordio import IndexedRecordReader, read_index
+    from ..recordio import IndexedRecordReader
+    from ..recordio.index import read_index_columns
     from ..recordio.index import check_index
 
     def listed(pair: tuple) -> int:
@@ -929,7 +930,7 @@ def _indexed_groups(index_paths: tuple, nfields: int, join: str = "auto") -> int
             with IndexedRecordReader(rec, idx, join=join) as r:
                 check_index(r, sorted(r.offsets), nfields)
                 return len(r) // nfields
-        return len(read_index(idx)) // nfields
+        return len(read_index_columns(idx)[1]) // nfields
 
     if len(index_paths) == 1:
         return listed(index_paths[0])

@@ -41,7 +41,7 @@ from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
 from ..decoders.sniff import describe, sniff
 from ..errors import CorruptRecordError
-from ..recordio.index import IndexMismatch, check_offsets, read_index
+from ..recordio.index import IndexMismatch, check_offsets, read_index_columns
 from ..recordio.paths import index_beside
 
 __all__ = ["Realigner", "for_stream", "EXTRA_DROPS"]
@@ -211,5 +211,5 @@ def for_stream(cfg: Any, name: str, start: int = 0) -> Realigner:
         idx = next((i for rec, i in cfg.index_paths if str(rec) == name), None)
         if idx is None:
             idx = index_beside(name)
-    index = None if idx is None else (lambda: [off for _, off in read_index(idx)])
+    index = None if idx is None else (lambda: read_index_columns(idx)[1])
     return Realigner(cfg.kinds, cfg.names, name, index, str(idx) if idx is not None else "its .idx")

@@ -850,9 +850,9 @@ class S3IndexedReader:
         self.closed = False
 
     def _read_index(self) -> List[int]:
-        from ..recordio import read_index
+        from ..recordio.index import read_index_columns
         try:
-            return [o for _, o in read_index(self._idx)]
+            return read_index_columns(self._idx)[1]
         except CorruptRecordError as exc:
             raise CorruptRecordError(exc.reason, exc.offset, source=self.idx_path) from None
         except SourceError as exc:
