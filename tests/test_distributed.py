@@ -287,3 +287,18 @@ def test_unbatched_slots_are_sized_from_the_outputs(tmp_path):
         assert r.config.slot_size == 5
     with ParallelReader(path, fields=Image(size=(224, 224)), batch_size=32) as r:
         assert r.config.slot_size == 32                                  # with batches: the batch
+
+
+def test_an_epochs_order_is_two_arrays_not_a_list_of_tuples():
+    """The order of a shuffled read by index was a list of (file, group) tuples, ~100 B a group in the
+    reader process (1M groups: 100 MB); it is two int64 arrays now, 16 B a group, read as the same pairs."""
+    import numpy as np
+    from parrecio.pipeline.plan import Order
+    order = indexed_order([300_000, 0, 700_000], shuffle=True, seed=1, epoch=0, num_shards=1, shard_index=0,
+                          even=None)
+    assert isinstance(order, Order) and order.files.nbytes + order.groups.nbytes == 16 * 1_000_000
+    perm = np.random.default_rng([1, 0]).permutation(1_000_000)
+    pairs = list(order)
+    assert len(pairs) == 1_000_000 and all(type(f) is int and type(g) is int for f, g in pairs[:10])
+    assert [300_000 * (f == 2) + g for f, g in pairs] == perm.tolist()
+    assert order[5:][0] == pairs[5] and order[-1] == pairs[-1] and len(order[999_990:]) == 10

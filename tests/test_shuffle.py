@@ -113,15 +113,15 @@ def test_len_reads_the_indexes_once_and_side_by_side(tmp_path, monkeypatch, no_l
     for i in range(4):
         paths.append(tmp_path / f"part-{i}.rec")
         _write(paths[-1], 10 + i, index=True)
-    real, calls = recordio.read_index, []
+    real, calls = recordio.read_index_columns, []
     barrier = threading.Barrier(4, timeout=10)  # all four reads must be in flight at once
 
-    def read_index(path):
+    def read_index_columns(path):
         calls.append(path)
         barrier.wait()
         return real(path)
 
-    monkeypatch.setattr(recordio, "read_index", read_index)
+    monkeypatch.setattr(recordio, "read_index_columns", read_index_columns)
     reader = ParallelReader([str(p) for p in paths], fields=[Raw(), Raw()], workers=1, batch_size=4)
     assert len(reader) == -(-(10 + 11 + 12 + 13) // 4) and len(reader) == 12 and len(calls) == 4
     reader.close()
