@@ -126,3 +126,33 @@ def test_forked_children_say_nothing_of_the_parents_janitor(tmp_path):
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.split() == ["100"], proc.stderr[-2000:]
     assert "ResourceWarning" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_a_killed_janitor_cat_waits_again_and_sweeps_nothing_of_a_live_run(tmp_path, no_leaks):
+    """The janitor ran ``cat; rm``: a SIGKILL of its ``cat`` (the janitor ignores HUP, INT and TERM; KILL
+    it cannot) removed the live run's ring, and every later pass failed ("No such file ... -ring").  A
+    ``cat`` killed by a signal is started again on the lifeline, which is still open; once the consumer
+    is gone the janitor sweeps as before (the other tests here)."""
+    import psutil
+    from parrecio import ParallelReader
+    path = tmp_path / "j.rec"
+    recs = payloads(300, seed=5)
+    write_rec(path, recs)
+    prefix = f"parrecio-{os.getpid()}-"
+    with ParallelReader(path, fields=None, workers=1) as reader:
+        assert list(reader) == recs
+        janitor = reader._res.janitor
+        assert janitor is not None
+        segments = leftover(prefix)
+        for _ in range(2):
+            cats = psutil.Process(janitor.pid).children()
+            assert [c.name() for c in cats] == ["cat"]
+            cats[0].kill()
+            cats[0].wait(5)
+            deadline = time.monotonic() + 5
+            while [c.pid for c in psutil.Process(janitor.pid).children()] in ([], [cats[0].pid]):
+                assert time.monotonic() < deadline, "no new cat"
+                time.sleep(0.02)
+            assert janitor.poll() is None and leftover(prefix) == segments
+        assert list(reader) == recs  # the ring is still there

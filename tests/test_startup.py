@@ -407,3 +407,29 @@ def test_a_worker_start_through_a_dying_fork_server_is_tried_again(tmp_path, mon
     with ParallelReader(str(path), fields=Fixed(), workers=2, tuning=Tuning(start_method="spawn")) as r:
         with pytest.raises(EOFError):
             list(r)
+
+
+def test_a_process_start_the_fork_server_dies_under_is_a_pipeline_error():
+    """The fork server killed while a pass starts its processes: multiprocessing's bare EOFError
+    ("unexpected EOF" from forkserver.read_signed) came out of the first next(); it is a PipelineError
+    now, which says what happened (the next pass starts a new fork server)."""
+    from parrecio.errors import PipelineError
+    from parrecio.pipeline.children import start
+
+    class Proc:
+        name, pid = "parrecio-reader", None
+
+        def __init__(self, exc):
+            self.exc = exc
+
+        def start(self):
+            raise self.exc
+
+    with pytest.raises(PipelineError, match=r"^cannot start the parrecio-reader process: the fork server died "
+                                            r"while it started it") as info:
+        start(Proc(EOFError("unexpected EOF")))
+    assert isinstance(info.value.__cause__, EOFError)
+    with pytest.raises(PipelineError, match=r"cannot start the parrecio-reader process: BlockingIOError: "):
+        start(Proc(BlockingIOError(11, "Resource temporarily unavailable")))
+    with pytest.raises(KeyboardInterrupt):
+        start(Proc(KeyboardInterrupt()))

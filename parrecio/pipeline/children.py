@@ -177,6 +177,11 @@ def _main_not_reimported() -> Iterator[None]:
         _STARTING.hiding = was
 
 
+# The janitor's wait for the end of its stdin (the lifeline): a ``cat`` killed by a signal (status > 128)
+# is started again -- the lifeline is still open, and a sweep then would remove a live run's shared memory.
+_WAIT = "while :; do cat >/dev/null 2>&1; [ $? -gt 128 ] || break; done"
+
+
 def start_janitor(prefix: str, lifeline_fd: int, detached: bool = False) -> Optional[Any]:
     """Start a process that removes the run's shared memory (``SHM_DIR/<prefix>*``) once the lifeline
     ends -- once this process is gone, however it went; on a clean close it finds nothing left.
@@ -199,12 +204,12 @@ def start_janitor(prefix: str, lifeline_fd: int, detached: bool = False) -> Opti
     target = shlex.quote(os.path.join(SHM_DIR, prefix))
     try:
         if not detached:  # (the lifeline is its stdin)
-            return subprocess.Popen(["/bin/sh", "-c", f'trap "" HUP INT TERM; cat >/dev/null 2>&1; rm -f -- {target}*'],
+            return subprocess.Popen(["/bin/sh", "-c", f'trap "" HUP INT TERM; {_WAIT}; rm -f -- {target}*'],
                                     stdin=lifeline_fd, start_new_session=True, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
         # (the lifeline comes as stdin, moved to fd 3: a background list's stdin is /dev/null, and dash
         # takes one-digit descriptors only -- a Jupyter kernel's pipe is numbered in the fifties)
-        script = (f'exec 3<&0 </dev/null; (trap "" HUP INT TERM; cat <&3 >/dev/null 2>&1; rm -f -- {target}*) '
+        script = (f'exec 3<&0 </dev/null; (trap "" HUP INT TERM; exec 0<&3; {_WAIT}; rm -f -- {target}*) '
                   f'>/dev/null 2>&1 &')
         subprocess.run(["/bin/sh", "-c", script], stdin=lifeline_fd, start_new_session=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=True)
@@ -219,12 +224,17 @@ def start(proc: Any) -> None:
     try:
         with _main_not_reimported():
             proc.start()
-    except BaseException:
+    except BaseException as exc:
         # (a Ctrl-C that lands once the process exists: stopped here, it cannot run on unseen -- a reader
         # process writing into the ring beside the next pass's -- until the lifeline ends)
         if proc.pid is not None:
             proc.kill()
             proc.join(1.0)
+        if isinstance(exc, (EOFError, OSError)):  # (the fork server died under it: a bare EOFError)
+            from ..errors import PipelineError
+            how = ("the fork server died while it started it (the next pass starts a new one)"
+                   if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}")
+            raise PipelineError(f"cannot start the {proc.name} process: {how}") from exc
         raise
 
 

@@ -240,11 +240,14 @@ class WorkerPool:
                 self._drain(w, done)  # results it sent before dying still count
                 self.deaths_without_progress = 0 if len(done) > got else self.deaths_without_progress + 1
                 if self.deaths_without_progress > 2 * self.cfg.workers + 2:
-                    raise PipelineError(
-                        f"decoder processes keep dying without finishing any task (the last: "
-                        f"{describe_exit(w.proc.exitcode)}); see their output above -- a decoder that "
-                        f"cannot be unpickled or imported in a new process, or a script without "
-                        f"`if __name__ == '__main__':` under the spawn/forkserver start methods")
+                    code = w.proc.exitcode
+                    why = ("something outside kills them (the kernel's OOM killer: see `dmesg`; a job "
+                           "scheduler), or they crash as they start" if code is not None and code < 0 else
+                           "see their output above -- a decoder that cannot be unpickled or imported in a new "
+                           "process, or a script without `if __name__ == '__main__':` under the "
+                           "spawn/forkserver start methods")
+                    raise PipelineError(f"decoder processes keep dying without finishing any task (the last: "
+                                        f"{describe_exit(code)}): {why}")
                 how = describe_exit(w.proc.exitcode)
                 orphans.extend((t, not t.isolated or t.task_id in w.taken, self._blamed(w, t), how)
                                for t in w.inflight.values())
@@ -294,8 +297,10 @@ class WorkerPool:
                 w.proc.kill()
 
     def drain_all(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for every task in flight to finish (results discarded);
-        workers still busy then are killed and replaced, so nothing writes into slots afterwards."""
+        """At the end of a pass: wait up to ``timeout`` seconds for every task in flight to finish
+        (results discarded); workers still busy then are killed and replaced, so nothing writes into
+        slots afterwards, and so are those that died (a pass that ended on "keep dying" left one in
+        the pool, and every later pass failed on it at once)."""
         deadline = time.monotonic() + timeout
         while self.load() and time.monotonic() < deadline:
             busy = [w for w in self.workers if w.inflight]
@@ -307,10 +312,13 @@ class WorkerPool:
                 if w.proc.sentinel in ready and not w.proc.is_alive():
                     w.inflight.clear()
         for i, w in enumerate(self.workers):
-            if w.inflight or w.killing or w.inbox.partial or not w.proc.is_alive():
+            dead = not w.proc.is_alive()
+            if w.inflight or w.killing or w.inbox.partial or dead:
                 w.proc.kill()
                 self._discard(w)
                 self.workers[i] = self._spawn(w.index)
+                self.replaced += dead and not w.killing  # (a dead one not replaced yet: see collect())
+        self.deaths_without_progress = 0  # (each pass gets its own allowance)
 
     def unlink(self) -> None:
         """Remove the boards' names (their mappings stay valid): see ``Resources._unlink_memory``."""

@@ -524,7 +524,7 @@ class Run(Pass):
         self.undispatched.clear()
         self.recovery.clear()
         pool = self.res.pool
-        if pool is not None and pool.load():
+        if pool is not None and pool.started:
             pool.drain_all(self.cfg.drain_timeout)
         self.tasks.clear()
         self.slots.close()
