@@ -183,3 +183,25 @@ def test_damage_under_a_shuffle_buffer_same_order_in_every_mode(tmp_path, no_lea
                     got.extend(item[0] if batch else [item[0]])
         runs.append(got)
     assert all(r == runs[0] for r in runs[1:]) and len(runs[0]) == 150
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_len_of_indexed_files_stays_theirs_after_a_pass_that_skipped_samples(tmp_path, workers, no_leaks):
+    """len() took the previous pass's delivered count over the .idx files' once a pass was complete: with
+    on_error="skip" that count leaves out the bad samples, so len() said 7, 4, 4, 3 for passes of 4, 4, 3
+    and 5 (too low in epoch 3: a DataLoader's len, an LR schedule's steps).  It is the share the indexes
+    give, every epoch."""
+    from pipeline_helpers import FailOn
+    path = tmp_path / "s.rec"
+    with RecordWriter(str(path), index=True) as w:
+        for i in range(13):
+            w.write((b"BAD-%02d" if i % 2 else b"ok-%02d") % i)
+    for shard in (0, 1):
+        with ParallelReader(path, fields=FailOn(b"BAD"), workers=workers, shuffle=True, seed=4, num_shards=2,
+                            shard_index=shard, on_error="skip") as reader:
+            share = 7 - shard
+            for epoch in range(4):
+                assert len(reader) == share
+                got = sum(1 for _ in reader)
+                assert 0 < got < share and reader.stats.skipped > 0
+            assert len(reader) == share

@@ -695,7 +695,10 @@ class ParallelReader:
     def _length(self, whole: bool = False) -> int:
         """``len(self)``; with ``whole``, that of a whole pass even where the next one is resumed."""
         done = self._pass_samples
-        n = done[0] if done is not None and done[1] == self._data_key() else None
+        # With .idx files, the length is theirs: a pass's count leaves out the samples it skipped (bad
+        # ones under on_error="skip"), so it changed from one epoch to the next and could be too low.
+        n = done[0] if done is not None and done[1] == self._data_key() and not self._res.cfg.index_paths \
+            else None
         if n is None and self._res.cfg.index_paths:
             cfg = self._res.cfg
             try:
