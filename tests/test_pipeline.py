@@ -355,6 +355,9 @@ def test_shards_from_the_environment(stream, monkeypatch, no_leaks):
     monkeypatch.setenv("RANK", "3")
     with ParallelReader(path, workers=1, num_shards="env") as reader:
         assert list(reader) == recs[3::4]
+    with pytest.raises(ValueError, match=r'num_shards="env" takes the shard index from RANK: leave shard_index '
+                                         r'out \(it is 2\)'):  # (it was ignored: rank 3's shard, silently)
+        ParallelReader(path, num_shards="env", shard_index=2)
     monkeypatch.delenv("RANK")
     with pytest.raises(ValueError, match=r"RANK is not set \(the other is '4'\)"):
         ParallelReader(path, num_shards="env")

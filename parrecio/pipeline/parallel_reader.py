@@ -125,8 +125,8 @@ class ParallelReader:
             of the epoch's global permutation (``perm[shard_index::num_shards]``, as PyTorch's
             DistributedSampler); otherwise every ``num_shards``-th group from ``shard_index`` on.
             ``num_shards="env"`` takes both from the ``WORLD_SIZE`` and ``RANK`` environment variables
-            (torch.distributed style); with neither set (a plain ``python train.py``), one shard, with a
-            ``UserWarning``.
+            (torch.distributed style; a ``shard_index`` given with it is an error); with neither set (a
+            plain ``python train.py``), one shard, with a ``UserWarning``.
         even_shards: ``None`` (default): shards differ by at most one group.  ``"pad"``: every shard
             yields ``ceil(groups / num_shards)`` (the first groups of the order repeat to fill the last
             row), ``"drop"``: ``floor(groups / num_shards)`` (the tail that does not divide evenly is
@@ -849,6 +849,9 @@ def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
     with a warning; one of them without the other is an error (a launcher set up half-way)."""
     if not isinstance(num_shards, str) or num_shards != "env":
         return num_shards, shard_index
+    if shard_index != 0:  # (it was left unused, silently)
+        raise ValueError(f'num_shards="env" takes the shard index from RANK: leave shard_index out (it is '
+                         f'{shard_index!r})')
     world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
     if world is None and rank is None:
         warnings.warn('num_shards="env": WORLD_SIZE and RANK are not set (not started by torchrun or another '
