@@ -88,6 +88,35 @@ model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(f
 """
 
 
+# The Keras resume block's surroundings: the reader of the block before it, and a checkpoint callback
+# that prints each state it saves (checked by _trained_states).
+KERAS_RESUME = """\
+from parrecio import ParallelReader
+from parrecio.decoders import Image, ImageRecord
+from parrecio.integrations.keras import generator, steps_per_epoch
+reader = ParallelReader("train.rec", fields=ImageRecord(Image((224, 224)), label_dtype="int64"), batch_size=4)
+class MyCheckpoint(keras.callbacks.Callback):
+    def __init__(self, trained):
+        super().__init__()
+        self.trained = trained
+    def on_train_batch_end(self, batch, logs=None):
+        state = self.trained.state_dict()
+        print("saved", state["epoch"], state["position"], flush=True)
+"""
+
+
+def _trained_states(out: str, folder: str) -> None:
+    """Each save is the state after exactly the batches trained: epoch e, 4 samples a batch."""
+    from parrecio import RecordReader
+    with RecordReader(os.path.join(folder, "train.rec")) as r:
+        n = sum(1 for _ in r)
+    steps = -(-n // 4)
+    saved = [(int(e), int(p)) for e, p in re.findall(r"saved (\d+) (\d+)\n", out)]  # (amid Keras's progress bar)
+    assert len(saved) == 10 * steps, out
+    for i, (epoch, position) in enumerate(saved):
+        assert (epoch, position) == (i // steps, min(n, (i % steps + 1) * 4)), (i, saved)
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     given: str = ""                          # a prelude: the names the block takes from its surroundings
@@ -142,7 +171,8 @@ CASES: Dict[Tuple[str, int], Case] = {
                                   "torch.nn.Linear(3 * 224 * 224, 2))\n", needs=("torch",)),
     ("Frameworks", 1): Case(given=KERAS_MODEL, needs=("tensorflow", "keras")),
     ("Frameworks", 2): Case(given=KERAS_MODEL, needs=("tensorflow", "keras")),
-    ("Frameworks", 3): Case(needs=("ray", "torch"), timeout=600),
+    ("Frameworks", 3): Case(given=KERAS_MODEL + KERAS_RESUME, needs=("tensorflow", "keras"), check=_trained_states),
+    ("Frameworks", 4): Case(needs=("ray", "torch"), timeout=600),
     ("S3", 0): Case(needs=("boto3", "moto"), check=_moto_output),
     ("SageMaker built-in algorithm data (RecordIO-protobuf)", 0): Case(needs=("scipy",), check=_protobuf_output),
     ("Zero-copy and memory", 0): Case(check=_views_output),
@@ -299,8 +329,8 @@ def test_every_block_has_a_case():
     assert not stale, f"cases for blocks the README no longer has: {stale}"
     assert set(CASES).isdisjoint(NOT_RUN)
     # 13 and 20 in the closing note of #24; + RecordIO-protobuf (#26), iter_views, bench.stages boxes16,
-    # bench.pass_cost and bench.round3 (#27)
-    assert len(CASES) == 15 and len(found) == 25
+    # bench.pass_cost and bench.round3 (#27), Keras's TrainedState
+    assert len(CASES) == 16 and len(found) == 26
 
 
 @pytest.mark.parametrize("key", list(CASES), ids=[f"{h}-{n}" for h, n in CASES])
