@@ -392,10 +392,13 @@ def test_a_worker_start_through_a_dying_fork_server_is_tried_again(tmp_path, mon
     real = pool_module.start
     fails = []
 
-    def flaky(proc):
+    def eof():
+        raise EOFError("unexpected EOF")
+
+    def flaky(proc):  # (through children.start, which says what an EOFError there means)
         if len(fails) < 3:
             fails.append(proc)
-            raise EOFError
+            proc.start = eof
         return real(proc)
 
     monkeypatch.setattr(pool_module, "start", flaky)
@@ -405,7 +408,7 @@ def test_a_worker_start_through_a_dying_fork_server_is_tried_again(tmp_path, mon
         assert len(fails) == 3 and len(set(r.worker_pids)) == 2
     fails.clear()
     with ParallelReader(str(path), fields=Fixed(), workers=2, tuning=Tuning(start_method="spawn")) as r:
-        with pytest.raises(EOFError):
+        with pytest.raises(PipelineError, match="cannot start the parrecio-worker-0 process: the fork server died"):
             list(r)
 
 

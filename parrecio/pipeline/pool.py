@@ -118,7 +118,10 @@ class WorkerPool:
         while True:
             try:
                 return self._spawn_once(index)
-            except (EOFError, ConnectionError):
+            except (EOFError, ConnectionError, PipelineError) as exc:
+                # (children.start says what an EOFError there means: a PipelineError caused by it)
+                if isinstance(exc, PipelineError) and not isinstance(exc.__cause__, (EOFError, ConnectionError)):
+                    raise
                 if self.ctx.get_start_method() != "forkserver" or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
