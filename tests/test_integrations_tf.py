@@ -468,6 +468,15 @@ def test_trained_state_counts_steps_per_execution_and_refuses_misuse(cls_rec, no
         model.fit(generator(reader, epochs=1, trained=trained), steps_per_epoch=4, epochs=1,
                   callbacks=[trained.callback(), stopper], verbose=0)
         assert [s["position"] for s in stopper.saved] == [2 * BATCH, 4 * BATCH]
+        # an execution cut short by the generator's end (5 batches, 3 a step): Keras still says a whole
+        # one (batch index 5 of 5) -- "no state after batch 6" at the epoch's end, the checkpoint that
+        # matters most; it is the state after the 5 the generator yielded
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=3)
+        stopper = _StopAt(trained)
+        model.fit(generator(reader, epochs=1, trained=trained), steps_per_epoch=BATCHES, epochs=1,
+                  callbacks=[trained.callback(), stopper], verbose=0)
+        assert [(s["epoch"], s["position"]) for s in stopper.saved] == [(2, 3 * BATCH), (2, N)]
         gen = generator(reader, epochs=2, trained=trained)
         with pytest.raises(RuntimeError, match="callback"):  # not in this fit's callbacks
             model.fit(gen, steps_per_epoch=1, epochs=1, callbacks=[_StopAt(trained)], verbose=0)

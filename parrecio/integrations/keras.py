@@ -123,6 +123,8 @@ class TrainedState:
         self._states: Dict[int, dict] = {}  # batches yielded -> the reader's state after them
         self._trained = self._base = 0      # batches trained in this fit; those before this epoch
         self._generators = self._fits = 0
+        self._count = 0                     # batches the generator yielded
+        self._yielded_all = 1 << 62         # the same, once it has ended (else more than any count)
 
     def callback(self) -> Any:
         """A ``keras.callbacks.Callback`` that tells this object the batches trained (imports Keras)."""
@@ -142,9 +144,10 @@ class TrainedState:
 
             def on_train_batch_end(self, batch, logs=None):
                 # ``batch``: the index in this epoch of the last batch trained (the last step of an
-                # execution when ``steps_per_execution`` > 1: the callback is not called for every batch)
+                # execution when ``steps_per_execution`` > 1: the callback is not called for every batch;
+                # a last execution cut short by the generator's end still says a whole one)
                 with owner._lock:
-                    owner._trained = owner._base + batch + 1
+                    owner._trained = min(owner._base + batch + 1, owner._yielded_all)
                     for n in [n for n in owner._states if n < owner._trained]:
                         del owner._states[n]
 
@@ -172,11 +175,17 @@ class TrainedState:
         with self._lock:
             self._generators += 1
             self._states = {0: reader.state_dict()}
+            self._count, self._yielded_all = 0, 1 << 62
 
-    def _yielded(self, count: int, reader: Any) -> None:
+    def _yielded(self, reader: Any) -> None:
         state = reader.state_dict()
         with self._lock:
-            self._states[count] = state
+            self._count += 1
+            self._states[self._count] = state
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._yielded_all = self._count
 
 
 def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,
@@ -203,9 +212,18 @@ def generator(reader: Any, inputs: Selection = 0, targets: Selection = 1, *,
 
 
 def _generate(reader, inputs, targets, sample_weights, epochs, trained):
-    done = empty = count = 0
-    if trained is not None:
-        trained._begin(reader)
+    if trained is None:
+        yield from _passes(reader, inputs, targets, sample_weights, epochs, None)
+        return
+    trained._begin(reader)
+    try:
+        yield from _passes(reader, inputs, targets, sample_weights, epochs, trained)
+    finally:
+        trained._ended()
+
+
+def _passes(reader, inputs, targets, sample_weights, epochs, trained):
+    done = empty = 0
     while epochs is None or done < epochs:
         resumed = bool(getattr(reader, "resuming", False))
         it = iter(reader)
@@ -214,8 +232,7 @@ def _generate(reader, inputs, targets, sample_weights, epochs, trained):
             for item in it:
                 produced = True
                 if trained is not None:
-                    count += 1
-                    trained._yielded(count, reader)
+                    trained._yielded(reader)
                 x = select(item, inputs)
                 if targets is None:
                     yield x
