@@ -19,7 +19,7 @@ import codecs
 import contextlib
 import os
 import sys
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, List, Optional
 
 NAME = "cat"
 HELP = "write record payloads to stdout (raw, hex or JSON lines)"
@@ -340,7 +340,7 @@ def _idx_path(path: str):
 
 
 def _extract_one(args: argparse.Namespace) -> bytes:
-    from ..errors import CorruptRecordError, ParrecioError
+    from ..errors import ParrecioError
     from ..recordio import IndexedRecordReader, RecordReader
     from ..recordio.index import IndexMismatch, check_index
 
@@ -360,7 +360,11 @@ def _extract_one(args: argparse.Namespace) -> bytes:
                                     f"--index N (the N-th record) instead")
             raise ParrecioError(f"--key needs an index file next to {args.file} ({index_path(args.file)})")
         with IndexedRecordReader(args.file, idx, join=args.join, max_record_bytes=args.max_record_bytes) as rec:
-            check_index(rec, sorted(set(rec.offsets)), 1)
+            try:
+                check_index(rec, sorted(set(rec.offsets)), 1)
+            except IndexMismatch as exc:
+                raise ParrecioError(f"{exc}; --index N with --no-index counts the file's records instead") \
+                    from exc
             keys = rec.keys
             key = args.key
             if keys and isinstance(keys[0], int):
@@ -375,19 +379,13 @@ def _extract_one(args: argparse.Namespace) -> bytes:
         with IndexedRecordReader(args.file, idx, join=args.join, max_record_bytes=args.max_record_bytes) as rec:
             offsets = sorted(set(rec.offsets))
             # A stale index (a line missing, records appended, offsets past the end) would give another
-            # record, or none, with status 0: check it as the pipeline does, and that the record before
-            # ends where the index lists this one.
+            # record, or none, with status 0: check it as the pipeline does, and that every record up to
+            # this one ends where the index lists the next (their frame heads only).
             try:
                 check_index(rec, offsets, 1)
                 if args.index >= len(offsets):
                     raise ParrecioError(f"no record {args.index}: {idx} lists {len(offsets)} records")
-                if args.index:
-                    try:
-                        rec.read_at(offsets[args.index - 1])
-                    except IndexMismatch:
-                        raise
-                    except CorruptRecordError:
-                        pass  # (that record is damaged: not the one asked for)
+                _check_chain(args.file, idx, offsets, args.index, rec.size)
                 return rec.read_at(offsets[args.index])
             except IndexMismatch as exc:
                 raise ParrecioError(f"{exc}; --no-index counts the file's records instead") from exc
@@ -399,6 +397,43 @@ def _extract_one(args: argparse.Namespace) -> bytes:
             if n - 1 == args.index:
                 return view.tobytes()
     raise ParrecioError(f"no record {args.index}: {'<stdin>' if args.file == '-' else args.file} has {n} records")
+
+
+def _check_chain(path: str, idx: str, offsets: List[int], upto: int, size: int) -> None:
+    """Raise :class:`IndexMismatch` when one of the records the sorted ``offsets`` list before the
+    ``upto``-th does not end where the next listed one starts (a line missing from the ``.idx``): each
+    record's frame heads are followed, its payload not read.  A damaged frame head is that record's
+    damage, not the index's: passed over."""
+    from ..errors import CorruptRecordError
+    from ..recordio.framing import HEADER, HEADER_SIZE, LENGTH_MASK, MAGIC, padded_size
+    from ..recordio.index import IndexMismatch, check_end
+
+    with open(path, "rb") as f:
+        def peek(at: int, n: int) -> bytes:
+            f.seek(at)
+            return f.read(n)
+
+        for i in range(upto):
+            pos, want = offsets[i], offsets[i + 1]
+            while True:
+                head = peek(pos, HEADER_SIZE)
+                if len(head) < HEADER_SIZE:
+                    pos = -1
+                    break
+                magic, lrec = HEADER.unpack_from(head)
+                if magic != MAGIC:
+                    pos = -1
+                    break
+                pos += HEADER_SIZE + padded_size(lrec & LENGTH_MASK)
+                if lrec >> 29 in (0, 3) or pos >= want:
+                    break
+            if pos >= 0 and pos != want:
+                try:
+                    check_end(offsets[i], pos, want, size, path, idx, peek)
+                except IndexMismatch:
+                    raise
+                except CorruptRecordError:
+                    pass  # (that record's length word is damaged: not the index's business)
 
 
 def _strip(payload, which) -> bytes:

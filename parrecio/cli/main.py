@@ -118,6 +118,10 @@ SKIP_HINTS = {"cat": "--skip-corrupt reads past it",
               "bench": "--skip-errors reads past it"}
 
 
+#: The subcommands that take ``--max-record-bytes``.
+MAX_RECORD_BYTES_COMMANDS = ("cat", "extract", "inspect")
+
+
 def _explained(exc: ParrecioError, command: str) -> str:
     """A framing error at byte 0 of a file means the file is no RecordIO at all, unless RecordIO records
     follow (its start is damaged): say what the file is, the same way for every subcommand
@@ -128,7 +132,8 @@ def _explained(exc: ParrecioError, command: str) -> str:
     if isinstance(exc, AmbiguousJoin):  # (its advice is worded for the Python API)
         import re
         return re.sub(r"join='(\w+)'", r"--join \1", str(exc))
-    if isinstance(exc, CorruptRecordError) and exc.offset == 0:
+    from ..recordio.index import IndexMismatch
+    if isinstance(exc, CorruptRecordError) and exc.offset == 0 and not isinstance(exc, IndexMismatch):
         head = head_of(exc.source)
         if head is not None:
             size = os.path.getsize(exc.source)
@@ -138,8 +143,11 @@ def _explained(exc: ParrecioError, command: str) -> str:
             # the reader's guess at byte 0 ("not a RecordIO stream? it starts with ...") is wrong here
             reason = exc.reason.split("; not a RecordIO stream?")[0]
             hint = SKIP_HINTS.get(command, "'parrecio inspect' lists the damaged regions")
-            if "max_record_bytes" in reason:
-                hint += "; if the record is whole, raise --max-record-bytes"
+            if "max_record_bytes" in reason:  # (a whole record that large, or a damaged length word)
+                more = ", or --max-record-bytes N reads it whole" if command in MAX_RECORD_BYTES_COMMANDS else ""
+                return (f"{reason} (byte offset 0 of {exc.source}): RecordIO records follow (a frame head at "
+                        f"byte offset {found}): the first record is that large, or its length word is damaged; "
+                        f"{hint}{more}")
             return (f"{reason} (byte offset 0 of {exc.source}): the file's start is damaged, but RecordIO "
                     f"records follow (a frame head at byte offset {found}); {hint}")
     return str(exc)
