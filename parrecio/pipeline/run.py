@@ -524,11 +524,13 @@ class Run(Pass):
         self.undispatched.clear()
         self.recovery.clear()
         pool = self.res.pool
-        if pool is not None and pool.started:
-            pool.drain_all(self.cfg.drain_timeout)
-        self.tasks.clear()
-        self.slots.close()
-        self.copy.close()
+        try:
+            if pool is not None and pool.started:
+                pool.drain_all(self.cfg.drain_timeout)  # (it starts workers: that may fail)
+        finally:
+            self.tasks.clear()
+            self.slots.close()
+            self.copy.close()
 
     def forget_after_fork(self) -> None:
         """In the child of an ``os.fork()`` of the consumer: let go of the reader process silently."""
