@@ -215,3 +215,22 @@ def test_class_names():
     assert np.nonzero(mapped(b'["dog", "cat"]'))[0].tolist() == [3, 7]
     with pytest.raises(DecodeError, match="known class name"):
         names(b'"horse"')
+
+
+def test_boxes_that_follow_a_mask_at_another_resolution_get_the_image_s_crop():
+    """BoundingBoxes(image=Mask(..., resolution=2)): the label's image_size is the image's, which the mask's
+    geometry read as the mask's own size (an image of half that): the crop was drawn for another size,
+    up to 156 px off.  The boxes now land where BoundingBoxes(image=Image(...)) puts them -- the mask gets
+    the image's crop -- and where the mask decoder's own geometry puts the same points of its 2x frame."""
+    from parrecio.decoders import Mask, RandomResizedCrop
+    crop = RandomResizedCrop()
+    image, mask = Image(size=64, crop=crop, flip=0.5), Mask(size=64, crop=crop, flip=0.5, resolution=2.0)
+    doc = gt_boxes_json([(1, 100, 50, 80, 60), (2, 10, 120, 200, 70)], 300, 200)
+    for key in range(200):
+        want = BoundingBoxes(image=image)(doc, key=key)
+        got = BoundingBoxes(image=mask)(doc, key=key)
+        assert got.shape == want.shape and np.allclose(got, want, atol=1e-3), key
+        g = mask.geometry(600, 400, key)
+        rows = g.apply(np.array([[1, 200, 100, 360, 220], [2, 20, 240, 420, 380]], np.float32))
+        rows = rows[(rows[:, 3] > rows[:, 1]) & (rows[:, 4] > rows[:, 2])]
+        assert np.allclose(got, rows, atol=1e-3), key

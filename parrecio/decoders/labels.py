@@ -165,6 +165,13 @@ class BoundingBoxes(Value):
             if size is None:
                 raise DecodeError("BoundingBoxes(image=...) needs the label's image_size to map boxes")
             width, height = int(round(size[0])), int(round(size[1]))
+            res = float(getattr(self.image, "resolution", 1.0))
+            if res != 1.0:  # a Mask at another resolution than its image: its geometry is of its own size
+                mask_w, mask_h = max(1, round(width * res)), max(1, round(height * res))
+                rows = rows.copy()
+                rows[:, 1::2] *= mask_w / width
+                rows[:, 2::2] *= mask_h / height
+                width, height = mask_w, mask_h
             geometry = self.image.geometry(width, height, key) if self.random else self.image.geometry(width, height)
             with np.errstate(over="ignore"):  # a far coordinate overflows to inf, then is clipped to the frame
                 rows = geometry.apply(rows.astype(np.float32)).astype(np.float64)
