@@ -402,3 +402,29 @@ def test_grey_jpeg_for_rgb_output_and_rgb_jpeg_for_grey_output():
                 decoder = Image(size=37, mode=mode, crop=CenterCrop(float(fraction)), resample=resample)
                 assert np.array_equal(_outcome(decoder, payload, key, jpegregion),
                                       _outcome(decoder, payload, key, None)), (mode, fraction, resample)
+
+
+def test_colour_mask_jpegs_get_the_whole_decodes_class_ids_for_every_box():
+    """Mask(colors=...) of an RGB JPEG went to Pillow as the region alone, at its origin, the box shifted:
+    Pillow's nearest then picked other pixels than the whole decode for a fractional box (CenterCrop: 13
+    of 187 cases, up to 5 ids).  Its class ids are framed now, as the Image path frames pixels: the same
+    ids as the whole decode for every crop, size and key."""
+    from PIL import Image as PILImageMod
+    from parrecio.decoders import Mask
+    pal = np.array([[0, 0, 0], [255, 0, 0], [0, 255, 0], [0, 0, 255]], np.uint8)
+    colors = ["#000000", "#ff0000", "#00ff00", "#0000ff"]
+    rng = random.Random(5)
+    scales = _Scales()
+    for case in range(200):
+        w, h = rng.randint(16, 200), rng.randint(16, 200)
+        cells = np.random.default_rng(case).integers(0, 4, (h // 8 + 1, w // 8 + 1)).astype(np.uint8)
+        ids = np.asarray(PILImageMod.fromarray(cells).resize((w, h), PILImageMod.NEAREST))
+        buf = io.BytesIO()
+        PILImageMod.fromarray(pal[ids]).save(buf, "JPEG", quality=95)
+        crop = rng.choice([CenterCrop(0.875), CenterCrop(round(rng.uniform(0.3, 1.0), 3)), RandomResizedCrop()])
+        mask = Mask(size=(rng.randint(8, 64), rng.randint(8, 64)), crop=crop, colors=colors, unknown=9,
+                    flip=0.5, resolution=rng.choice([1.0, 2.0, 0.5, 1.5]))
+        got = _outcome(mask, buf.getvalue(), case, scales)
+        want = _outcome(mask, buf.getvalue(), case, None)
+        assert got is not None and np.array_equal(got, want), (case, w, h, crop, int((got != want).sum()))
+    assert scales.seen, "the region decoder never ran"

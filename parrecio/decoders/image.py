@@ -482,8 +482,8 @@ class _PillowDecoder(Value):
         coordinates, of which only the region is written (and read: the rest is left uninitialized).  So
         ``resize(box=)`` gets the very box, and computes the very filter weights, of the whole decode: the
         same pixels, not within a grey level (a box shifted to the region's origin rounds differently:
-        1 level, and up to 17 with ``resample="box"``).  Mask's colour (RGB) masks, whose class ids are
-        read from every pixel before the resize, get the region alone at its origin.
+        1 level, and up to 17 with ``resample="box"``).  Mask's colour (RGB) masks are framed as their
+        class ids (read from the region's colours), an L image.
 
         Damage is judged on the whole file, not on the crop: after the region the C side checks that the
         rest of the scan cannot fail (else decodes it and reads its markers up to EOI) and gives None,
@@ -520,10 +520,11 @@ class _PillowDecoder(Value):
             return _Loaded(PILImage.frombuffer(mode, (x1, y1), buf, "raw", mode, 0, 1), (width, height), 1,
                            (fx, fy), plan)
         region = PILImage.frombuffer(mode, (decoded_w, y1 - y0), buf, "raw", mode, 0, 1)
-        if colour_mask:
-            return _Loaded(region, (width, height), 1, (fx, fy), plan, (float(ox), float(y0)))
-        frame = np.empty((y1, x1), np.uint8)  # Pillow's RGB -> L on the region, then framed as above
-        frame[y0:, ox:] = np.asarray(region.convert("L"))
+        frame = np.empty((y1, x1), np.uint8)  # the region's grey levels or class ids, framed as above
+        # (a colour mask's ids are read from its colours here, the region's only: the frame around it is
+        # never written.  Resized unframed, at the region's origin, Pillow's nearest picked other pixels
+        # for a fractional box than the whole decode's; a nearest resize of the ids picks the same)
+        frame[y0:, ox:] = self._ids(region) if colour_mask else np.asarray(region.convert("L"))
         return _Loaded(PILImage.frombuffer("L", (x1, y1), frame, "raw", "L", 0, 1), (width, height), 1,
                        (fx, fy), plan)
 
@@ -559,7 +560,7 @@ class _PillowDecoder(Value):
         x0, y0, box_w, box_h = _raw_box(loaded.orientation, raw_w, raw_h, plan)
         size = (plan.content_h, plan.content_w) if swap else (plan.content_w, plan.content_h)
         fx, fy = loaded.factors
-        x0, y0 = x0 * fx - loaded.origin[0], y0 * fy - loaded.origin[1]
+        x0, y0 = x0 * fx, y0 * fy
         box = (max(0.0, x0), max(0.0, y0), min(image.width, x0 + box_w * fx), min(image.height, y0 + box_h * fy))
         if size == image.size and box == (0, 0, image.width, image.height):
             return image
@@ -574,7 +575,6 @@ class _Loaded(NamedTuple):
     orientation: int                 # EXIF orientation to undo (1: none)
     factors: Tuple[float, float]     # draft scale: decoded pixels per header pixel, per axis
     plan: Optional[_Plan]            # the sample's resize (None: none), upright frame
-    origin: Tuple[float, float] = (0.0, 0.0)  # where ``image`` starts in the decoded frame (a region)
 
 
 def _ends_in_eoi(payload: Any) -> bool:
