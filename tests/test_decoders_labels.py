@@ -94,6 +94,8 @@ def test_bytes_like_payloads(form):
     (b'{"annotations": [{"class_id": "dog", "left": 1, "top": 2, "width": 3, "height": 4}]}', "non-numeric"),
     (b'{"annotations": [{"class_id": true, "left": 1, "top": 2, "width": 3, "height": 4}]}', "non-numeric"),
     (b'{"annotations": [7]}', "annotation 0"),
+    (b'{"annotations": [{"class_id": 0, "left": 5, "top": 2, "width": -3, "height": 4}]}', "negative width"),
+    (b'{"annotations": [{"class_id": 0, "left": 5, "top": 2, "width": 3, "height": -0.5}]}', "or height"),
     (b'{"image_size": "big", "annotations": []}', "image_size"),
     (b'{"annotations": [', "invalid JSON"),
     (b"\xff\xfe", "invalid JSON"),

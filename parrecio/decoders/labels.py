@@ -145,6 +145,8 @@ class BoundingBoxes(Value):
             if class_id != int(class_id) or not 0 <= class_id <= _MAX_BOX_CLASS:  # -1 is max_boxes padding
                 raise DecodeError(f"annotation {i} has class_id {class_id!r}: class ids are ints in "
                                   f"0..{_MAX_BOX_CLASS}")
+            if values[3] < 0 or values[4] < 0:  # (a row with x1 < x0; dropped silently where it followed an image)
+                raise DecodeError(f"annotation {i} has a negative width or height: {ann!r}")
             rows[i] = values
         rows[:, 3] += rows[:, 1]  # x1 = left + width
         rows[:, 4] += rows[:, 2]  # y1 = top + height
