@@ -145,14 +145,25 @@ def test_a_killed_janitor_cat_waits_again_and_sweeps_nothing_of_a_live_run(tmp_p
         janitor = reader._res.janitor
         assert janitor is not None
         segments = leftover(prefix)
-        for _ in range(2):
-            cats = psutil.Process(janitor.pid).children()
-            assert [c.name() for c in cats] == ["cat"]
-            cats[0].kill()
-            cats[0].wait(5)
+
+        def cat(not_pid=None):
+            """The janitor's cat (a child forked by sh is named sh until it has exec'd cat)."""
             deadline = time.monotonic() + 5
-            while [c.pid for c in psutil.Process(janitor.pid).children()] in ([], [cats[0].pid]):
-                assert time.monotonic() < deadline, "no new cat"
+            while True:
+                kids = [c for c in psutil.Process(janitor.pid).children() if c.pid != not_pid]
+                try:
+                    if len(kids) == 1 and kids[0].name() == "cat":
+                        return kids[0]
+                except psutil.NoSuchProcess:
+                    pass
+                assert time.monotonic() < deadline, f"no cat: {kids}"
                 time.sleep(0.02)
+
+        killed = None
+        for _ in range(2):
+            killed = cat(killed.pid if killed is not None else None)
+            killed.kill()
+            killed.wait(5)
+            assert cat(killed.pid).pid != killed.pid  # started again, on the same lifeline
             assert janitor.poll() is None and leftover(prefix) == segments
         assert list(reader) == recs  # the ring is still there
