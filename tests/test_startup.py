@@ -432,7 +432,9 @@ def test_a_process_start_the_fork_server_dies_under_is_a_pipeline_error():
                                             r"while it started it") as info:
         start(Proc(EOFError("unexpected EOF")))
     assert isinstance(info.value.__cause__, EOFError)
-    with pytest.raises(PipelineError, match=r"cannot start the parrecio-reader process: BlockingIOError: "):
+    with pytest.raises(PipelineError, match=r"cannot start the parrecio-reader process: the fork server died"):
+        start(Proc(ConnectionResetError(104, "Connection reset by peer")))
+    with pytest.raises(BlockingIOError):  # (fork() itself failing says what it is)
         start(Proc(BlockingIOError(11, "Resource temporarily unavailable")))
     with pytest.raises(KeyboardInterrupt):
         start(Proc(KeyboardInterrupt()))

@@ -230,11 +230,10 @@ def start(proc: Any) -> None:
         if proc.pid is not None:
             proc.kill()
             proc.join(1.0)
-        if isinstance(exc, (EOFError, OSError)):  # (the fork server died under it: a bare EOFError)
+        if isinstance(exc, (EOFError, ConnectionError)):  # (the fork server died under it: a bare EOFError)
             from ..errors import PipelineError
-            how = ("the fork server died while it started it (the next pass starts a new one)"
-                   if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}")
-            raise PipelineError(f"cannot start the {proc.name} process: {how}") from exc
+            raise PipelineError(f"cannot start the {proc.name} process: the fork server died while it started "
+                                f"it (the next pass starts a new one)") from exc
         raise
 
 
