@@ -289,6 +289,20 @@ def test_values_and_exceptions_of_the_scripts_classes_travel_back(method, worker
     assert proc.stdout.split() == ["True", "1", "True", "7"], proc.stdout
 
 
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_values_of_a_run_path_scripts_classes_travel_back(tmp_path, method):
+    """The same script run by ``runpy.run_path``: its module is ``<run_path>``, which no decoder process
+    can import; its dataclass values failed to pickle there ("import of module '<run_path>' failed": all
+    40 skipped) and its exception came back as a remote traceback.  They are bound there now, as the
+    ``__main__`` script's are."""
+    script = tmp_path / "train_values.py"
+    script.write_text(MAIN_VALUES.replace("METHOD", repr(method)).replace("WORKERS", "2"))
+    proc = subprocess.run([sys.executable, "-c", f"import runpy; runpy.run_path({str(script)!r})"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "1", "True", "7"], proc.stdout
+
+
 LATE_STATE = textwrap.dedent("""\
     import json, os, tempfile
     from parrecio import ParallelReader, RecordWriter, Tuning

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.machinery
+import importlib.util
 import pickle
 import sys
 import threading
@@ -97,12 +98,12 @@ _SCRIPT = ("__main__", "__mp_main__")
 class _Definitions(pickle.Pickler):
     """Pickles to nowhere, noting the module of every class and Python function on the way: where each is
     defined (the types of plain objects, and C functions, are no concern: their modules are a package's,
-    which a child imports); and those of the script (``__main__``, ``__mp_main__``) by name."""
+    which a child imports); and each top-level one by module and name (what :func:`_bind_script` binds)."""
 
     def __init__(self, file: Any) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.modules: Dict[str, None] = {}
-        self.script: Dict[str, Dict[str, Any]] = {}  # script module -> top-level name -> the class or function
+        self.script: Dict[str, Dict[str, Any]] = {}  # module -> top-level name -> the class or function
 
     def persistent_id(self, obj: Any) -> None:
         if isinstance(obj, (type, types.FunctionType)):
@@ -110,7 +111,7 @@ class _Definitions(pickle.Pickler):
             if isinstance(name, str):
                 self.modules[name] = None
                 qualname = getattr(obj, "__qualname__", "")
-                if name in _SCRIPT and isinstance(qualname, str) and qualname.isidentifier():
+                if isinstance(qualname, str) and qualname.isidentifier():
                     self.script.setdefault(name, {}).setdefault(qualname, obj)
         return None
 
@@ -138,6 +139,17 @@ def _unimportable(decoders: Tuple[Any, ...], plain: bool) -> List[str]:
     ``sys.modules``).  ``plain``: whether pickle pickles them; else they are walked as cloudpickle pickles
     them (a lambda's globals too)."""
     return [name for name in _definitions(decoders, plain).modules if not _importable(name)]
+
+
+def _made_at_run_time(name: str) -> bool:
+    """Whether top-level module ``name``, not imported in this process, is none a file on ``sys.path``
+    provides (``<run_path>``): its classes and functions came by value, where it was made."""
+    if "." in name or name in sys.modules:
+        return False
+    try:
+        return importlib.util.find_spec(name) is None  # (every finder: built-in, frozen, sys.path)
+    except (ImportError, ValueError):  # pragma: no cover
+        return False
 
 
 def _importable(name: str) -> bool:
@@ -187,9 +199,10 @@ def unship(shipped: Any) -> Tuple[Any, ...]:
 
 
 def _bind_script(decoders: Tuple[Any, ...]) -> None:
-    """Bind the classes and functions of the script (``__main__``, ``__mp_main__``) that ``decoders`` hold
-    -- rebuilt by value here -- by their names in this process's module of that name, where none is bound
-    yet: pickle stores a value of such a class (a dataclass a decoder returns, an exception it raises) as
+    """Bind the classes and functions of the script (``__main__``, ``__mp_main__``, or a module made at run
+    time that no file provides: ``runpy.run_path``'s ``<run_path>``) that ``decoders`` hold -- rebuilt by
+    value here -- by their names in this process's module of that name, where none is bound yet: pickle
+    stores a value of such a class (a dataclass a decoder returns, an exception it raises) as
     "__main__.Name", looked up here when it travels back and in the consumer's script when it arrives.
     Without this every such value failed to pickle (a DecodeError for each sample) under forkserver and
     spawn."""
@@ -199,7 +212,10 @@ def _bind_script(decoders: Tuple[Any, ...]) -> None:
         return
     for module, objs in found.items():
         mod = sys.modules.get(module)
-        if mod is None:  # (__mp_main__ where this process's script is __main__)
+        if mod is None:
+            if module not in _SCRIPT and not _made_at_run_time(module):
+                continue  # (a module a child imports: never shadowed by one made here)
+            # (__mp_main__ where this process's script is __main__; <run_path>)
             mod = sys.modules[module] = types.ModuleType(module)
         for name, obj in objs.items():
             if not hasattr(mod, name):
