@@ -281,3 +281,29 @@ def test_len_follows_files_refreshed_between_passes(tmp_path, workers, no_leaks)
             f.write((tmp_path / "d.rec").read_bytes()[:16])
         with pytest.raises(TypeError, match="an .idx does not fit its file"):
             len(reader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_len_of_a_file_rewritten_at_the_same_size_is_counted_again(tmp_path, workers, no_leaks):
+    """No .idx: len() is the last complete pass's count, kept while the file is unchanged -- judged by its
+    size alone, so a file rewritten as 50 records of the same total size as its 100 kept len() == 100.
+    Its time counts too now: unknown again until a pass has read it."""
+    import os
+    from parrecio import ParallelReader, RecordWriter
+    path = tmp_path / "s.rec"
+
+    def write(n, size):
+        with RecordWriter(str(path)) as w:
+            for i in range(n):
+                w.write(b"%0*d" % (size, i))
+
+    write(100, 8)
+    with ParallelReader(str(path), workers=workers) as reader:
+        assert len(list(reader)) == 100 and len(reader) == 100
+        before = os.stat(path)
+        write(50, 24)  # 100 x (8 + 8) bytes, and 50 x (8 + 24): the same size
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))  # (a coarse clock: a new time)
+        assert os.path.getsize(path) == before.st_size
+        with pytest.raises(TypeError, match="not known before a first complete pass"):
+            len(reader)
+        assert len(list(reader)) == 50 and len(reader) == 50

@@ -679,7 +679,15 @@ class ParallelReader:
             except OSError:
                 st = None
             idx.append((name, st.st_size, st.st_mtime_ns) if st is not None else (name,))
-        return repr(_fingerprint(self._res.source)), tuple(idx)
+        # the files' times too (a state's fingerprint is sizes only): a file rewritten at the same size
+        # with other records kept the length of the old one
+        times = []
+        for path in getattr(self._res.source, "paths", None) or ():
+            try:
+                times.append(os.stat(path).st_mtime_ns)
+            except (OSError, TypeError, ValueError):
+                times.append(None)
+        return repr(_fingerprint(self._res.source)), tuple(idx), tuple(times)
 
     def __len__(self) -> int:
         """Samples (or batches, with ``batch_size``) of the pass being iterated, else of the next pass.
