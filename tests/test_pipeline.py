@@ -358,6 +358,8 @@ def test_shards_from_the_environment(stream, monkeypatch, no_leaks):
     with pytest.raises(ValueError, match=r'num_shards="env" takes the shard index from RANK: leave shard_index '
                                          r'out \(it is 2\)'):  # (it was ignored: rank 3's shard, silently)
         ParallelReader(path, num_shards="env", shard_index=2)
+    with pytest.raises(ValueError, match=r"leave shard_index out \(it is 0\)"):  # (0 too: not rank 3's shard)
+        ParallelReader(path, num_shards="env", shard_index=0)
     monkeypatch.delenv("RANK")
     with pytest.raises(ValueError, match=r"RANK is not set \(the other is '4'\)"):
         ParallelReader(path, num_shards="env")

@@ -123,7 +123,8 @@ class ParallelReader:
         num_shards, shard_index: read only this rank's part of the groups (the others are skipped by the
             reader process, never decoded): with ``.idx`` files and ``shuffle``, slice ``shard_index``
             of the epoch's global permutation (``perm[shard_index::num_shards]``, as PyTorch's
-            DistributedSampler); otherwise every ``num_shards``-th group from ``shard_index`` on.
+            DistributedSampler); otherwise every ``num_shards``-th group from ``shard_index`` on
+            (default ``None``: 0).
             ``num_shards="env"`` takes both from the ``WORLD_SIZE`` and ``RANK`` environment variables
             (torch.distributed style; a ``shard_index`` given with it is an error); with neither set (a
             plain ``python train.py``), one shard, with a ``UserWarning``.
@@ -151,9 +152,9 @@ class ParallelReader:
 
     def __init__(self, channel: Any, fields: Fields = None, *, workers: Optional[int] = None,
                  batch_size: Optional[int] = None, drop_last: bool = False, shuffle: bool = False,
-                 seed: int = 0, on_error: str = "raise", num_shards: Union[int, str] = 1, shard_index: int = 0,
-                 even_shards: Optional[str] = None, shuffle_buffer: int = 1024, join: Optional[str] = None,
-                 tuning: Optional[Tuning] = None, **source_options: Any) -> None:
+                 seed: int = 0, on_error: str = "raise", num_shards: Union[int, str] = 1,
+                 shard_index: Optional[int] = None, even_shards: Optional[str] = None, shuffle_buffer: int = 1024,
+                 join: Optional[str] = None, tuning: Optional[Tuning] = None, **source_options: Any) -> None:
         # Every value is checked before anything is opened, started or registered.
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
@@ -849,15 +850,15 @@ _ALIASES = {"num_workers": "workers", "shuffle_seed": "seed", "drop_remainder": 
             "world_size": "num_shards", "rank": "shard_index"}  # other loaders' names
 
 
-def _shards(num_shards: Union[int, str], shard_index: int) -> tuple:
+def _shards(num_shards: Union[int, str], shard_index: Optional[int]) -> tuple:
     """(num_shards, shard_index), from WORLD_SIZE/RANK when ``num_shards == "env"``; other values as given,
     for ``count`` to check (``int()`` here made 2.5 shards 2, and True shard 1).
 
     Neither variable set is a plain run (``python train.py`` of a torchrun script): one shard, all the data,
     with a warning; one of them without the other is an error (a launcher set up half-way)."""
     if not isinstance(num_shards, str) or num_shards != "env":
-        return num_shards, shard_index
-    if shard_index != 0:  # (it was left unused, silently)
+        return num_shards, 0 if shard_index is None else shard_index
+    if shard_index is not None:  # (it was left unused, silently)
         raise ValueError(f'num_shards="env" takes the shard index from RANK: leave shard_index out (it is '
                          f'{shard_index!r})')
     world, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
