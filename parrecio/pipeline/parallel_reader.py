@@ -106,13 +106,16 @@ class ParallelReader:
             value, ``None`` gives each record's payload as ``bytes``.  A decoder is any callable
             ``payload -> value`` (see :mod:`parrecio.decoders`); one the decoder processes cannot
             import (a notebook's, a lambda) travels by value (:mod:`parrecio.pipeline.shipping`).
-        workers: decoder processes (default: the CPUs this process may use; 0 in a daemonic process, which
-            may not start any, such as a ``multiprocessing.Pool``'s worker).  ``0`` decodes in this
+        workers: decoder processes (default: the CPUs this process may use, divided by the processes on
+            this machine that a launcher says share them -- ``LOCAL_WORLD_SIZE``,
+            ``OMPI_COMM_WORLD_LOCAL_SIZE`` or ``MPI_LOCALNRANKS`` -- and at least 1; 0 in a daemonic
+            process, which may not start any, such as a ``multiprocessing.Pool``'s worker).  ``0`` decodes in this
             process: no child processes, no shared memory, decoders need not be picklable and ``pdb``
             works in them; the fastest mode when decoding is cheaper than moving the data between
             processes.  The output (values, order, errors, shuffles, shards) is the same for any value.
         batch_size: ``None`` yields one sample at a time; an int yields batches of columns (a column is
-            one stacked numpy array when the values are arrays of one shape and dtype, else a list).
+            one stacked numpy array when the values are arrays of one shape and dtype, a tuple of such
+            columns when they are tuples -- ``ImageRecord``'s ``(image, label)`` --, else a list).
         drop_last: drop the last batch when it is shorter than ``batch_size``.
         on_error: ``"raise"``: a bad sample (undecodable payload, broken framing) raises
             :class:`~parrecio.DecodeError` / :class:`~parrecio.CorruptRecordError` at its position, after

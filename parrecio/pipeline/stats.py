@@ -34,16 +34,16 @@ class Stats:
 
     :attr:`bottleneck` names the stage that limits throughput.
     """
-    epochs: int = 0
-    samples: int = 0
-    records: int = 0
-    bytes: int = 0
+    epochs: int = 0             # passes completed
+    samples: int = 0            # samples (not batches) delivered
+    records: int = 0            # records read (a group is as many records as fields)
+    bytes: int = 0              # payload bytes of those records
     skipped: int = 0            # samples dropped under on_error="skip" (decode errors, broken groups)
     skipped_records: int = 0    # corrupt framing regions skipped by the RecordIO reader
     padded: int = 0             # copies that kept an even shard's count after skips (pipeline.padding)
-    skipped_bytes: int = 0
+    skipped_bytes: int = 0      # bytes of those corrupt regions
     sharded_out: int = 0        # groups left to the other shards
-    chunks: int = 0
+    chunks: int = 0             # chunks of groups the reader process sent (tasks for the decoders)
     reruns: int = 0             # tasks re-run after a worker died
     workers_replaced: int = 0
     read_time: float = 0.0
@@ -57,7 +57,7 @@ class Stats:
     startup_time: float = 0.0
     workers: int = 0
     decode_cpu: Dict[int, float] = field(default_factory=dict)
-    decoded: Dict[int, int] = field(default_factory=dict)
+    decoded: Dict[int, int] = field(default_factory=dict)  # groups decoded per worker pid
 
     def add_reader(self, rs: dict) -> None:
         """Add a pass's reading counters: what the reader process sent at its end, or the group stream's

@@ -55,7 +55,7 @@ class Tuning:
             ms in the consumer); ``None``: adaptive -- with fixed-shape outputs two output slots (two
             batches), else at least 64 groups and more for small records (up to 64 KiB of payload, 2048
             groups); at least 1024 groups with ``fields=None``.  A task also ends at a payload byte cap:
-            ``ring_bytes / 8`` for records that pass through the ring (streams), a share of the mapped
+            ``max(1 MiB, ring_bytes / 8)`` for records that pass through the ring (streams), a share of the mapped
             budget (``4 * ring_bytes / (workers * prefetch + 2)``) for files read in place.
         prefetch: tasks in flight per decoder process (one being decoded, the others queued).  With 2 or
             more the consumer waits for results two at a time (``parrecio.pipeline.pairing``).
