@@ -431,3 +431,29 @@ def test_an_ambiguous_join_names_the_command_line_option(tmp_path: Path):
     assert line.endswith("pass --join mxnet or --join concat") and "join='" not in line, line
     assert "(cut at an aligned magic, --join mxnet)" in line and "MXNet's writer" in line
     assert cli("cat", rec, "--join", "mxnet").stdout == b"abc" + payload
+
+
+@pytest.mark.parametrize("command", [["cat"], ["inspect"]])
+def test_cat_and_inspect_of_a_fifo_without_a_writer_say_that_they_wait(tmp_path: Path, command: List[str]):
+    """cat and inspect opened a FIFO with a plain open(): with no writer they blocked silently for ever.
+    They open it as ParallelReader does now: after 2 s a line says what they wait for, then they read."""
+    import time
+    from parrecio import RecordWriter
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "parrecio.cli", *command, str(fifo)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    try:
+        time.sleep(3.5)
+        assert proc.poll() is None
+        with RecordWriter(str(fifo)) as w:
+            w.write(b"hello")
+            w.write(b"world")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert f"still waiting for {fifo} after 2 s: it exists, but no process has opened it for writing yet" \
+        in err.decode()
+    assert (out == b"helloworld") if command == ["cat"] else (b"records:      2" in out), out

@@ -71,6 +71,10 @@ def input_source(path: str):
             from ..errors import SourceError
             raise SourceError("cannot use stdin ('-'): it is closed")
         return open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
+    from ..sources.fifo import is_fifo
+    if is_fifo(path):  # (opened as ParallelReader opens one: a wait for its writer is said after 2 s)
+        from ..sources.files import open_for_reading
+        return open_for_reading(path)
     return path
 
 
