@@ -205,3 +205,26 @@ def test_a_pass_left_while_copies_are_owed_resumes_with_them(tmp_path, workers, 
             assert head + tail == whole, stop
             if index:
                 assert len(r) == len(whole)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_held_batch_whose_ragged_column_was_stacked_is_padded_as_a_list(tmp_path, workers):
+    """Ragged arrays make a list column, unless a batch's rows happen to share a shape: then one stacked
+    array.  The short last batch held for padding was such a batch (rows of 30 bytes) and the copies of
+    the first sample (10 bytes) did not fit it: numpy's ValueError ended the pass.  The padded batch's
+    column is a list of the rows, as the column rule says for arrays of several shapes."""
+    def ragged(p):
+        if bytes(p[:1]) == b"X":
+            raise ValueError("bad sample")
+        return np.frombuffer(p, np.uint8).copy()
+
+    payloads = [b"a" * 10, b"-", b"b" * 20, b"-", b"c" * 30, b"-", b"X" * 40, b"-"]
+    path = tmp_path / "r.rec"
+    with RecordWriter(str(path)) as w:
+        for p in payloads:
+            w.write(p)
+    with ParallelReader(path, ragged, workers=workers, batch_size=2, num_shards=2, shard_index=0,
+                        even_shards="pad", on_error="skip") as reader:
+        batches = list(reader)
+    assert [[bytes(v) for v in b] for b in batches] == [[b"a" * 10, b"b" * 20], [b"c" * 30, b"a" * 10]]
+    assert isinstance(batches[1], list)

@@ -63,12 +63,15 @@ def take_rows(batch: Any, start: int, stop: int) -> Any:
 
 
 def join_rows(a: Any, b: Any) -> Any:
-    """The rows of ``a`` followed by those of ``b`` (of the same structure)."""
+    """The rows of ``a`` followed by those of ``b`` (of the same structure).  A column is one array where
+    both parts are arrays of the same row shape and dtype, else a list of the rows (the batch column rule:
+    a held short batch's ragged column may have been stacked, its rows happening to share a shape)."""
     if isinstance(a, dict):
         return {k: join_rows(v, b[k]) for k, v in a.items()}
     if isinstance(a, tuple):
         return tuple(join_rows(x, y) for x, y in zip(a, b))
-    if isinstance(a, np.ndarray):
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape[1:] == b.shape[1:] \
+            and a.dtype == b.dtype:
         return np.concatenate([a, b])
     return list(a) + list(b)
 
