@@ -603,3 +603,37 @@ def test_many_ring_laps_and_records_over_half_the_ring(tmp_path, source, no_leak
         for s, (features, label, _) in zip(samples, want):
             expected = dict(features, **{f"label_{k}": v for k, v in label.items()})
             assert _same(s, expected), workers
+
+
+@pytest.mark.parametrize("sparse", ["coo", "csr"])
+@pytest.mark.parametrize("workers", [0, 1])
+def test_even_shards_pad_sparse_batches(tmp_path, workers, sparse, no_leaks):
+    """even_shards="pad" with on_error="skip" pads a rank's last batch with copies of its first sample: a
+    SparseCOO column (a named tuple) was taken for a tuple of columns ("'int' object is not
+    subscriptable"), a csr one for a list.  Both are padded as batches of rows now: the rank yields its
+    share, the copies equal its first sample, and the other rows are the file's."""
+    pytest.importorskip("scipy")
+    import scipy.sparse
+    m = scipy.sparse.random(9, 20, density=0.3, format="csr", random_state=0, dtype=np.float32)
+    path = tmp_path / "s.rec"
+    with open(path, "wb") as f:
+        write_sparse(f, m, np.arange(9, dtype=np.float32))
+    offsets = [r.offset for r in RecordReader(str(path))]
+    data = bytearray(path.read_bytes())
+    data[offsets[4] + 8:offsets[4] + 12] = b"\xff\xff\xff\xff"  # record 4 (shard 0's third) does not parse
+    path.write_bytes(bytes(data))
+    with ParallelReader(path, ProtobufRecord(sparse=sparse), workers=workers, batch_size=2, num_shards=2,
+                        shard_index=0, even_shards="pad", on_error="skip") as reader:
+        batches = list(reader)
+        assert reader.stats.skipped == 1 and reader.stats.padded == 1
+
+    def dense(column):
+        if sparse == "csr":
+            return column.toarray()
+        out = np.zeros(column.shape, np.float32)
+        out[tuple(column.indices.T)] = column.values
+        return out
+
+    rows = np.concatenate([dense(b["values"]) for b in batches])
+    want = m.toarray()[[0, 2, 6, 8, 0]]  # rows of shard 0 but the broken one, then a copy of the first
+    assert [len(b["label_values"]) for b in batches] == [2, 2, 1] and np.array_equal(rows, want)
