@@ -707,18 +707,21 @@ class ParallelReader:
     def _length(self, whole: bool = False) -> int:
         """``len(self)``; with ``whole``, that of a whole pass even where the next one is resumed."""
         done = self._pass_samples
+        counted = done[0] if done is not None and done[1] == self._data_key() else None
         # With .idx files, the length is theirs: a pass's count leaves out the samples it skipped (bad
         # ones under on_error="skip"), so it changed from one epoch to the next and could be too low.
-        n = done[0] if done is not None and done[1] == self._data_key() and not self._res.cfg.index_paths \
-            else None
+        n = counted if not self._res.cfg.index_paths else None
         if n is None and self._res.cfg.index_paths:
             cfg = self._res.cfg
             try:
                 listed = self._groups_listed()
             except CorruptRecordError as exc:  # (TypeError: list(reader) asks len() for a hint, and reads on)
-                raise TypeError(f"the number of samples is not known: an .idx does not fit its file: {exc}") \
-                    from exc
-            n = shard_length(listed, cfg.num_shards, cfg.shard_index, cfg.even_shards)
+                if counted is None:
+                    raise TypeError(f"the number of samples is not known: an .idx does not fit its file: "
+                                    f"{exc}") from exc
+                n = counted  # (a stream read in order does not need its .idx: its pass counted it)
+            else:
+                n = shard_length(listed, cfg.num_shards, cfg.shard_index, cfg.even_shards)
         if n is None:
             raise TypeError("the number of samples is not known before a first complete pass "
                             "(no .idx file next to every .rec file)")
