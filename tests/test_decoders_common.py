@@ -187,3 +187,7 @@ def test_array_spec_refuses_negative_dimensions_and_object_dtypes():
     with pytest.raises(ValueError, match="holds Python objects"):
         ArraySpec((3,), np.dtype([("a", np.int32), ("b", object)]))
     assert ArraySpec((0, 3), np.int16).nbytes == 0 and ArraySpec((2,), "U4").nbytes == 32
+    # a dimension that is no int: int() made 2.5 a 2, silently (numpy ints are ints)
+    with pytest.raises(TypeError, match=r"ArraySpec shape \(2\.5,\): dimensions are ints"):
+        ArraySpec((2.5,), np.uint8)
+    assert ArraySpec((np.int64(2), np.uint8(3)), np.uint8).shape == (2, 3)

@@ -236,3 +236,11 @@ def test_boxes_that_follow_a_mask_at_another_resolution_get_the_image_s_crop():
         rows = g.apply(np.array([[1, 200, 100, 360, 220], [2, 20, 240, 420, 380]], np.float32))
         rows = rows[(rows[:, 3] > rows[:, 1]) & (rows[:, 4] > rows[:, 2])]
         assert np.allclose(got, rows, atol=1e-3), key
+
+
+def test_a_huge_class_label_is_shown_short_in_its_error():
+    """1e308 read as an id printed all its 309 digits in the DecodeError (a 340-character message)."""
+    with pytest.raises(DecodeError, match=r"^class label 100000000000\.\.\.8336 \(309 digits\) does not fit int64$"):
+        ClassLabel()(b"1e308")
+    with pytest.raises(DecodeError, match=r"^class label 300 does not fit uint8$"):
+        ClassLabel(dtype="uint8")(b"300")

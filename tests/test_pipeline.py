@@ -360,6 +360,10 @@ def test_shards_from_the_environment(stream, monkeypatch, no_leaks):
         ParallelReader(path, num_shards="env", shard_index=2)
     with pytest.raises(ValueError, match=r"leave shard_index out \(it is 0\)"):  # (0 too: not rank 3's shard)
         ParallelReader(path, num_shards="env", shard_index=0)
+    monkeypatch.setenv("RANK", "4")  # (the message named neither variable: "need 0 <= shard_index < ...")
+    with pytest.raises(ValueError, match=r'num_shards="env": RANK=4 must be in 0..WORLD_SIZE - 1 \(WORLD_SIZE=4\)'):
+        ParallelReader(path, num_shards="env")
+    monkeypatch.setenv("RANK", "3")
     monkeypatch.delenv("RANK")
     with pytest.raises(ValueError, match=r"RANK is not set \(the other is '4'\)"):
         ParallelReader(path, num_shards="env")

@@ -49,6 +49,8 @@ to the consumer:
 
 from __future__ import annotations
 
+import operator
+
 from dataclasses import dataclass
 from typing import Any, FrozenSet, Optional, Protocol, Tuple, Union, runtime_checkable
 
@@ -66,7 +68,10 @@ class ArraySpec:
     dtype: np.dtype
 
     def __init__(self, shape, dtype) -> None:
-        shape = tuple(int(s) for s in shape)
+        try:  # (int() made a dimension of 2.5 one of 2, silently)
+            shape = tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"ArraySpec shape {tuple(shape)!r}: dimensions are ints") from None
         dtype = np.dtype(dtype)
         if any(s < 0 for s in shape):
             raise ValueError(f"ArraySpec shape {shape}: a dimension below 0")

@@ -47,6 +47,14 @@ _INT = re.compile(r"[+-]?[0-9]+")  # a class id written as a string (ASCII digit
 _FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)``, an integer of more than 30 digits shortened (1e308 read as an id has 309)."""
+    text = repr(value)
+    if isinstance(value, int) and len(text) > 30:
+        return f"{text[:12]}...{text[-4:]} ({len(text.lstrip('-'))} digits)"
+    return text
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, _NUMBER) and not isinstance(value, bool)
 
@@ -357,13 +365,13 @@ class ClassLabel(Value):
         if isinstance(value, bool) or not _is_number(value):
             raise DecodeError(f"a class label must be a number or a numeric string, got {value!r}")
         if not math.isfinite(value):
-            raise DecodeError(f"class label {value!r} is not finite")
+            raise DecodeError(f"class label {_shown(value)} is not finite")
         if self._dtype.kind != "f" or self._multi_hot:  # a multi-hot vector sets the entry of an id
             if value != int(value):
-                raise DecodeError(f"class label {value!r} is not an integer (use a float dtype for targets)")
+                raise DecodeError(f"class label {_shown(value)} is not an integer (use a float dtype for targets)")
             if isinstance(value, float) and abs(value) >= 2 ** 53 and self._in_range(value):
                 # (a JSON integer past 64 bits comes as a float from orjson: its digits are gone)
-                raise DecodeError(f"class label {value!r} is too large to be an exact integer")
+                raise DecodeError(f"class label {_shown(value)} is too large to be an exact integer")
             value = int(value)
         if self.num_classes is not None and not 0 <= value < self.num_classes:
             raise DecodeError(f"class id {value!r} out of range 0..{self.num_classes - 1}")
@@ -388,7 +396,7 @@ class ClassLabel(Value):
         lo, hi = (info.min, info.max) if self._dtype.kind in "iu" else (float(info.min), float(info.max))
         for v in values:  # (integers against the integer bounds: as floats, int64's max rounds up to 2**63)
             if not lo <= v <= hi:  # a float16 target of 1e5 would become inf
-                raise DecodeError(f"class label {v!r} does not fit {self._dtype}")
+                raise DecodeError(f"class label {_shown(v)} does not fit {self._dtype}")
 
     # -- the decoder protocol --------------------------------------------------------------------------
     def __call__(self, payload: Any) -> np.ndarray:

@@ -878,9 +878,12 @@ def _shards(num_shards: Union[int, str], shard_index: Optional[int]) -> tuple:
         raise ValueError(f'num_shards="env" needs the environment variables WORLD_SIZE and RANK; '
                          f"{missing} is not set (the other is {rank if world is None else world!r})")
     try:
-        return int(world), int(rank)
+        size, index = int(world), int(rank)
     except ValueError:
         raise ValueError(f"WORLD_SIZE={world!r} and RANK={rank!r} must be integers") from None
+    if not 0 <= index < size:  # (else "need 0 <= shard_index < num_shards", which names neither variable)
+        raise ValueError(f'num_shards="env": RANK={rank} must be in 0..WORLD_SIZE - 1 (WORLD_SIZE={world})')
+    return size, index
 
 
 # 3: the shuffle's kind and buffer are saved (a state saved under another order resumed into wrong samples)
