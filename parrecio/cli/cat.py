@@ -409,7 +409,7 @@ def _check_chain(path: str, idx: str, offsets: List[int], upto: int, size: int) 
     record's frame heads are followed, its payload not read.  A damaged frame head is that record's
     damage, not the index's: passed over."""
     from ..errors import CorruptRecordError
-    from ..recordio.framing import HEADER, HEADER_SIZE, LENGTH_MASK, MAGIC, padded_size
+    from ..recordio.framing import CFLAG_FULL, CFLAG_LAST, frame_at
     from ..recordio.index import IndexMismatch, check_end
 
     with open(path, "rb") as f:
@@ -420,16 +420,12 @@ def _check_chain(path: str, idx: str, offsets: List[int], upto: int, size: int) 
         for i in range(upto):
             pos, want = offsets[i], offsets[i + 1]
             while True:
-                head = peek(pos, HEADER_SIZE)
-                if len(head) < HEADER_SIZE:
+                frame = frame_at(peek, pos)
+                if frame is None:
                     pos = -1
                     break
-                magic, lrec = HEADER.unpack_from(head)
-                if magic != MAGIC:
-                    pos = -1
-                    break
-                pos += HEADER_SIZE + padded_size(lrec & LENGTH_MASK)
-                if lrec >> 29 in (0, 3) or pos >= want:
+                cflag, pos = frame
+                if cflag in (CFLAG_FULL, CFLAG_LAST) or pos >= want:
                     break
             if pos >= 0 and pos != want:
                 try:

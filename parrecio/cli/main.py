@@ -163,17 +163,12 @@ def _records_after_damage(path: str, size: int) -> Optional[int]:
     word at byte 4 points (only the magic damaged: any record size), then in the first
     :data:`FRAME_SEARCH_BYTES`.
     """
-    from ..recordio.framing import (CFLAG_FIRST, CFLAG_FULL, CFLAG_LAST, CFLAG_MIDDLE, HEADER, HEADER_SIZE,
-                                    LENGTH_MASK, MAGIC, find_next_head, padded_size)
+    from ..recordio.framing import (CFLAG_FIRST, CFLAG_FULL, CFLAG_LAST, CFLAG_MIDDLE, HEADER_SIZE, LENGTH_MASK,
+                                    find_next_head, frame_at, padded_size)
 
-    def frame_at(pos: int) -> Optional[Tuple[int, int]]:
-        """``(cflag, offset of the next frame)`` of a frame head at ``pos``, or None (``f``: opened below)."""
-        f.seek(pos)
-        raw = f.read(HEADER_SIZE)
-        if len(raw) < HEADER_SIZE:
-            return None
-        magic, lrec = HEADER.unpack(raw)
-        return (lrec >> 29, pos + HEADER_SIZE + padded_size(lrec & LENGTH_MASK)) if magic == MAGIC else None
+    def peek(at: int, n: int) -> bytes:  # (``f``: opened below)
+        f.seek(at)
+        return f.read(n)
 
     def follows(cflag: int) -> Tuple[int, ...]:
         """The cflags a frame after one of ``cflag`` may have: a record's start, or its next part."""
@@ -182,12 +177,12 @@ def _records_after_damage(path: str, size: int) -> Optional[int]:
     def record_at(pos: int, cflags: Tuple[int, ...] = (CFLAG_FULL, CFLAG_FIRST)) -> bool:
         """Whether a frame head with one of ``cflags`` is at ``pos``, and after it the next frame head that
         its cflag allows, or the end of the file where a record ends."""
-        frame = frame_at(pos)
+        frame = frame_at(peek, pos)
         if frame is None or frame[0] not in cflags:
             return False
         if frame[1] == size:  # the last frame of the file: it must end its record
             return frame[0] in (CFLAG_FULL, CFLAG_LAST)
-        after = frame_at(frame[1])
+        after = frame_at(peek, frame[1])
         return after is not None and after[0] in follows(frame[0])
 
     try:

@@ -25,7 +25,7 @@ bytes from a :class:`FrameSource`.
 from __future__ import annotations
 
 import struct
-from typing import Iterator, List, Optional, Protocol, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Protocol, Tuple, Union
 
 from ..errors import CorruptRecordError
 
@@ -33,7 +33,7 @@ __all__ = [
     "MAGIC", "MAGIC_BYTES", "HEADER_SIZE", "LENGTH_MASK", "MAX_PAYLOAD_BYTES", "DEFAULT_MAX_RECORD_BYTES",
     "CFLAG_FULL", "CFLAG_FIRST", "CFLAG_MIDDLE", "CFLAG_LAST", "JOINS", "READ_JOINS",
     "encode_lrec", "padded_size", "frame_header", "split_payload", "encode_record",
-    "check_join", "FrameSource", "read_record", "find_next_head",
+    "check_join", "FrameSource", "read_record", "find_next_head", "frame_at",
 ]
 
 MAGIC = 0xCED7230A
@@ -222,6 +222,17 @@ def _body(src: FrameSource, offset: int, length: int, source: Optional[str]) -> 
         raise CorruptRecordError(f"truncated payload: frame declares {length} bytes (+{want - length} "
                                  f"padding) but the stream ends after {len(body)}", offset, source=source)
     return body
+
+
+def frame_at(read: Callable[[int, int], bytes], pos: int) -> Optional[Tuple[int, int]]:
+    """``(cflag, offset of the next frame)`` of the frame head at ``pos``, or None where none is (no magic
+    there, or the stream ends inside the head); ``read(at, n)`` gives ``n`` bytes at offset ``at``.  The
+    frame's payload is not read: what walks a file's frames by their heads (the CLI's checks)."""
+    raw = read(pos, HEADER_SIZE)
+    if len(raw) < HEADER_SIZE:
+        return None
+    magic, lrec = HEADER.unpack(raw)
+    return (lrec >> 29, pos + HEADER_SIZE + padded_size(lrec & LENGTH_MASK)) if magic == MAGIC else None
 
 
 def find_next_head(buf: Union[bytes, bytearray, memoryview], start: int, end: int, base: int) -> int:
