@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from ..decoders.protobuf_record import SparseCOO, is_csr
 from ..errors import PipelineError
 
 __all__ = ["pads", "padded", "rows_of", "take_rows", "join_rows"]
@@ -42,19 +43,9 @@ def pads(cfg: Any) -> bool:
 
 # -- rows of a batch: nested tuples and dicts whose leaves are arrays (rows on axis 0) or lists ----------
 
-def _coo(value: Any) -> bool:
-    """Whether ``value`` is a batch of sparse tensors (:class:`~parrecio.decoders.protobuf_record.SparseCOO`,
-    a named tuple that is one column, not a tuple of columns)."""
-    return isinstance(value, tuple) and type(value).__name__ == "SparseCOO" and hasattr(value, "indices")
-
-
-def _csr(value: Any) -> bool:
-    return hasattr(value, "indptr") and getattr(value, "format", None) == "csr"
-
-
 def rows_of(batch: Any) -> int:
     """The number of samples in ``batch``."""
-    if _coo(batch) or _csr(batch):
+    if isinstance(batch, SparseCOO) or is_csr(batch):
         return int(batch.shape[0])
     if isinstance(batch, dict):
         return rows_of(next(iter(batch.values())))
@@ -65,12 +56,12 @@ def rows_of(batch: Any) -> int:
 
 def take_rows(batch: Any, start: int, stop: int) -> Any:
     """Rows ``start:stop`` of ``batch``, copied (no view of an output slot)."""
-    if _coo(batch):
+    if isinstance(batch, SparseCOO):
         keep = (batch.indices[:, 0] >= start) & (batch.indices[:, 0] < stop)
         indices = batch.indices[keep]
         indices[:, 0] -= start
         return type(batch)(indices, batch.values[keep].copy(), (stop - start, *batch.shape[1:]))
-    if _csr(batch):
+    if is_csr(batch):
         return batch[start:stop].copy()
     if isinstance(batch, dict):
         return {k: take_rows(v, start, stop) for k, v in batch.items()}
@@ -85,17 +76,17 @@ def join_rows(a: Any, b: Any) -> Any:
     """The rows of ``a`` followed by those of ``b`` (of the same structure).  A column is one array where
     both parts are arrays of the same row shape and dtype, else a list of the rows (the batch column rule:
     a held short batch's ragged column may have been stacked, its rows happening to share a shape)."""
-    if _coo(a) and _coo(b) and a.shape[1:] == b.shape[1:]:
+    if isinstance(a, SparseCOO) and isinstance(b, SparseCOO) and a.shape[1:] == b.shape[1:]:
         shifted = b.indices.copy()
         shifted[:, 0] += a.shape[0]
         return type(a)(np.concatenate([a.indices, shifted]), np.concatenate([a.values, b.values]),
                        (a.shape[0] + b.shape[0], *a.shape[1:]))
-    if _csr(a) and _csr(b) and a.shape[1:] == b.shape[1:]:
+    if is_csr(a) and is_csr(b) and a.shape[1:] == b.shape[1:]:
         import scipy.sparse
         return scipy.sparse.vstack([a, b], format="csr")
     if isinstance(a, dict):
         return {k: join_rows(v, b[k]) for k, v in a.items()}
-    if isinstance(a, tuple) and not _coo(a):
+    if isinstance(a, tuple) and not isinstance(a, SparseCOO):  # (a SparseCOO is one column, a named tuple)
         return tuple(join_rows(x, y) for x, y in zip(a, b))
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape[1:] == b.shape[1:] \
             and a.dtype == b.dtype:
@@ -105,7 +96,7 @@ def join_rows(a: Any, b: Any) -> Any:
 
 def _repeat(row: Any, n: int) -> Any:
     """``n`` copies of a one-row batch, as one batch."""
-    if _coo(row) or _csr(row):
+    if isinstance(row, SparseCOO) or is_csr(row):
         out = take_rows(row, 0, min(n, 1))
         for _ in range(n - 1):
             out = join_rows(out, row)
