@@ -672,26 +672,15 @@ class ParallelReader:
         return self._indexed_groups[0]
 
     def _data_key(self) -> Any:
-        """What the data is now: each file's (or object's) size, and each local ``.idx`` file's size and
-        time.  A length counted or listed on other data is not this data's (files refreshed between
-        passes, from 300 to 500 records, kept len() at 300)."""
-        idx = []
-        for _, path in self._res.cfg.index_paths:
-            name = str(path)
-            try:
-                st = os.stat(name) if not name.startswith("s3://") else None
-            except OSError:
-                st = None
-            idx.append((name, st.st_size, st.st_mtime_ns) if st is not None else (name,))
-        # the files' times too (a state's fingerprint is sizes only): a file rewritten at the same size
-        # with other records kept the length of the old one
-        times = []
-        for path in getattr(self._res.source, "paths", None) or ():
-            try:
-                times.append(os.stat(path).st_mtime_ns)
-            except (OSError, TypeError, ValueError):
-                times.append(None)
-        return repr(_fingerprint(self._res.source)), tuple(idx), tuple(times)
+        """What the data is now: each file's size and time (an object's size), and each local ``.idx``
+        file's.  A length counted or listed on other data is not this data's (files refreshed between
+        passes, from 300 to 500 records, kept len() at 300; one rewritten at the same size with other
+        records kept the old length: a state's fingerprint is sizes only, the times count here too)."""
+        source = self._res.source
+        objects = getattr(source, "objects", None)
+        files = repr(_fingerprint(source)) if objects else tuple(
+            _stat_key(path) for path in getattr(source, "paths", None) or ())
+        return files, tuple(_stat_key(str(path)) for _, path in self._res.cfg.index_paths)
 
     def __len__(self) -> int:
         """Samples (or batches, with ``batch_size``) of the pass being iterated, else of the next pass.
@@ -899,6 +888,17 @@ def _order_settings(res: Any) -> Dict[str, Any]:
             "shuffle_mode": cfg.shuffle_mode,
             "shuffle_buffer": cfg.shuffle_buffer if cfg.shuffle_mode == "buffer" else None,
             "nfields": cfg.nfields, "source": str(res.source.name)}
+
+
+def _stat_key(path: Any) -> tuple:
+    """``(path, size, mtime_ns)`` of a local file, ``(path,)`` where it cannot be stat'ed or is an
+    ``s3://`` object (what :meth:`ParallelReader._data_key` compares)."""
+    name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
+    try:
+        st = None if isinstance(name, str) and name.startswith("s3://") else os.stat(name)
+    except (OSError, TypeError, ValueError):
+        st = None
+    return (name, st.st_size, st.st_mtime_ns) if st is not None else (name,)
 
 
 def _fingerprint(source: Any) -> Optional[List[List[Any]]]:
