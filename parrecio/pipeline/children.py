@@ -130,17 +130,53 @@ def _without_main(original: Callable[[str], Dict[str, Any]]) -> Callable[[str], 
         if not getattr(_STARTING, "hiding", False):
             return original(name)
         try:
-            data = original(name)
+            data = _in_some_dir(original, name)
         except AttributeError:
             # ``python -m pdb train.py``: pdb gives ``__main__`` a new namespace without ``__spec__``, which
             # this reads to tell the child how to import the script -- left out below anyway.  Read it
             # with a bare ``__main__`` in its place, for that call only.
-            data = _with_bare_main(original, name)
+            data = _with_bare_main(lambda n: _in_some_dir(original, n), name)
         for key in _MAIN_KEYS:
             data.pop(key, None)
         return data
     get_preparation_data.parrecio_original = original  # type: ignore[attr-defined]
     return get_preparation_data
+
+
+def _in_some_dir(original: Callable[[str], Dict[str, Any]], name: str) -> Dict[str, Any]:
+    """``original(name)``, also once this process's working directory was deleted: it asks for it
+    (``os.getcwd()``, a bare FileNotFoundError then) only for the child to change into it.  Our children
+    need none -- every path they are given is absolute -- so they start in ``/`` then."""
+    try:
+        return original(name)
+    except FileNotFoundError:
+        try:
+            os.getcwd()
+        except FileNotFoundError:
+            pass
+        else:
+            raise  # (something else is missing)
+    from multiprocessing import spawn
+    real = spawn.os
+    spawn.os = _RootCwd(real)  # type: ignore[assignment]  # (only the module's own name: os stays os)
+    try:
+        return original(name)
+    finally:
+        spawn.os = real
+
+
+class _RootCwd:
+    """``os`` as multiprocessing's spawn module sees it while it prepares a child of a process whose
+    working directory is gone: ``getcwd()`` is ``/``."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def getcwd(self) -> str:
+        return "/"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
 
 
 def _with_bare_main(original: Callable[[str], Dict[str, Any]], name: str) -> Dict[str, Any]:

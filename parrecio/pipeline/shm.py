@@ -71,7 +71,7 @@ class Segment:
             try:
                 os.ftruncate(fd, size)
                 _reserve(fd, size, purpose or name)
-                buf = mmap.mmap(fd, size)
+                buf = _mapped(fd, size, name, purpose)
             except BaseException:
                 os.close(fd)
                 unlink(name)
@@ -93,7 +93,7 @@ class Segment:
         fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
         try:
             size = os.fstat(fd).st_size
-            buf = mmap.mmap(fd, size)
+            buf = _mapped(fd, size, name, "")
         finally:
             os.close(fd)
         return cls(name, size, buf, False)
@@ -175,6 +175,26 @@ def _out_of_descriptors(err: OSError, name: str) -> PipelineError:
         f"themselves")
 
 
+def _mapped(fd: int, size: int, name: str, purpose: str) -> mmap.mmap:
+    """``size`` bytes of the segment ``fd`` mapped here; ENOMEM (this process's address space is full, or
+    capped by ``ulimit -v``) as an error that says so."""
+    try:
+        return mmap.mmap(fd, size)
+    except OSError as err:
+        if err.errno != errno.ENOMEM:
+            raise
+        try:
+            import resource
+            cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+            capped = "" if cap == resource.RLIM_INFINITY else f" (capped at {cap / 2**20:.0f} MiB by `ulimit -v`)"
+        except (ImportError, ValueError, OSError):  # pragma: no cover
+            capped = ""
+        raise PipelineError(
+            f"cannot map {size / 2**20:.1f} MiB of shared memory for {purpose or 'the segment ' + name}: this "
+            f"process's address space is full{capped}. Ask for less (ring_bytes=, fewer workers, a smaller "
+            f"batch_size), raise the limit, or read with workers=0 (no shared memory)") from err
+
+
 # What says that /dev/shm itself cannot hold our segments (not a limit of this process, such as EMFILE):
 # (ENOMEM is not among them: from mmap it is this process's address space; a full tmpfs is _reserve's)
 _SHM_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOSPC, errno.ENOTDIR}
@@ -219,6 +239,8 @@ def free_bytes() -> Optional[int]:
         return None
     if not st.f_blocks or st.f_flag & os.ST_RDONLY:  # (a tmpfs mounted with size=0 has no limit, and says
         return None                                   # 0 blocks of 0 free; a read-only one fails to create)
+    if not os.access(SHM_DIR, os.W_OK | os.X_OK):
+        return None  # (not ours to write: creating fails with EACCES, which says so; its room does not matter)
     return st.f_bavail * st.f_frsize
 
 

@@ -104,8 +104,16 @@ def expand_patterns(patterns: Iterable) -> List[str]:
             if not paths:
                 raise SourceError(f"glob pattern {pattern!r} matches only directories without files")
         else:
-            raise SourceError(f"no such file or directory: {pattern!r} (cwd {os.getcwd()})")
+            raise SourceError(f"no such file or directory: {pattern!r} (cwd {cwd_shown()})")
     return paths
+
+
+def cwd_shown() -> str:
+    """The working directory, for a message: ``os.getcwd()`` raises once it was deleted."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return "deleted"
 
 
 def _once_each(paths: List[str]) -> List[str]:

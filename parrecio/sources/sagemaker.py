@@ -45,7 +45,7 @@ from ..errors import SourceError
 from ..recordio.framing import MAGIC_BYTES
 from .base import DEFAULT_FIFO_TIMEOUT, Source, Stream
 from .fifo import GONE, MISSING, NO_WRITER, FifoWait, PrefixedRaw as _PrefixedRaw, open_fifo
-from .files import FileSource, list_recordio_files
+from .files import FileSource, cwd_shown, list_recordio_files
 
 __all__ = [
     "PipeChannelSource", "FileChannelSource", "channel_source", "looks_like_channel_name",
@@ -100,7 +100,7 @@ def channel_source(channel: str, *, sm_input_dir: Optional[str] = None, pipe_dir
     """The source of SageMaker channel ``channel`` (see the module docstring).  Call in the consumer."""
     data_dir, config_dir = input_dirs(sm_input_dir, pipe_dir, config_dir)
     config_path = os.path.join(config_dir, INPUT_CONFIG_FILE)
-    taken_as = f"{channel!r} is not an existing path (cwd {os.getcwd()}), so it was taken as a SageMaker channel"
+    taken_as = f"{channel!r} is not an existing path (cwd {cwd_shown()}), so it was taken as a SageMaker channel"
     config = read_input_config(config_dir)
     channel_dir = os.path.join(data_dir, channel)
     if config is None:
