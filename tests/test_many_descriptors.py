@@ -73,19 +73,20 @@ FEW_SCRIPT = textwrap.dedent("""\
     import resource, sys
     from parrecio import ParallelReader
     if __name__ == "__main__":
-        folder, workers = sys.argv[1], int(sys.argv[2])
-        resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        folder, workers, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         with ParallelReader(folder, workers=workers, shuffle=True, seed=3) as reader:
             print(len(reader), sorted(bytes(p).decode() for p in reader) == sorted(
                 f"{i}-{j}" for i in range(300) for j in range(3)), flush=True)
 """)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_shuffled_read_of_more_indexed_files_than_descriptors(tmp_path, workers):
+@pytest.mark.parametrize("workers, limit", [(0, 128), (2, 128), (0, 64), (2, 64)])
+def test_a_shuffled_read_of_more_indexed_files_than_descriptors(tmp_path, workers, limit):
     """300 indexed files read by index under ``ulimit -n 128``: a reader of each is kept for the pass, and
     each held its file open -- EMFILE ("Too many open files") before the first sample.  At most 64 are
-    open at once now; one closed is opened again when read again, checked to be the same file."""
+    open at once now, and no more than a quarter of the limit (under ``ulimit -n 64`` the 64 left none for
+    the next ``.idx``); one closed is opened again when read again, checked to be the same file."""
     from parrecio import RecordWriter
     folder = tmp_path / "many"
     folder.mkdir()
@@ -95,7 +96,7 @@ def test_a_shuffled_read_of_more_indexed_files_than_descriptors(tmp_path, worker
                 w.write(f"{i}-{j}".encode(), key=j)
     script = tmp_path / "few.py"
     script.write_text(FEW_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(folder), str(workers)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(script), str(folder), str(workers), str(limit)], capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["900", "True"]

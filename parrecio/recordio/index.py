@@ -257,9 +257,19 @@ class _OpenRecs:
     file; the order of opening, not of reads: a shuffled read reads its files at random anyway, and a
     lock per read cost more).  A shuffled read of thousands of indexed files keeps one reader of each for
     the pass: with a descriptor each, 400 files under ``ulimit -n 256`` (or 2,000 under the common 1,024)
-    failed with EMFILE."""
+    failed with EMFILE.  Never more than a quarter of this process's descriptor limit either (under
+    ``ulimit -n 64`` the 64 ``.rec`` files left none for the ``.idx`` read next)."""
 
-    limit = 64
+    most = 64
+
+    @property
+    def limit(self) -> int:
+        try:
+            import resource
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ImportError, ValueError, OSError):  # pragma: no cover
+            return self.most
+        return self.most if soft == resource.RLIM_INFINITY else max(1, min(self.most, soft // 4))
 
     def __init__(self) -> None:
         self._lru: "OrderedDict[int, weakref.ref]" = OrderedDict()
