@@ -336,3 +336,88 @@ def test_set_epoch_after_an_iterator_dropped_before_its_first_next(tmp_path, wor
         del it
         gc.collect()
         assert reader.state_dict()["epoch"] == 4 and reader.state_dict()["position"] == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [None, 2, 3])
+def test_len_of_a_resumed_stream_leaves_out_the_samples_skipped_before_it(tmp_path, workers, batch_size, no_leaks):
+    """Without an .idx, len() is the count a complete pass delivered (the skipped samples left out), and a
+    resumed pass took the saved *position* from it -- which counts the skipped samples' places too: 11
+    where the pass yields 14 (a Keras steps_per_epoch, or DDP ranks' equal steps, cut the epoch short)."""
+    path = tmp_path / "s.rec"
+    _write(path, 20, bad={1, 2, 3, 15})
+    kw = dict(fields={"i": Json()}, workers=workers, batch_size=batch_size, on_error="skip")
+    batched = batch_size is not None
+    with ParallelReader(path, **kw) as r:
+        it = iter(r)
+        got = []
+        while len(got) < 3:
+            got += _ids(next(it), batched)
+        state = r.state_dict()
+        it.close()
+    assert state["delivered"] == len(got) and state["position"] == len(got) + 3
+    with ParallelReader(path, **kw) as r:
+        whole = _delivered(r, batched)
+        assert len(whole) == 16 and len(r) == (16 if not batched else -(-16 // batch_size))
+        r.load_state_dict(state)
+        n = len(r)
+        rest = list(r)
+        assert n == len(rest) and got + [i for item in rest for i in _ids(item, batched)] == whole
+
+
+def _damage_magic(path, record):
+    """Break the magic of the ``record``-th record of ``path`` (written with an .idx, which is removed)."""
+    idx = path.with_suffix(".idx")
+    offset = int(idx.read_text().splitlines()[record].split("\t")[1])
+    idx.unlink()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\x11\x22\x33\x44")
+
+
+def test_a_shuffle_buffers_state_after_damage_belongs_to_its_on_error(tmp_path, no_leaks):
+    """A shuffle buffer is emptied at damage under on_error="raise" and drawn on past it under "skip": a
+    state saved after the caught error and loaded with "skip" repeated two samples and lost two."""
+    path = tmp_path / "d.rec"
+    _write(path, 30, index=True)
+    _damage_magic(path, 12)
+    kw = dict(fields={"i": Json()}, workers=0, shuffle=True, seed=1, shuffle_buffer=8)
+    from parrecio import CorruptRecordError
+    with ParallelReader(path, on_error="raise", **kw) as r:
+        with pytest.raises(CorruptRecordError):
+            _delivered(r, False)
+        state = r.state_dict()
+    assert state["buffer_on_error"] == "raise"
+    with ParallelReader(path, on_error="skip", **kw) as r:
+        with pytest.raises(ValueError, match=r"saved with buffer_on_error='raise', this reader has buffer_on_error="
+                                             r"'skip' \(the on_error of a shuffle buffer: past damage it draws other "
+                                             r"samples; start the epoch again with set_epoch\(\) to change it\)"):
+            r.load_state_dict(state)
+        r.set_epoch(0)
+        assert sorted(_delivered(r, False)) == [i for i in range(30) if i != 12]
+    with ParallelReader(path, on_error="raise", **kw) as r:
+        r.load_state_dict(state)  # the same on_error: accepted (and the same damage stops it again)
+        with pytest.raises(CorruptRecordError):
+            list(r)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_of_equal_shards_belongs_to_its_index(tmp_path, workers, no_leaks):
+    """Equal shards read in order go by the .idx where every file has one (a damaged group keeps its place)
+    and as a stream where not (it takes none): a state saved with the .idx and loaded without it was
+    taken, and lost three samples."""
+    path = tmp_path / "e.rec"
+    _write(path, 12, bad={2}, index=True)
+    kw = dict(fields={"i": Json()}, workers=workers, num_shards=2, shard_index=0, even_shards="drop",
+              on_error="skip")
+    with ParallelReader(path, **kw) as r:
+        assert len(_delivered(r, False, stop=2)) == 2
+        state = r.state_dict()
+    assert state["by_index"] is True
+    path.with_suffix(".idx").unlink()
+    with ParallelReader(path, **kw) as r:
+        with pytest.raises(ValueError, match=r"saved with by_index=True, this reader has by_index=False \(read by "
+                                             r"the .idx beside every file, or as a stream where one is missing: an "
+                                             r".idx was added or removed\)"):
+            r.load_state_dict(state)
+        r.load_state_dict({k: v for k, v in state.items() if k != "by_index"})  # (saved by an older version)

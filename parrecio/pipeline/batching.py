@@ -108,6 +108,8 @@ def _samples(sp: Span, layout: SlotLayout, shape: Callable[[tuple], Any], cursor
             elif (f, None) in fixed:
                 cols[f] = list(fixed[(f, None)])
     pos = sp.seq
+    if pos != cursor.pos:  # (samples left out before this span: see Cursor.handed)
+        cursor.jump(pos)
     if len(cols) == 1:
         if shape is _single:  # the value itself (raw records: the tightest loop there is)
             for v in cols[0]:  # a list, or lazily copied payloads (parrecio.pipeline.feed.Payloads)
@@ -184,6 +186,14 @@ def _split(span: Span, k: int) -> tuple:
             Span(span.seq + k, span.n - k, span.lease, span.index + k, cols_b))
 
 
+def _handed(cursor: Cursor, spans: List[Span], rows: int) -> None:
+    """The batch of ``rows`` samples made of ``spans`` is handed out: the cursor after its last sample,
+    the places between them (and before the first) left out."""
+    end = spans[-1].seq + spans[-1].n
+    cursor.skipped += end - cursor.pos - rows
+    cursor.pos = end
+
+
 def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: SlotLayout,
             nfields: int, kind: str, names: Optional[Sequence[str]], cursor: Cursor) -> Iterator[Any]:
     """Group spans into batches of ``batch_size`` samples (the last one shorter unless ``drop_last``).
@@ -206,17 +216,17 @@ def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: Slo
                 if have == batch_size:
                     ready, buf, have = buf, [], 0  # a batch that cannot be made is not made again below
                     cols = _columns(ready, layout, nfields)
-                    cursor.pos = ready[-1].seq + ready[-1].n
+                    _handed(cursor, ready, batch_size)
                     yield shape(tuple(cols))
         if buf and not drop_last:
             cols = _columns(buf, layout, nfields)
-            cursor.pos = buf[-1].seq + buf[-1].n
+            _handed(cursor, buf, have)
             buf = []
             yield shape(tuple(cols))
     except (DecodeError, CorruptRecordError):
         if buf:
             cols = _columns(buf, layout, nfields)
-            cursor.pos = buf[-1].seq + buf[-1].n
+            _handed(cursor, buf, have)
             buf = []
             yield shape(tuple(cols))
         raise

@@ -125,6 +125,7 @@ def flat_values(plan: Any, gs: GroupStream, streams: Iterator[Tuple[int, str, An
                                 break
                             seq += 1
                             skipped += 1
+                            cursor.skipped += 1  # (its place: see Cursor.handed)
                             error = None
                             continue
                         seq += 1

@@ -591,7 +591,6 @@ class ParallelReader:
         data (the source, each file's or object's size).  Give it to :meth:`load_state_dict` of a new
         reader made with the same arguments to go on from there.  After an error you caught, the
         position is that of the samples delivered before it."""
-        cfg = self._res.cfg
         with self._res.lock:
             self._drop_unstarted()
         run = self._res.run
@@ -603,8 +602,9 @@ class ParallelReader:
             epoch, pos, handed = epoch + 1, 0, 0
         state = {"version": _STATE_VERSION, "epoch": epoch, "position": pos, **_order_settings(self._res)}
         state["data"] = _fingerprint(self._res.source)
-        if pads(cfg):  # the samples delivered up to there: those skipped before it are padded too
-            state["delivered"] = handed
+        # the samples delivered up to there: those skipped before it are padded too, and what remains of a
+        # pass counted by its samples (no .idx) is its count less these
+        state["delivered"] = handed
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -635,8 +635,7 @@ class ParallelReader:
         mine = _order_settings(res)
         for key, value in mine.items():
             if key in state and state[key] != value:
-                why = (" (a shuffle by index needs an .idx beside every file, else it is a shuffle buffer's)"
-                       if key == "shuffle_mode" else "")
+                why = _WHY.get(key, "")
                 raise ValueError(f"state_dict was saved with {key}={state[key]!r}, this reader has "
                                  f"{key}={value!r}{why}: make the reader with the same arguments and data")
         saved, data = state.get("data"), _fingerprint(self._res.source)
@@ -656,7 +655,7 @@ class ParallelReader:
                 raise ValueError(f"state_dict position {pos} is past the end of epoch {epoch}: this "
                                  f"shard's order has {n} samples (the data changed since it was saved?)")
         handed = pos
-        if pads(cfg) and "delivered" in state:
+        if "delivered" in state:
             handed = count("delivered", state["delivered"], minimum=0)
             if handed > pos:
                 raise ValueError(f"state_dict delivered={handed} is more than its position {pos}")
@@ -700,6 +699,7 @@ class ParallelReader:
         # With .idx files, the length is theirs: a pass's count leaves out the samples it skipped (bad
         # ones under on_error="skip"), so it changed from one epoch to the next and could be too low.
         n = counted if not self._res.cfg.index_paths else None
+        delivered = n is not None  # (a count of samples delivered, not of places in the order)
         if n is None and self._res.cfg.index_paths:
             cfg = self._res.cfg
             try:
@@ -708,7 +708,7 @@ class ParallelReader:
                 if counted is None:
                     raise TypeError(f"the number of samples is not known: an .idx does not fit its file: "
                                     f"{exc}") from exc
-                n = counted  # (a stream read in order does not need its .idx: its pass counted it)
+                n, delivered = counted, True  # (a stream read in order does not need its .idx: its pass counted it)
             else:
                 n = shard_length(listed, cfg.num_shards, cfg.shard_index, cfg.even_shards)
         if n is None:
@@ -717,7 +717,9 @@ class ParallelReader:
         run, cfg = self._res.run, self._res.cfg
         if whole:  # (a whole pass: nothing left out)
             done_before = 0
-        elif pads(cfg):  # a resumed pass pads up to the share: what remains of it after the samples delivered
+        elif pads(cfg) or delivered:
+            # a resumed pass pads up to the share, or a pass's count left out the samples it skipped: what
+            # remains after the samples delivered before the saved place (not the places, skipped ones too)
             done_before = run.before if run is not None else self._handed
         else:
             done_before = run.skip if run is not None else self._skip
@@ -879,6 +881,15 @@ def _shards(num_shards: Union[int, str], shard_index: Optional[int]) -> tuple:
 _STATE_VERSION = 3
 
 
+_WHY = {  # what a setting that differs from the saved one depends on, where that is not the argument itself
+    "shuffle_mode": " (a shuffle by index needs an .idx beside every file, else it is a shuffle buffer's)",
+    "by_index": " (read by the .idx beside every file, or as a stream where one is missing: an .idx was "
+                "added or removed)",
+    "buffer_on_error": " (the on_error of a shuffle buffer: past damage it draws other samples; start the "
+                       "epoch again with set_epoch() to change it)",
+}
+
+
 def _order_settings(res: Any) -> Dict[str, Any]:
     """What a shard's order of an epoch depends on, besides the epoch, as state_dict() saves it and
     load_state_dict() compares it (a key missing from a state saved by an older version is not compared)."""
@@ -887,6 +898,12 @@ def _order_settings(res: Any) -> Dict[str, Any]:
             "even_shards": cfg.even_shards, "shuffle": cfg.shuffle_mode is not None,
             "shuffle_mode": cfg.shuffle_mode,
             "shuffle_buffer": cfg.shuffle_buffer if cfg.shuffle_mode == "buffer" else None,
+            # a shuffle buffer is drawn on past damage under "skip", emptied at it under "raise": the
+            # positions after it name other samples
+            "buffer_on_error": cfg.on_error if cfg.shuffle_mode == "buffer" else None,
+            # equal shards read in order are read by the .idx where every file has one (a damaged group
+            # keeps its place), else as a stream (it takes none)
+            "by_index": cfg.by_index,
             "nfields": cfg.nfields, "source": str(res.source.name)}
 
 

@@ -22,13 +22,30 @@ class Cursor:
     """Where a pass stands in this shard's order: ``pos``, the position (sequence number) after the last
     sample handed to the user -- what ``state_dict()`` saves.  The generators of
     :mod:`parrecio.pipeline.batching` set it before each item they yield, so it stays right after an
-    error ends them: the samples delivered, in every mode."""
+    error ends them: the samples delivered, in every mode.
 
-    __slots__ = ("pos", "handed")
+    ``handed``, the samples of the epoch handed out by then, is ``pos`` less the places left out
+    (``skipped``: samples that ``on_error="skip"`` dropped take a place each).  Samples come in spans
+    without gaps, so the count moves once per span or batch, never per sample; padding sets it itself."""
+
+    __slots__ = ("pos", "skipped")
 
     def __init__(self, pos: int, handed: int = 0) -> None:
         self.pos = pos
-        self.handed = handed  # samples of the epoch handed out by then (kept where a pass pads: padding)
+        self.skipped = pos - handed
+
+    @property
+    def handed(self) -> int:
+        return self.pos - self.skipped
+
+    @handed.setter
+    def handed(self, value: int) -> None:
+        self.skipped = self.pos - value
+
+    def jump(self, seq: int) -> None:
+        """The next sample handed out is at ``seq``: the places between were left out."""
+        self.skipped += seq - self.pos
+        self.pos = seq
 
 
 class Span(NamedTuple):
