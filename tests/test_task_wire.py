@@ -7,6 +7,7 @@ import pickle
 from array import array
 from multiprocessing.reduction import ForkingPickler
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,3 +79,37 @@ def test_release_comes_back_and_send_message_is_what_connection_recv_reads():
         assert r.recv() == msg
     r.close()
     w.close()
+
+
+def test_a_signal_between_a_read_and_its_bookkeeping_breaks_the_frame_reader(monkeypatch):
+    """Ctrl-C that lands right after ``os.readv`` returned (the handler runs before the count is added)
+    lost the bytes it read: the next header came from amid a body, and the pass's shutdown, draining that
+    pipe, raised MemoryError (a length of gigabytes) in place of the KeyboardInterrupt.  Such a reader
+    is broken now: it reads no more, says so as a partial frame (its worker is replaced), and the
+    exception is the one raised."""
+    import fcntl
+    import os
+    from parrecio.pipeline import wire
+    from parrecio.pipeline.messages import TaskDone
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
+        inbox = wire.FrameReader(r)
+        body = bytes(range(256)) * 1000  # over the first read's 64 KiB: the rest comes by readv
+        wire.send_result(w, TaskDone(7, [], 0.5, 123), body, False)
+        wire.send_result(w, TaskDone(8, [], 0.5, 123), body, False)
+        real, calls = os.readv, []
+
+        def readv_then_interrupt(fd, bufs):
+            calls.append(real(fd, bufs))
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(wire.os, "readv", readv_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            inbox.read()
+        monkeypatch.setattr(wire.os, "readv", real)
+        assert calls and inbox.broken and inbox.eof and inbox.partial
+        assert inbox.read() == []  # (before: a header read from amid the body)
+    finally:
+        os.close(w)
+        os.close(r)

@@ -306,7 +306,7 @@ class WorkerPool:
         the pool, and every later pass failed on it at once)."""
         deadline = time.monotonic() + timeout
         while self.load() and time.monotonic() < deadline:
-            busy = [w for w in self.workers if w.inflight]
+            busy = [w for w in self.workers if w.inflight and not w.inbox.broken]  # (broken: replaced below)
             ready = wait([o for w in busy for o in (w.result_conn, w.proc.sentinel)],
                          max(0.0, deadline - time.monotonic()))
             for w in busy:

@@ -161,6 +161,10 @@ class _Frames:
         self._fields: Optional[tuple] = None  # the header of the frame whose body is being read
         self._body: Optional[memoryview] = None
         self._got = 0
+        # An exception from a signal handler (Ctrl-C) that lands between a read and its bookkeeping
+        # loses bytes of the stream: the next header would be read from amid a body (a length of
+        # gigabytes).  Such a reader reads no more; its sender is to be replaced.
+        self.broken = False
 
     def _header(self, pending: bytearray) -> Optional[Tuple[int, int, tuple]]:
         """``(header bytes, body bytes, header fields)`` from the start of ``pending``, or None while
@@ -169,12 +173,21 @@ class _Frames:
 
     @property
     def partial(self) -> bool:
-        """Whether a frame has started to arrive but is not complete."""
-        return bool(self._pending) or self._fields is not None
+        """Whether a frame has started to arrive but is not complete (or the stream was lost: broken)."""
+        return self.broken or bool(self._pending) or self._fields is not None
 
     def _frames(self) -> List[Tuple[tuple, memoryview]]:
         """``(header fields, body)`` of every frame that can be completed from the bytes available now
         (never blocks).  Sets :attr:`eof` when the writer is gone; a frame cut short by that is dropped."""
+        if self.broken:
+            return []
+        try:
+            return self._frames_now()
+        except BaseException:
+            self.broken = self.eof = True
+            raise
+
+    def _frames_now(self) -> List[Tuple[tuple, memoryview]]:
         frames: List[Tuple[tuple, memoryview]] = []
         drained = False
         while True:
