@@ -70,9 +70,11 @@ class RingWindows(Buffers):
         self.unframed: Optional[int] = None
 
     def watermark(self) -> int:
-        """What a chunk sent now may release: below the bytes not framed yet, and the head."""
+        """What a chunk sent now may release: below the bytes not framed yet, the open group's records
+        (:attr:`floor`: a window moved while it was open sets :attr:`unframed` above them), and the head."""
         u = self.unframed
-        return self.ring.head if u is None or not self.active else min(self.ring.head, u)
+        w = self.ring.head if u is None or not self.active else min(self.ring.head, u)
+        return w if self.floor is None else min(w, self.floor)
 
     def finish(self) -> None:
         """The stream ended, every record of it framed: give the unused end of its last window back to
