@@ -191,6 +191,37 @@ def test_a_view_kept_past_its_pass_is_not_overwritten_by_the_next(tmp_path, no_l
         ch.stop()
 
 
+@pytest.mark.parametrize("second", ["views", "bytes"])
+def test_a_view_of_a_joined_record_kept_past_its_pass_is_not_overwritten(tmp_path, no_leaks, recs, second):
+    """A pass that ends on a multipart record: joined, it is copied into the ring above the window being
+    framed, past what its chunk releases (``ring_end``); the next pass's reader started at the last
+    ``ring_end`` of the views kept, and wrote over the kept view of that record at once."""
+    joined = b"\x0a\x23\xd7\xce" * 300  # holds the magic: written as a multipart record
+    mine = recs[:300] + [joined]
+    path = tmp_path / "j.rec"
+    write_rec(path, mine)
+    ch = _Channel(tmp_path, path, 2)
+    try:
+        with deadline(120), ch.reader(workers=1) as r:
+            for v in r.iter_views():
+                pass
+            last = v
+            del v
+            assert bytes(last) == joined
+            got, seen = [], 0
+            for x in (r.iter_views() if second == "views" else r):
+                got.append(bytes(x))
+                seen += len(x)
+                if last is not None and seen > RING * 0.4:
+                    assert bytes(last) == joined
+                    last = None
+            assert got == mine and last is None
+            del x
+        assert ch.wait() == 0
+    finally:
+        ch.stop()
+
+
 def test_views_held_across_a_pass_for_too_long_raise(tmp_path, no_leaks, recs):
     """A view of pass 1 kept through pass 2 pins the ring there as it would inside pass 1: a clear error
     once the reader has nowhere to go, the kept view intact."""

@@ -97,7 +97,7 @@ class Chunker:
                     self.pending = _Pending(stream_id=p.stream_id, first_seq=p.first_seq)  # end sent them)
                     raise
             self.link.send(Chunk(p.first_seq if p.n else self.seq, p.n, p.stream_id, p.ring_offs, p.lens,
-                                 p.stream_offs, self.group_end, p.place))
+                                 p.stream_offs, self.group_end, p.place, self.ring.head))
             self.sent_end = self.group_end
             if p.place.is_file:
                 self.link.flight.mapped += p.nbytes  # the consumer releases sum(lens) of the chunk

@@ -61,7 +61,10 @@ class Chunk:
 
     ``ring_offs``/``lens`` are ``n * nfields`` int64 (group-major) byte offsets into the payloads'
     :class:`Place` and payload lengths; ``stream_offs`` the stream byte offset of each group's first record.  After the
-    chunk is delivered the ring may be released up to ``ring_end`` (a monotonic byte position).
+    chunk is delivered the ring may be released up to ``ring_end`` (a monotonic byte position).  ``ring_top``
+    (>= ``ring_end``, or -1: the same) is the ring position after every byte placed by then: a group copied
+    into the ring (multipart, held) lies above the window being framed, past ``ring_end``, and a later pass's
+    reader must start above it while views of the chunk live.
     """
     first_seq: int
     n: int
@@ -71,12 +74,13 @@ class Chunk:
     stream_offs: array
     ring_end: int
     place: Place = IN_RING
+    ring_top: int = -1
 
     def __reduce__(self):
         # One per task, unpickled by the consumer on a cold wake-up: a plain tuple with the arrays as
         # bytes (as Task), not a dataclass's generic reduce.
         return _chunk, (self.first_seq, self.n, self.stream_id, self.ring_offs.tobytes(), self.lens.tobytes(),
-                        self.stream_offs.tobytes(), self.ring_end, self.place.kind, self.place.name)
+                        self.stream_offs.tobytes(), self.ring_end, self.place.kind, self.place.name, self.ring_top)
 
 
 def _q(data: bytes) -> array:
@@ -86,8 +90,8 @@ def _q(data: bytes) -> array:
 
 
 def _chunk(first_seq: int, n: int, stream_id: int, offs: bytes, lens: bytes, stream_offs: bytes, ring_end: int,
-           kind: int, name: str) -> Chunk:
-    return Chunk(first_seq, n, stream_id, _q(offs), _q(lens), _q(stream_offs), ring_end, Place(kind, name))
+           kind: int, name: str, ring_top: int = -1) -> Chunk:
+    return Chunk(first_seq, n, stream_id, _q(offs), _q(lens), _q(stream_offs), ring_end, Place(kind, name), ring_top)
 
 
 @dataclass

@@ -109,7 +109,7 @@ class Run(Pass):
         self.pinned: Optional[Pinned] = res.pinned
         if self.pinned is None and views:
             self.pinned = Pinned()
-        ring_pos = (self.pinned.tail, self.pinned.head) if self.pinned is not None else (0, 0)
+        ring_pos = (self.pinned.tail, self.pinned.top) if self.pinned is not None else (0, 0)
         reader = None
         try:
             job = ReaderJob(res.source, epoch, res.ring.name, res.prefix, skip, ring_pos,
@@ -414,7 +414,7 @@ class Run(Pass):
             self.feed.release(c, ring=False)
             # (views of a file read in place or of a one-off segment pin no ring space: theirs goes back
             # at delivery, and a view keeps its mapping alive)
-            self.pinned.add(c.ring_end, (refs or []) if c.place == IN_RING else [])
+            self.pinned.add(c.ring_end, (refs or []) if c.place == IN_RING else [], c.ring_top)
             if refs and c.place.is_oneoff:
                 self.pinned.add_oneoff(sum(c.lens), refs)
 

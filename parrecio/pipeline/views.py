@@ -50,12 +50,13 @@ def exported(mm: Any, offset: int, length: int, refs: List[Any]) -> memoryview:
 
 
 class _Entry:
-    """A delivered chunk whose views may be alive: it holds the ring below ``ring_end``."""
+    """A delivered chunk whose views may be alive: it holds the ring below ``ring_end``; bytes of it may lie
+    up to ``top`` (a group copied above the window: see :attr:`Chunk.ring_top`)."""
 
-    __slots__ = ("refs", "first_live", "ring_end")
+    __slots__ = ("refs", "first_live", "ring_end", "top")
 
-    def __init__(self, refs: List[Any], ring_end: int) -> None:
-        self.refs, self.first_live, self.ring_end = refs, 0, ring_end
+    def __init__(self, refs: List[Any], ring_end: int, top: int) -> None:
+        self.refs, self.first_live, self.ring_end, self.top = refs, 0, ring_end, top
 
     def alive(self) -> bool:
         refs, i = self.refs, self.first_live
@@ -83,7 +84,7 @@ class Pinned:
         (:attr:`oneoff_bytes`), to say so when /dev/shm runs out: views kept of such groups are bounded by
         /dev/shm alone, as output slots the user holds are."""
         self._oneoffs = [(e, n) for e, n in self._oneoffs if e.alive()]
-        self._oneoffs.append((_Entry(refs, 0), nbytes))
+        self._oneoffs.append((_Entry(refs, 0, 0), nbytes))
 
     @property
     def oneoff_bytes(self) -> int:
@@ -102,7 +103,13 @@ class Pinned:
         """The ring position after the last chunk held back (``tail`` when none is)."""
         return self._q[-1].ring_end if self._q else self.tail
 
-    def add(self, ring_end: int, refs: List[Any]) -> None:
+    @property
+    def top(self) -> int:
+        """The ring position after every byte a chunk held back may lie in: where the next pass's reader
+        starts writing (``tail`` when none is held back)."""
+        return self._q[-1].top if self._q else self.tail
+
+    def add(self, ring_end: int, refs: List[Any], top: int = -1) -> None:
         """A chunk that holds the ring below ``ring_end`` was delivered, its views' weak references in
         ``refs``: give it back once they are gone and those before it went back (at once if so now).  One
         that holds no ring space beyond the last one held back, and whose views pin none, is not kept:
@@ -110,7 +117,7 @@ class Pinned:
         if ring_end <= self.head and not refs:
             self.release()
             return
-        self._q.append(_Entry(refs, max(ring_end, self.head)))
+        self._q.append(_Entry(refs, max(ring_end, self.head), max(top, ring_end, self.top)))
         self.release()
 
     def release(self) -> bool:
