@@ -425,3 +425,34 @@ def test_a_view_kept_for_good_of_a_file_read_in_place_holds_nothing_back(tmp_pat
             held = r._res.pinned
             assert held is None or len(held) <= 1, len(held)
         assert bytes(kept) == recs[1234]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "oversized"])
+@pytest.mark.parametrize("keep", [True, False])
+def test_views_through_damage_longer_than_the_ring(tmp_path, no_leaks, damage, keep):
+    """Under on_error="skip", a stream's damage (twice the ring of garbage; a record over
+    max_record_bytes) was scanned for the next frame head in ring windows, released only behind the
+    view in use: the loop variable -- and, once the user deleted it, the reader's own last item -- held
+    the reader up ("views still in use hold ..."), 2 of 4 samples.  The scan reads into a buffer of its
+    own now."""
+    import io
+    import struct
+    rnd = random.Random(0)
+    small = [bytes([i]) * 100 for i in range(4)]
+    ring = 64 << 10
+    noise = rnd.randbytes(2 * ring).replace(b"\x0a\x23\xd7\xce", b"XXXX")
+
+    def frame(p):
+        return struct.pack("<II", 0xCED7230A, len(p)) + p + b"\0" * (-len(p) % 4)
+
+    bad = noise if damage == "garbage" else frame(noise[:ring + 4096])
+    data = frame(small[0]) + frame(small[1]) + bad + frame(small[2]) + frame(small[3])
+    limit = 64 << 20 if damage == "garbage" else ring
+    with deadline(60), ParallelReader(io.BytesIO(data), None, workers=1, on_error="skip",
+                                      tuning=Tuning(ring_bytes=ring, max_record_bytes=limit)) as r:
+        got = []
+        for v in r.iter_views():
+            got.append(bytes(v))
+            if not keep:
+                del v
+        assert got == small and r.stats.skipped_records == 1

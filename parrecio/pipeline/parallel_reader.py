@@ -493,6 +493,9 @@ class ParallelReader:
                         raise ended() from None
                     raise
                 finally:
+                    # (not held while the pipeline runs: a view kept by this frame pinned the ring as if
+                    # the user kept it -- the reader stuck behind a stretch of damage, "views still in use")
+                    item = None
                     now = time.perf_counter()
                     st.user_time += now - t0 - (clock[0] - c0)
                     st.wall_time += now - last  # kept current: telemetry() mid-pass has a verdict

@@ -96,7 +96,7 @@ class RingWindows(Buffers):
         low = min(p for p in (kept_pos, self.floor, head) if p is not None)
         self.advance(low)  # what lies below is framed and sent, or garbage: release it
         size = max(need, self.window)
-        if size <= self.window:
+        if size <= self.window and not self.scanning:
             if kept_pos is not None and head == self.win_end:
                 ring.head = kept_pos  # nothing was placed after the window: it may go on in place
             try:  # waits for ring space (sending what is pending first)
@@ -115,8 +115,11 @@ class RingWindows(Buffers):
         # It grows by a quarter at least: a record of many small parts is joined as it is read, ~100
         # bytes more asked for at a time, and a buffer of just the size asked for copied the record
         # once per part (a 32 MiB record in 97-byte parts: hours).
+        # A scan of damage for the next frame head reads it there too, a window at a time: the damage
+        # may run longer than the ring, and ring windows are released only behind the views in use
+        # (the loop variable's held the reader up: "views still in use hold ...").
         self.active = False
-        if mv is not None and mv is not self.mem:
+        if mv is not None and mv is not self.mem and not self.scanning:
             size = max(size, len(mv) + len(mv) // 4)
         private = bytearray(size)
         return private, memoryview(private), 0, size

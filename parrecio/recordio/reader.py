@@ -63,7 +63,12 @@ class Buffers:
     reader then copies the bytes it keeps (the record in progress, ``kept`` bytes from index ``lo`` of
     the old buffer) to ``mv[off:]``, unless they are already there (same buffer, ``off == lo``).  Memory
     outside the windows handed out is never written, and a window is never written again once the
-    reader moved on: views of it stay valid as long as the caller keeps that memory."""
+    reader moved on: views of it stay valid as long as the caller keeps that memory.
+
+    :attr:`scanning` is true while the reader scans damaged bytes for the next frame head: nothing read
+    then is kept but the last few bytes, however long the damage runs."""
+
+    scanning = False
 
     def relocate(self, mv: Optional[memoryview], lo: int, kept: int, need: int,
                  offset: int) -> Tuple[Any, memoryview, int, int]:
@@ -411,14 +416,21 @@ class RecordReader:
     def _resync(self, offset: int) -> Optional[int]:
         """Stream offset of the next frame head at or after ``offset``, or None at end of stream."""
         rel = offset - self._base
-        while True:
-            i = find_next_head(self._buf, rel, self._end, self._base)
-            if i >= 0:
-                return self._base + i
-            if self._eof:
-                return None
-            keep = max(rel, self._end - (HEADER_SIZE - 1))  # a head may straddle the refill
-            rel = self._fill(keep, self._end - keep + 1)
+        buffers = self._buffers
+        try:
+            while True:
+                i = find_next_head(self._buf, rel, self._end, self._base)
+                if i >= 0:
+                    return self._base + i
+                if self._eof:
+                    return None
+                keep = max(rel, self._end - (HEADER_SIZE - 1))  # a head may straddle the refill
+                if buffers is not None:
+                    buffers.scanning = True
+                rel = self._fill(keep, self._end - keep + 1)
+        finally:
+            if buffers is not None:
+                buffers.scanning = False
 
     # -- buffer management (FrameSource protocol) --------------------------------------------------------
 
