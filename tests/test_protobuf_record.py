@@ -44,7 +44,17 @@ def dense_cases():
         "float64": (rng.normal(size=(40, 5)), rng.normal(size=40)),
         "int": (rng.integers(-2 ** 31, 2 ** 31 - 1, (40, 6)), rng.integers(-3, 3, 40)),   # -> Int32Tensor
         "no label": (rng.normal(size=(40, 3)).astype(np.float32), None),
+        # a value whose bits are the RecordIO magic, somewhere in each row: the SDK writes one frame per
+        # row; ours split such rows MXNet's way (4 bytes short for a reader that concatenates parts)
+        "holds the magic": (_with_magic(rng.normal(size=(40, 8)).astype(np.float32)), rng.normal(size=40)),
     }
+
+
+def _with_magic(x):
+    magic = np.array([0xCED7230A], np.uint32).view(np.float32)[0]
+    for i in range(len(x)):
+        x[i, i % x.shape[1]] = magic
+    return x
 
 
 def sparse_case():

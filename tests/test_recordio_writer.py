@@ -70,3 +70,22 @@ def test_closed_writer_refuses_writes(tmp_path):
     assert w.closed
     with pytest.raises(ValueError):
         w.write(b"x")
+
+
+def test_split_magic_false_writes_a_payload_holding_the_magic_as_one_frame(tmp_path):
+    """SageMaker's RecordIO-protobuf writer and ML-IO never split a payload; MXNet's does, where the
+    magic lies at a 4-byte-aligned offset (the default here)."""
+    import struct
+    from parrecio.recordio import RecordReader, RecordWriter
+    payload = b"abcd" + b"\x0a\x23\xd7\xce" + b"efgh"
+    for split in (True, False):
+        path = tmp_path / f"m{split}.rec"
+        with RecordWriter(str(path), index=True, split_magic=split) as w:
+            w.write(payload)
+            w.write(b"next")
+        data = path.read_bytes()
+        magic, lrec = struct.unpack_from("<II", data)
+        assert (magic, lrec >> 29, lrec & ((1 << 29) - 1)) == ((0xCED7230A, 1, 4) if split else (0xCED7230A, 0, 12))
+        with RecordReader(str(path), join="mxnet" if split else "auto") as r:
+            assert [bytes(rec) for _, rec in r] == [payload, b"next"]
+        assert path.with_suffix(".idx").read_text() == f"0\t0\n1\t{len(data) - 12}\n"

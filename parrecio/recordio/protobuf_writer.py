@@ -103,7 +103,9 @@ def _labels(labels: Any, rows: int) -> Optional[np.ndarray]:
 
 
 def _writer(out: Union[str, "os.PathLike[str]", BinaryIO], index: Any) -> RecordWriter:
-    return RecordWriter(out, index=index)
+    # One frame per Record, whatever its bytes: the SDK's writer never splits (a float whose bits are
+    # the magic split the row MXNet's way, 4 bytes short for a reader that concatenates parts)
+    return RecordWriter(out, index=index, split_magic=False)
 
 
 def write_dense(out: Union[str, "os.PathLike[str]", BinaryIO], array: Any, labels: Any = None, *,

@@ -32,13 +32,20 @@ class RecordWriter:
         object opened for writing (not closed by :meth:`close`), ``True`` for ``path_or_file`` with its
         suffix replaced by ``.idx`` (``data.rec`` -> ``data.idx``; only when ``path_or_file`` is a path), or
         ``None``/``False`` for no index.
+    :param split_magic: a payload that holds the RecordIO magic at a 4-byte-aligned offset is written as
+        MXNet's writer does (default): split there into a multipart record, the magic dropped between the
+        parts (the readers put it back with ``join="mxnet"``).  ``False`` writes every payload as one frame,
+        as SageMaker's RecordIO-protobuf writer and ML-IO do (their readers join parts by concatenation,
+        and one frame needs no join).
 
     A bool or an int where a path or a file object is expected raises ``TypeError``: file descriptors are
     not taken (``True == 1`` would be standard output).
     """
 
     def __init__(self, path_or_file: Union[str, "os.PathLike[str]", BinaryIO], *,
-                 index: Union[str, "os.PathLike[str]", BinaryIO, bool, None] = None) -> None:
+                 index: Union[str, "os.PathLike[str]", BinaryIO, bool, None] = None,
+                 split_magic: bool = True) -> None:
+        self._split = bool(split_magic)
         self._idx = None
         self._owns_idx = False
         check_path_arg(path_or_file, "path_or_file")
@@ -102,7 +109,7 @@ class RecordWriter:
             raise ValueError(f"an index key may not contain tab or newline characters: {key!r}")
         pos = self._pos
         write = self._file.write
-        if payload.find(b"\x0a\x23\xd7\xce") < 0:  # common case: one frame, no split search needed
+        if not self._split or payload.find(b"\x0a\x23\xd7\xce") < 0:  # one frame, no split search needed
             write(HEADER.pack(MAGIC, size))
             write(payload)
             write(_PAD[size & 3])
