@@ -107,6 +107,32 @@ def test_manifest_values_keep_integers_beyond_64_bits(tmp_path):
     got = list(iter_manifest_records(str(manifest), ["id", "label"]))
     assert got == [b"123456789012345678901234567890", b'{"k":[-18446744073709551617,1.5]}',
                    b"7", orjson.dumps({"k": [18446744073709551615, "\u00e9"]})]
+    # 19 digits below -2**63 (orjson: -9.223372036854776e+18); -2**63 itself and 2**64 - 1 are ints to it
+    manifest.write_text('{"id": -9223372036854775809, "label": [-9999999999999999999, -9223372036854775808]}\n')
+    assert list(iter_manifest_records(str(manifest), ["id", "label"])) == [
+        b"-9223372036854775809", b"[-9999999999999999999,-9223372036854775808]"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "device"])
+def test_a_reference_to_what_is_no_regular_file_is_refused_by_name(tmp_path, kind):
+    """A FIFO referenced by a manifest (or listed by pack list) was opened and read: it waited for a writer
+    for ever, printing nothing; /dev/zero would be read until memory ran out."""
+    import os
+    from parrecio.tools import pack as pack_tool
+    target = tmp_path / "p.jpg"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "folder":
+        target.mkdir()
+    else:
+        target = "/dev/zero"
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"source-ref": str(target)}) + "\n")
+    what = {"fifo": "a FIFO", "folder": "a folder", "device": "a character device"}[kind]
+    with pytest.raises(SourceError, match=rf"line 1: cannot read source-ref .*: not a regular file \({what}\)"):
+        list(iter_manifest_records(str(manifest), ["source-ref"]))
+    with pytest.raises(SourceError, match=rf"cannot read image {target}: not a regular file \({what}\)"):
+        pack_tool._read_file(str(target))
 
 
 @pytest.mark.parametrize("line, names, message", [

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import unquote, urlparse
 
@@ -108,7 +109,7 @@ def _line_values(line: ManifestLine, attribute_names: Sequence[str],
     return where, [obj[name] for name in attribute_names], dumps
 
 
-_LONG_DIGITS = re.compile(rb"\d{20}")  # 20 digits or more: maybe an integer beyond 64 bits
+_LONG_DIGITS = re.compile(rb"\d{19}")  # 19 digits or more: maybe an integer beyond 64 bits (-2**63 - 1 has 19)
 
 
 def _exact_dumps(value: Any) -> bytes:
@@ -130,11 +131,29 @@ def iter_manifest_records(manifest_path: str, attribute_names: Sequence[str], *,
         yield from line_records(lines[index], attribute_names, manifest_path)
 
 
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
+
+
+def read_regular(path: str) -> bytes:
+    """The bytes of the regular file ``path``, or an ``OSError`` that says what else it is: a FIFO (read,
+    it waited for a writer for ever), a device (``/dev/zero``: read until memory ran out), a folder."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # (a FIFO: no wait)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'a special file')})")
+        os.set_blocking(fd, True)
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
 def _referenced_bytes(value, manifest_path: str, where: str, name: str) -> bytes:
     path = _ref_path(value, manifest_path, where, name)
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_regular(path)
     except OSError as exc:
         raise SourceError(f"{where}: cannot read {name} {value!r} ({path}): {exc.strerror or exc}") from exc
 

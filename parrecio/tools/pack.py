@@ -369,9 +369,9 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
 
 
 def _read_file(path: str) -> bytes:
+    from .manifest import read_regular
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_regular(path)
     except OSError as exc:
         raise SourceError(f"cannot read image {path}: {exc.strerror or exc}") from exc
 
