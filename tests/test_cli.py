@@ -676,3 +676,41 @@ def test_extract_all_draws_a_progress_bar_on_a_terminal_only(tmp_path):
     assert "extract:" in text and "/300" in text and "records/s" in text
     plain = cli("extract", rec, "--all", "--out", tmp_path / "p").stderr.decode()
     assert plain == f"extract: 300 records written to {tmp_path / 'p'}\n"
+
+
+def test_pack_images_takes_a_jpeg_followed_by_other_bytes_and_refuses_one_cut_short():
+    """A Motion Photo is a JPEG with a video after its end-of-image marker: the check for a JPEG cut
+    short searched the whole file for its last scan, found FF DA in the video, and left the photo out.
+    The markers are walked from the start now (baseline and progressive, restart markers, fill bytes)."""
+    import io
+    import numpy as np
+    from PIL import Image as PILImage
+    from parrecio.tools.pack import _jpeg_end, _not_an_image
+    rng = np.random.default_rng(0)
+    pixels = PILImage.fromarray(rng.integers(0, 256, (40, 56, 3), dtype=np.uint8))
+    for options in ({}, {"progressive": True}, {"restart_marker_blocks": 1}):
+        buf = io.BytesIO()
+        pixels.save(buf, "JPEG", quality=90, **options)
+        jpeg = buf.getvalue()
+        assert _jpeg_end(jpeg) == len(jpeg) and _not_an_image(jpeg) is None
+        trailer = b"ftypmp42" + b"\xff\xda\x00\x08" + bytes(rng.integers(0, 256, 3000, dtype=np.uint8))
+        assert _jpeg_end(jpeg + trailer) == len(jpeg) and _not_an_image(jpeg + trailer) is None
+        for cut in (len(jpeg) - 2, len(jpeg) * 2 // 3, len(jpeg) // 3):
+            assert _jpeg_end(jpeg[:cut]) is None, (options, cut)
+
+
+@pytest.mark.parametrize("name", ["b/3\tx.png", "b/a\nb.png", "b/ lead.png", "trail /y.png"])
+def test_pack_images_refuses_a_name_an_im2rec_list_cannot_hold(tmp_path, name):
+    """An im2rec .lst has no escape: "x.png" and "3<TAB>x.png" in one folder gave the line
+    "0<TAB>0.000000<TAB>3<TAB>x.png", which pack list read back as x.png with labels 0 and 3 (silently);
+    a line break gave a list it refused; spaces at a field's ends are stripped by both readers."""
+    from parrecio.errors import SourceError
+    from parrecio.tools.pack import list_image_folder
+    root = tmp_path / "imgs"
+    (root / "b").mkdir(parents=True)
+    (root / "b" / "x.png").write_bytes(b"png")
+    (root / name).parent.mkdir(exist_ok=True)
+    (root / name).write_bytes(b"png")
+    with pytest.raises(SourceError, match=r"a name with a tab, a line break, or spaces at its start or end "
+                                          r"cannot be written to an im2rec list \(.lst\), which has no escape"):
+        list_image_folder(str(root))
