@@ -412,6 +412,81 @@ def test_a_worker_start_through_a_dying_fork_server_is_tried_again(tmp_path, mon
             list(r)
 
 
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver")
+def test_a_reader_start_through_a_dying_fork_server_is_tried_again(tmp_path, monkeypatch, no_leaks):
+    """Ctrl-C to the process group while the fork server imports its preloads kills it; the script
+    catches its KeyboardInterrupt and iterates again at once: the pass failed ("cannot start the
+    parrecio-reader process: the fork server died while it started it"), the server not seen dead yet.
+    The reader's start is tried again as a worker's is."""
+    from parrecio.pipeline import reader_handle
+    path = tmp_path / "s.rec"
+    recs = payloads(60)
+    write_rec(path, recs)
+    real = reader_handle.start
+    fails = []
+
+    def eof():
+        raise EOFError("unexpected EOF")
+
+    def flaky(proc):
+        if len(fails) < 2:
+            fails.append(proc)
+            proc.start = eof
+        return real(proc)
+
+    monkeypatch.setattr(reader_handle, "start", flaky)
+    with ParallelReader(str(path), fields=Fixed(), workers=1) as r:
+        got = [digest_array(bytes(p)) for p in recs]
+        assert all(np.array_equal(a, b) for a, b in zip(r, got)) and len(fails) == 2
+    fails.clear()
+    with ParallelReader(str(path), fields=Fixed(), workers=1, tuning=Tuning(start_method="spawn")) as r:
+        with pytest.raises(PipelineError, match="cannot start the parrecio-reader process: the fork server died"):
+            list(r)
+
+
+MASK_HELPER = textwrap.dedent("""\
+    import signal
+
+    def report(conn):
+        blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        conn.send((blocked, signal.getsignal(signal.SIGINT) == signal.SIG_IGN))
+    """)
+
+MASK_SCRIPT = textwrap.dedent("""\
+    import multiprocessing, signal, sys
+    from parrecio.pipeline.children import child_entry, start
+    from mask_helper import report  # (importable in a spawned child: our starts never import __main__)
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context(sys.argv[1])
+        lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
+        for entry in (False, True):  # (the first: this interpreter's first child, its resource tracker's start)
+            r, w = ctx.Pipe(duplex=False)
+            args = ("parrecio-masktest-", lifeline_r, report, w) if entry else (w,)
+            proc = ctx.Process(target=child_entry if entry else report, args=args)
+            start(proc)
+            print(entry, *r.recv(), flush=True)
+            proc.join(30)
+        print("here", signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    """)
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_children_start_with_ctrl_c_held_until_they_ignore_it(tmp_path, method):
+    """Ctrl-C to the process group while a spawned child still imported and unpickled its target raised
+    KeyboardInterrupt there: its traceback (numpy's "Importing the numpy C-extensions failed" among them)
+    reached the terminal beside the user's own handling.  A child starts with SIGINT blocked (also the
+    first, whose start also starts multiprocessing's resource tracker: that start unblocked SIGINT), and
+    child_entry ignores it, then unblocks it; the consumer's mask is as it was."""
+    script = tmp_path / "mask.py"
+    script.write_text(MASK_SCRIPT)
+    (tmp_path / "mask_helper.py").write_text(MASK_HELPER)
+    proc = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path)] + sys.path)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["False True False", "True False True", "here False"]
+
+
 def test_a_process_start_the_fork_server_dies_under_is_a_pipeline_error():
     """The fork server killed while a pass starts its processes: multiprocessing's bare EOFError
     ("unexpected EOF" from forkserver.read_signed) came out of the first next(); it is a PipelineError

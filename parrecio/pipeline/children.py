@@ -34,14 +34,18 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import weakref
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, TypeVar
 
+from ..errors import PipelineError
 from ..sources.fds import FdCarrier
 from .shm import SHM_DIR, sweep
 
-__all__ = ["child_entry", "environ_now", "start", "start_forkserver", "start_janitor", "describe_exit",
-           "register_for_fork", "close_quietly"]
+__all__ = ["child_entry", "environ_now", "start", "start_retrying", "start_forkserver", "start_janitor",
+           "describe_exit", "register_for_fork", "close_quietly"]
+
+T = TypeVar("T")
 
 # What every child runs: the fork server imports them once, before it forks the first child.
 CHILD_MODULES = ("parrecio.pipeline.worker", "parrecio.pipeline.reader_proc")
@@ -72,6 +76,8 @@ def child_entry(prefix: str, lifeline: Any, target: Callable[..., None], *args: 
     of the consumer's lifeline pipe; ``environ``: the consumer's ``os.environ`` when it started this
     process (:func:`environ_now`), taken on here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
+    if hasattr(signal, "pthread_sigmask"):  # (blocked from our start on: see _sigint_held)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if environ is not None and environ != os.environ:
         # A fork server's children inherit its environment, of when it booted (the first reader): what
         # the script set since would not reach the decoders, as it does under fork, spawn and workers=0.
@@ -254,11 +260,36 @@ def start_janitor(prefix: str, lifeline_fd: int, detached: bool = False) -> Opti
     return None
 
 
+@contextlib.contextmanager
+def _sigint_held(proc: Any) -> Iterator[None]:
+    """SIGINT blocked in this thread while it starts a child, which inherits the mask (through fork, and
+    exec under spawn) until :func:`child_entry` ignores SIGINT and unblocks it.  A Ctrl-C to the process
+    group while a spawned child still imported and unpickled (a second or so) raised KeyboardInterrupt
+    there, and its traceback -- numpy's "Importing the numpy C-extensions failed" among them -- reached
+    the user's terminal beside their own handling of it.  One that reaches this process meanwhile is
+    delivered when the block ends.  (A fork server's children get its mask, not ours: the server is the
+    user's too, and its own children should keep theirs.)"""
+    if getattr(proc, "_start_method", None) in ("spawn", "forkserver"):
+        # (the start of multiprocessing's resource tracker, at the first such child, unblocks SIGINT
+        # instead of restoring the mask: started first, it leaves ours alone)
+        from multiprocessing import resource_tracker
+        resource_tracker.ensure_running()
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - no pthread_sigmask
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def start(proc: Any) -> None:
     """Start the multiprocessing process ``proc``, without re-importing ``__main__`` in it (and, when this
     start launches the fork server, in the fork server: see :func:`_main_not_reimported`)."""
     try:
-        with _main_not_reimported():
+        with _main_not_reimported(), _sigint_held(proc):
             proc.start()
     except BaseException as exc:
         # (a Ctrl-C that lands once the process exists: stopped here, it cannot run on unseen -- a reader
@@ -267,10 +298,29 @@ def start(proc: Any) -> None:
             proc.kill()
             proc.join(1.0)
         if isinstance(exc, (EOFError, ConnectionError)):  # (the fork server died under it: a bare EOFError)
-            from ..errors import PipelineError
             raise PipelineError(f"cannot start the {proc.name} process: the fork server died while it started "
                                 f"it (the next pass starts a new one)") from exc
         raise
+
+
+def start_retrying(ctx: Any, start_once: Callable[[], T]) -> T:
+    """``start_once()`` (it makes its pipes and starts a child), tried again for up to 2 s where a dying
+    fork server answered nothing.  Such a server (SIGTERM to the whole process group: a container
+    stopped, a job preempted; Ctrl-C while it imported its preloads) makes multiprocessing raise
+    EOFError (:func:`start`: a PipelineError caused by it), and a new server is started only once the
+    old one is seen dead: a child started meanwhile -- a worker replaced while a pass shut down, the
+    next pass's reader right after a caught KeyboardInterrupt -- failed."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            return start_once()
+        except (EOFError, ConnectionError, PipelineError) as exc:
+            # (start() says what an EOFError there means: a PipelineError caused by it)
+            if isinstance(exc, PipelineError) and not isinstance(exc.__cause__, (EOFError, ConnectionError)):
+                raise
+            if ctx.get_start_method() != "forkserver" or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
 
 
 def start_forkserver(uses: Iterable[Any] = ()) -> None:

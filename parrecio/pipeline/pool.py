@@ -26,7 +26,7 @@ from multiprocessing.connection import wait
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..errors import PipelineError
-from .children import child_entry, close_quietly, describe_exit, environ_now, forget_processes, start
+from .children import child_entry, close_quietly, describe_exit, environ_now, forget_processes, start, start_retrying
 from .config import PipelineConfig
 from .messages import Stop, Task
 from .pairing import Bell, Pairs, board_name
@@ -114,17 +114,7 @@ class WorkerPool:
         with new pipes each time (a child the dying server forked anyway finds its pipes closed, and ends):
         a worker replaced while a pass shut down, after the user's handler turned that SIGTERM into an
         exception, failed with EOFError, a traceback in place of theirs."""
-        deadline = time.monotonic() + 2.0
-        while True:
-            try:
-                return self._spawn_once(index)
-            except (EOFError, ConnectionError, PipelineError) as exc:
-                # (children.start says what an EOFError there means: a PipelineError caused by it)
-                if isinstance(exc, PipelineError) and not isinstance(exc.__cause__, (EOFError, ConnectionError)):
-                    raise
-                if self.ctx.get_start_method() != "forkserver" or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        return start_retrying(self.ctx, lambda: self._spawn_once(index))
 
     def _spawn_once(self, index: int) -> _Worker:
         self.version += 1

@@ -18,10 +18,10 @@ that died before its ``ReaderEnd`` is a :class:`PipelineError` naming how it die
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from ..errors import PipelineError
-from .children import child_entry, close_quietly, describe_exit, environ_now, forget_processes, start
+from .children import child_entry, close_quietly, describe_exit, environ_now, forget_processes, start, start_retrying
 from .messages import Begun, ReaderEnd, Release, Stop
 from .poller import ReadyCheck
 from .config import PipelineConfig
@@ -46,30 +46,36 @@ class ReaderHandle:
 
     def __init__(self, ctx: Any, cfg: PipelineConfig, job: Optional[ReaderJob], lifeline_r: Any,
                  prefix: str = "") -> None:
-        data_r, data_w = ctx.Pipe(duplex=False)
-        ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
-        self.data, self.ctrl = data_r, ctrl_w
         self.prefix = job.prefix if job is not None else prefix
         self.source_name = job.source.name if job is not None else ""
         self.ended = False  # its ReaderEnd was received: it sends nothing more
         self.releases_sent = 0  # Release messages sent (its Waiting says how many it has seen)
         self.begun = True  # False from begin() until its Begun comes: a death meanwhile read nothing
-        try:
-            self.proc = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
-                                    args=(self.prefix, lifeline_r, serve_main, cfg, data_w, ctrl_r, lifeline_r, job),
-                                    kwargs={"environ": environ_now()})
-            start(self.proc)
-        except BaseException:
-            close_quietly(data_r, data_w, ctrl_r, ctrl_w)
-            raise
-        finally:
-            close_quietly(data_w, ctrl_r)  # the child has its own copies (or none: it did not start)
+        self.data, self.ctrl, self.proc = start_retrying(ctx, lambda: self._started(ctx, cfg, job, lifeline_r))
+        data_r, ctrl_w = self.data, self.ctrl
         # The data pipe, read without blocking, every message there at once; a cheap check of the
         # process's end (its sentinel is readable once it has exited), asked at every receive.
         self._inbox = MessageReader(data_r.fileno())
         self._ctrl_fd = ctrl_w.fileno()
         self.sentinel = self.proc.sentinel  # (Process.sentinel is a property that checks it is open)
         self._exited = ReadyCheck(self.sentinel)
+
+    def _started(self, ctx: Any, cfg: PipelineConfig, job: Optional[ReaderJob],
+                 lifeline_r: Any) -> Tuple[Any, Any, Any]:
+        """The process started, with new pipes: ``(data pipe's read end, control pipe's write end, process)``."""
+        data_r, data_w = ctx.Pipe(duplex=False)
+        ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
+        try:
+            proc = ctx.Process(target=child_entry, name="parrecio-reader", daemon=True,
+                               args=(self.prefix, lifeline_r, serve_main, cfg, data_w, ctrl_r, lifeline_r, job),
+                               kwargs={"environ": environ_now()})
+            start(proc)
+        except BaseException:
+            close_quietly(data_r, data_w, ctrl_r, ctrl_w)
+            raise
+        finally:
+            close_quietly(data_w, ctrl_r)  # the child has its own copies (or none: it did not start)
+        return data_r, ctrl_w, proc
 
     def begin(self, job: ReaderJob) -> bool:
         """Give a waiting process (a spare, or the last pass's reader kept) its pass's job; False when it
