@@ -24,7 +24,7 @@ import pytest
 
 from parrecio import ParallelReader, PipelineError, Tuning
 from parrecio.pipeline.children import CHILD_MODULES, library_modules
-from pipeline_helpers import Fixed, deadline, digest_array, payloads, write_rec
+from pipeline_helpers import Fixed, Sleepy, deadline, digest_array, payloads, write_rec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -513,3 +513,31 @@ def test_a_process_start_the_fork_server_dies_under_is_a_pipeline_error():
         start(Proc(BlockingIOError(11, "Resource temporarily unavailable")))
     with pytest.raises(KeyboardInterrupt):
         start(Proc(KeyboardInterrupt()))
+
+
+def test_a_replacement_that_cannot_start_is_the_error_not_its_closed_pipe(tmp_path, monkeypatch, no_leaks):
+    """A decoder died mid-pass and its replacement could not start (here EMFILE; a deleted working
+    directory did the same): the dead worker stayed in the pool with its tasks, and the pass's shutdown
+    waited on its closed pipe -- "OSError: handle is closed" over the real cause."""
+    import signal
+    from parrecio.pipeline import pool as pool_module
+    path = tmp_path / "s.rec"
+    recs = payloads(400)
+    write_rec(path, recs)
+    real, starts = pool_module.start, []
+
+    def failing(proc):
+        starts.append(proc)
+        if len(starts) > 2:  # (the two first workers start; their replacement does not)
+            raise OSError(24, "Too many open files")
+        return real(proc)
+
+    monkeypatch.setattr(pool_module, "start", failing)
+    with deadline(60), ParallelReader(str(path), fields=Sleepy(max_ms=20.0), workers=2) as r:
+        it = iter(r)
+        next(it)
+        os.kill(r.worker_pids[0], signal.SIGKILL)
+        with pytest.raises(OSError, match="Too many open files") as info:
+            for _ in it:
+                pass
+        assert "handle is closed" not in repr(info.value) and "handle is closed" not in repr(info.value.__context__)

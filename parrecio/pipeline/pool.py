@@ -244,10 +244,15 @@ class WorkerPool:
                 how = describe_exit(w.proc.exitcode)
                 orphans.extend((t, not t.isolated or t.task_id in w.taken, self._blamed(w, t), how)
                                for t in w.inflight.values())
-                log.warning("parrecio: decoder process %d (pid %d) died (%s); "
-                            "re-running its %d task(s) in a new one",
-                            w.index, w.proc.pid, describe_exit(w.proc.exitcode), len(w.inflight))
-                self._discard(w)
+                if w.inflight:
+                    log.warning("parrecio: decoder process %d (pid %d) died (%s); "
+                                "re-running its %d task(s) in a new one",
+                                w.index, w.proc.pid, describe_exit(w.proc.exitcode), len(w.inflight))
+                else:
+                    log.warning("parrecio: decoder process %d (pid %d) died (%s) between tasks; "
+                                "starting a new one", w.index, w.proc.pid, describe_exit(w.proc.exitcode))
+                w.inflight.clear()  # (orphans now: a start of its replacement that fails leaves nothing to
+                self._discard(w)    # wait for on its closed pipe -- "handle is closed" hid that failure)
                 self.workers[i] = self._spawn(w.index)
                 self.replaced += 1
         return done, orphans
