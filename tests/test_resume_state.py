@@ -421,3 +421,45 @@ def test_a_state_of_equal_shards_belongs_to_its_index(tmp_path, workers, no_leak
                                              r".idx was added or removed\)"):
             r.load_state_dict(state)
         r.load_state_dict({k: v for k, v in state.items() if k != "by_index"})  # (saved by an older version)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_len_of_a_fifo_is_kept_while_its_writer_writes(tmp_path, workers, no_leaks):
+    """len() of a stream is the count of its last complete pass, for the same data: a FIFO's size and time
+    were part of that key, and every write into it sets its time -- the next pass's writer made the length
+    unknown ("before a first complete pass"), mid-pass and after load_state_dict alike."""
+    import os
+    import threading
+    path, fifo = tmp_path / "s.rec", tmp_path / "s.fifo"
+    _write(path, 20, bad={3})
+    os.mkfifo(fifo)
+    data = path.read_bytes()
+
+    def write():
+        try:
+            with open(fifo, "wb") as f:
+                f.write(data)
+        except BrokenPipeError:  # (a pass left early closed its end)
+            pass
+
+    def feed():
+        t = threading.Thread(target=write)
+        t.start()
+        return t
+
+    with ParallelReader(str(fifo), fields={"i": Json()}, workers=workers, on_error="skip") as r:
+        t = feed()
+        assert len(_delivered(r, False)) == 19 and len(r) == 19
+        t.join(10)
+        t = feed()
+        it = iter(r)
+        got = [next(it)["i"]["i"] for _ in range(5)]
+        assert got == [0, 1, 2, 4, 5] and len(r) == 19  # (the writer has written into the FIFO meanwhile)
+        state = r.state_dict()
+        it.close()
+        t.join(10)
+        r.load_state_dict(state)
+        assert state["delivered"] == 5 and len(r) == 14
+        t = feed()
+        assert [x["i"]["i"] for x in r] == [i for i in range(6, 20)]
+        t.join(10)

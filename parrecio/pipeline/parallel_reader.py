@@ -24,6 +24,7 @@ import inspect
 import logging
 import multiprocessing
 import os
+import stat
 import threading
 import time
 import warnings
@@ -715,7 +716,9 @@ class ParallelReader:
             else:
                 n = shard_length(listed, cfg.num_shards, cfg.shard_index, cfg.even_shards)
         if n is None:
-            raise TypeError("the number of samples is not known before a first complete pass "
+            raise TypeError(("the number of samples is not known: the files changed since the complete pass "
+                             "that counted them" if done is not None else
+                             "the number of samples is not known before a first complete pass ") +
                             "(no .idx file next to every .rec file)")
         run, cfg = self._res.run, self._res.cfg
         if whole:  # (a whole pass: nothing left out)
@@ -911,14 +914,17 @@ def _order_settings(res: Any) -> Dict[str, Any]:
 
 
 def _stat_key(path: Any) -> tuple:
-    """``(path, size, mtime_ns)`` of a local file, ``(path,)`` where it cannot be stat'ed or is an
-    ``s3://`` object (what :meth:`ParallelReader._data_key` compares)."""
+    """``(path, size, mtime_ns)`` of a local file, ``(path,)`` where it cannot be stat'ed, is an
+    ``s3://`` object, or is no regular file (what :meth:`ParallelReader._data_key` compares): every write
+    into a FIFO sets its time, and the next pass's writer made a length known from a pass unknown."""
     name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
     try:
         st = None if isinstance(name, str) and name.startswith("s3://") else os.stat(name)
     except (OSError, TypeError, ValueError):
         st = None
-    return (name, st.st_size, st.st_mtime_ns) if st is not None else (name,)
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return (name,)
+    return (name, st.st_size, st.st_mtime_ns)
 
 
 def _fingerprint(source: Any) -> Optional[List[List[Any]]]:
