@@ -392,6 +392,42 @@ def test_truncated_jpeg_raises_even_with_pillows_global_flag(monkeypatch):
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
 
 
+@pytest.mark.parametrize("options", [{}, {"size": 64}, {"size": 64, "crop": "center"}])
+def test_truncated_png_raises_with_exif_transpose_and_pillows_global_flag(monkeypatch, options):
+    """Pillow's getexif() loads a PNG to look for an eXIf chunk after its pixels -- under the global
+    LOAD_TRUNCATED_IMAGES: with exif_transpose=True a PNG cut in half was accepted (grey below the cut)."""
+    from parrecio.decoders import CenterCrop
+    if options.get("crop") == "center":
+        options = dict(options, crop=CenterCrop(0.8))
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    PILImage.fromarray(rng.integers(0, 256, (200, 300, 3), dtype=np.uint8)).save(buf, "PNG")
+    payload = buf.getvalue()[:len(buf.getvalue()) // 2]
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    for exif_transpose in (False, True):
+        with pytest.raises(DecodeError, match="truncated or corrupt PNG image of 300x200"):
+            Image(exif_transpose=exif_transpose, **options)(payload)
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is True
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "TIFF"])
+def test_16_bit_grey_becomes_8_bit_by_its_high_byte(fmt):
+    """Pillow's convert("L") of a 16-bit grey image (I;16) clips at 255: a 0..65535 ramp came out all
+    white but its first pixel, silently.  Its high byte is taken, as OpenCV and MXNet's imdecode do; the
+    same picture stored as 16-bit RGB was right already."""
+    ramp = (np.arange(256, dtype=np.uint16) * 257).reshape(16, 16)
+    buf = io.BytesIO()
+    PILImage.fromarray(ramp).save(buf, fmt)  # (uint16: I;16)
+    payload = buf.getvalue()
+    want = (ramp >> 8).astype(np.uint8)
+    assert np.array_equal(Image(mode="L")(payload), want)
+    assert np.array_equal(Image(mode="RGB")(payload), np.repeat(want[:, :, None], 3, axis=2))
+    assert np.array_equal(Image(mode="L", size=(8, 8))(payload),
+                          np.asarray(PILImage.fromarray(want).resize((8, 8), PILImage.BILINEAR)))
+    kept = Image(mode="keep")(payload)
+    assert kept.dtype == np.uint16 and np.array_equal(kept, ramp)
+
+
 def test_jpeg_cut_mid_scan_but_ending_in_eoi_decodes_unless_strict():
     """libjpeg only warns on a scan cut short before an EOI marker, and Pillow drops its warnings: the
     default decodes it (grey lower half), strict=True refuses it (tests/test_decoders_image_strict.py)."""

@@ -332,6 +332,16 @@ def _refuse_warned(payload: Any, image: PILImage.Image) -> None:
                           f"smeared blocks where the data is damaged)")
 
 
+_WIDE_GREY = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _eight_bit(image: PILImage.Image) -> PILImage.Image:
+    """A 16-bit grey image (``I;16*``) as 8-bit ``L``: its high byte, as OpenCV and MXNet's ``imdecode``
+    scale it.  Pillow's ``convert("L")`` clips at 255 instead (a 0..65535 ramp came out all white but its
+    first pixel).  (32-bit ``I`` images have no one range: converted as Pillow does.)"""
+    return PILImage.fromarray((np.asarray(image).astype(np.uint16) >> 8).astype(np.uint8), "L")
+
+
 def _orientation(image: PILImage.Image) -> int:
     """The EXIF orientation that is still to be applied to ``image`` once loaded (1: none)."""
     if image.format == "TIFF" and _tiff_upright_on_load():
@@ -450,6 +460,10 @@ class _PillowDecoder(Value):
         if getattr(self, "strict", False) and image.format in _JPEG_FORMATS:
             _refuse_warned(payload, image)
         raw_size = image.size
+        if exif_transpose and image.format == "PNG" and "exif" not in image.info:
+            # A PNG's eXIf chunk may follow its pixels: Pillow's getexif() loads the image to look -- under
+            # the global LOAD_TRUNCATED_IMAGES, which accepted a PNG cut short.  Loaded strictly first.
+            _load(image, allow_truncated)
         orientation = _orientation(image) if exif_transpose else 1
         upright = (raw_size[1], raw_size[0]) if orientation >= 5 else raw_size
         plan = self._plan_of(upright[0], upright[1], key)
@@ -906,6 +920,8 @@ class Image(_PillowDecoder):
             if self.mode != "keep" and image.mode != self.mode and not rgbx:
                 if image.mode in ("P", "PA"):
                     image.info.pop("transparency", None)  # alpha is dropped anyway; spares a warning
+                if image.mode in _WIDE_GREY:
+                    image = _eight_bit(image)
                 image = image.convert(self.mode)
             plan = loaded.plan
             if self.size is not None:
