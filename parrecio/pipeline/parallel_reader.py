@@ -606,9 +606,11 @@ class ParallelReader:
             epoch, pos, handed = epoch + 1, 0, 0
         state = {"version": _STATE_VERSION, "epoch": epoch, "position": pos, **_order_settings(self._res)}
         state["data"] = _fingerprint(self._res.source)
-        # the samples delivered up to there: those skipped before it are padded too, and what remains of a
-        # pass counted by its samples (no .idx) is its count less these
-        state["delivered"] = handed
+        # the samples delivered up to there, where they are fewer than the places (on_error="skip" left some
+        # out: what remains of a pass counted by its samples, no .idx, is its count less these) or equal
+        # shards pad (those skipped before it are padded too); else they are the position
+        if pads(self._res.cfg) or handed != pos:
+            state["delivered"] = handed
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
