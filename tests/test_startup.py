@@ -380,16 +380,21 @@ def test_the_users_main_is_never_touched_while_children_start(tmp_path):
 
 
 @pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver")
-def test_a_worker_start_through_a_dying_fork_server_is_tried_again(tmp_path, monkeypatch, no_leaks):
+@pytest.mark.parametrize("child", ["worker", "reader"])
+def test_a_start_through_a_dying_fork_server_is_tried_again(tmp_path, monkeypatch, child, no_leaks):
     """A SIGTERM to the whole process group kills the fork server too; a worker replaced meanwhile (a pass
     shutting down after the user's handler raised) met the dying server: EOFError, a traceback instead of
-    the user's exception (2 runs in 8 of the CLI's demo).  A worker's start is tried again, with new pipes,
-    while the server is being replaced; under spawn an EOFError is not retried."""
-    from parrecio.pipeline import pool as pool_module
+    the user's exception (2 runs in 8 of the CLI's demo).  So did the next pass's reader right after a
+    Ctrl-C that killed the server as it booted, caught by the script ("the fork server died while it
+    started it").  A start is tried again, with new pipes, while the server is being replaced; under spawn
+    an EOFError is not retried."""
+    from parrecio.pipeline import pool as pool_module, reader_handle
+    module, workers, name = ((pool_module, 2, "parrecio-worker-0") if child == "worker" else
+                             (reader_handle, 1, "parrecio-reader"))
     path = tmp_path / "s.rec"
     recs = payloads(60)
     write_rec(path, recs)
-    real = pool_module.start
+    real = module.start
     fails = []
 
     def eof():
@@ -401,46 +406,14 @@ def test_a_worker_start_through_a_dying_fork_server_is_tried_again(tmp_path, mon
             proc.start = eof
         return real(proc)
 
-    monkeypatch.setattr(pool_module, "start", flaky)
-    with ParallelReader(str(path), fields=Fixed(), workers=2) as r:
+    monkeypatch.setattr(module, "start", flaky)
+    with ParallelReader(str(path), fields=Fixed(), workers=workers) as r:
         got = [digest_array(bytes(p)) for p in recs]
         assert all(np.array_equal(a, b) for a, b in zip(r, got))
-        assert len(fails) == 3 and len(set(r.worker_pids)) == 2
+        assert len(fails) == 3 and len(set(r.worker_pids)) == workers
     fails.clear()
-    with ParallelReader(str(path), fields=Fixed(), workers=2, tuning=Tuning(start_method="spawn")) as r:
-        with pytest.raises(PipelineError, match="cannot start the parrecio-worker-0 process: the fork server died"):
-            list(r)
-
-
-@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver")
-def test_a_reader_start_through_a_dying_fork_server_is_tried_again(tmp_path, monkeypatch, no_leaks):
-    """Ctrl-C to the process group while the fork server imports its preloads kills it; the script
-    catches its KeyboardInterrupt and iterates again at once: the pass failed ("cannot start the
-    parrecio-reader process: the fork server died while it started it"), the server not seen dead yet.
-    The reader's start is tried again as a worker's is."""
-    from parrecio.pipeline import reader_handle
-    path = tmp_path / "s.rec"
-    recs = payloads(60)
-    write_rec(path, recs)
-    real = reader_handle.start
-    fails = []
-
-    def eof():
-        raise EOFError("unexpected EOF")
-
-    def flaky(proc):
-        if len(fails) < 2:
-            fails.append(proc)
-            proc.start = eof
-        return real(proc)
-
-    monkeypatch.setattr(reader_handle, "start", flaky)
-    with ParallelReader(str(path), fields=Fixed(), workers=1) as r:
-        got = [digest_array(bytes(p)) for p in recs]
-        assert all(np.array_equal(a, b) for a, b in zip(r, got)) and len(fails) == 2
-    fails.clear()
-    with ParallelReader(str(path), fields=Fixed(), workers=1, tuning=Tuning(start_method="spawn")) as r:
-        with pytest.raises(PipelineError, match="cannot start the parrecio-reader process: the fork server died"):
+    with ParallelReader(str(path), fields=Fixed(), workers=workers, tuning=Tuning(start_method="spawn")) as r:
+        with pytest.raises(PipelineError, match=f"cannot start the {name} process: the fork server died"):
             list(r)
 
 
