@@ -304,6 +304,7 @@ def test_len_of_a_file_rewritten_at_the_same_size_is_counted_again(tmp_path, wor
         write(50, 24)  # 100 x (8 + 8) bytes, and 50 x (8 + 24): the same size
         os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))  # (a coarse clock: a new time)
         assert os.path.getsize(path) == before.st_size
-        with pytest.raises(TypeError, match="not known before a first complete pass"):
+        with pytest.raises(TypeError, match=r"not known: the files changed since the complete pass that counted "
+                                            r"them \(no .idx file next to every .rec file\)"):
             len(reader)
         assert len(list(reader)) == 50 and len(reader) == 50

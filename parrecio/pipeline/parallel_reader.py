@@ -720,8 +720,8 @@ class ParallelReader:
         if n is None:
             raise TypeError(("the number of samples is not known: the files changed since the complete pass "
                              "that counted them" if done is not None else
-                             "the number of samples is not known before a first complete pass ") +
-                            "(no .idx file next to every .rec file)")
+                             "the number of samples is not known before a first complete pass") +
+                            " (no .idx file next to every .rec file)")
         run, cfg = self._res.run, self._res.cfg
         if whole:  # (a whole pass: nothing left out)
             done_before = 0
