@@ -267,9 +267,14 @@ def _sigint_held(proc: Any) -> Iterator[None]:
     group while a spawned child still imported and unpickled (a second or so) raised KeyboardInterrupt
     there, and its traceback -- numpy's "Importing the numpy C-extensions failed" among them -- reached
     the user's terminal beside their own handling of it.  One that reaches this process meanwhile is
-    delivered when the block ends.  (A fork server's children get its mask, not ours: the server is the
-    user's too, and its own children should keep theirs.)"""
-    if getattr(proc, "_start_method", None) in ("spawn", "forkserver"):
+    delivered when the block ends.  Not for a fork server's children: they get its mask, not ours, and
+    a server this start launches (the last one died) would keep SIGINT blocked for good -- in the user's
+    own ``forkserver`` children too."""
+    method = getattr(proc, "_start_method", None)
+    if method == "forkserver":
+        yield
+        return
+    if method == "spawn":
         # (the start of multiprocessing's resource tracker, at the first such child, unblocks SIGINT
         # instead of restoring the mask: started first, it leaves ours alone)
         from multiprocessing import resource_tracker
