@@ -131,8 +131,14 @@ def iter_manifest_records(manifest_path: str, attribute_names: Sequence[str], *,
         yield from line_records(lines[index], attribute_names, manifest_path)
 
 
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
+def special_kind(mode: int) -> Optional[str]:
+    """What a node of ``st_mode`` ``mode`` is when it is neither a regular file nor a folder: "a FIFO", "a
+    character device", "a block device", "a socket"; else None."""
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return None
 
 
 def read_regular(path: str) -> bytes:
@@ -142,7 +148,8 @@ def read_regular(path: str) -> bytes:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise OSError(f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'a special file')})")
+            what = "a folder" if stat.S_ISDIR(mode) else special_kind(mode) or "a special file"
+            raise OSError(f"not a regular file ({what})")
         os.set_blocking(fd, True)
         with open(fd, "rb", closefd=False) as f:
             return f.read()

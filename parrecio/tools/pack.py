@@ -433,11 +433,8 @@ def direct_output(path: str) -> Optional[str]:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return None
-    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return None
+    from .manifest import special_kind
+    return special_kind(mode)
 
 
 _FD_FOLDER = re.compile(r"/proc/(\d+)(?:/task/\d+)?/fd")
