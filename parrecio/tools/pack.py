@@ -313,48 +313,13 @@ def _not_an_image(data: bytes) -> Optional[str]:
         said = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(exc)).strip()
         return f"a {kind.upper()} image ({len(data)} bytes) that does not open: {type(exc).__name__}: {said}"
     # verify() does not decode a JPEG's scans: a file cut short passes it, and Image() refuses it later,
-    # in the middle of a training run.  Its markers, walked from the start, must reach an EOI (bytes
-    # after it -- a Motion Photo's video -- are no part of the image: searching the whole file for the
-    # last scan found one in such a trailer, and refused the photo).
-    if data[:3] == b"\xff\xd8\xff" and _jpeg_end(data) is None:
+    # in the middle of a training run.  Its end marker must follow its first scan's start (bytes after
+    # it -- a Motion Photo's video -- are no part of the image: searching the whole file for the last
+    # scan found one in such a trailer, and refused the photo): the region decoder's own test.
+    from ..decoders.image import _ends_in_eoi
+    if data[:3] == b"\xff\xd8\xff" and not _ends_in_eoi(data):
         return f"a JPEG image ({len(data)} bytes) cut short: no end-of-image marker after its last scan"
     return None
-
-
-def _jpeg_end(data: bytes) -> Optional[int]:
-    """Where the JPEG that ``data`` starts with ends (after its EOI marker), or None when its markers run
-    out first (cut short).  Segments are skipped by their lengths; a scan's entropy-coded bytes up to the
-    next marker (an FF not followed by 00, a restart marker or another FF)."""
-    pos, n = 2, len(data)
-    while True:
-        if pos >= n or data[pos] != 0xFF:
-            return None
-        while pos < n and data[pos] == 0xFF:  # (fill bytes)
-            pos += 1
-        if pos >= n:
-            return None
-        marker = data[pos]
-        pos += 1
-        if marker == 0xD9:
-            return pos
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length
-            continue
-        if pos + 2 > n:
-            return None
-        pos += (data[pos] << 8) | data[pos + 1]
-        if marker != 0xDA:
-            continue
-        while True:  # the scan's data
-            pos = data.find(b"\xff", pos)
-            if pos < 0 or pos + 1 >= n:
-                return None
-            nxt = data[pos + 1]
-            if nxt == 0x00 or 0xD0 <= nxt <= 0xD7:
-                pos += 2
-            elif nxt == 0xFF:
-                pos += 1
-            else:
-                break
 
 
 def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names: Sequence[str], *,
