@@ -19,7 +19,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from parrecio import ParallelReader, Tuning
 from parrecio.decoders import Json, Raw
@@ -436,7 +436,7 @@ def test_the_loop_variable_alone_never_stops_a_ring_that_wraps_early(tmp_path, n
     """Past 16 MiB into the ring the reader wraps early to the ring's start when that is free; the bytes
     it skipped fell into the next chunk's span, and with views that chunk's view pinned them too: 61 of
     64 MiB for the loop variable alone, and the pass stopped after 8-23 records of 1-5 MiB in two parts
-    (held groups, copied into the ring) from a FIFO.  Views passes do not wrap early."""
+    (held groups, copied into the ring) from a FIFO.  Those bytes are a chunk of their own now."""
     import hashlib
     import os
     import struct
@@ -459,3 +459,61 @@ def test_the_loop_variable_alone_never_stops_a_ring_that_wraps_early(tmp_path, n
     finally:
         feeder.kill()
         feeder.wait()
+
+
+def _views_stream(seed, window, multipart):
+    """300 records of sizes about a views pass's window (1/16 of the ring), half of one, two, and small
+    ones, in a random order: most windows end with a record that does not fit.  ``multipart``: every
+    third record in two parts (SageMaker's concat: joined, so its group is copied into the ring)."""
+    import struct
+    rnd = random.Random(seed)
+    sizes = [rnd.choice([0, 100, 3000, window // 2 + 8, window - 64, window - 8, window + 8, 2 * window - 64,
+                         2 * window - 8]) for _ in range(300)]
+    recs = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+
+    def frame(p, flag=0):
+        return struct.pack("<II", 0xCED7230A, flag << 29 | len(p)) + p + b"\0" * (-len(p) % 4)
+
+    return recs, b"".join(frame(p[:len(p) // 2 + 1], 1) + frame(p[len(p) // 2 + 1:], 3)
+                          if multipart and i % 3 == 0 and p else frame(p) for i, p in enumerate(recs))
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 1 << 20), multipart=st.booleans(), ring=st.sampled_from([256 << 10, 4 << 20]))
+@example(seed=0, multipart=False, ring=4 << 20)
+@example(seed=3, multipart=True, ring=4 << 20)
+def test_no_chunk_of_views_spans_a_stretch_of_garbage(seed, multipart, ring):
+    """A view pins its chunk's whole ring span: from the chunk before's ring_end to its own.  A stretch of
+    bytes that holds no group -- a window's end left when the next record did not fit, a window whose
+    records were all copied out, the bytes skipped at a lap's end or by an early wrap -- lay inside the
+    next chunk's span, so a chunk of one ~1/8-ring record spanned up to 3/8 of a small ring (0.5-0.9 MiB
+    of garbage in one chunk of a 4 MiB ring here), and a few views kept stopped the pass.  Such a stretch
+    of 1/8 of a window or more is now a chunk of its own, which no view pins: what a chunk spans beyond
+    its payloads is frame heads and alignment (72 bytes a record at most) and less than 1/8 of a window."""
+    import io
+    from unittest import mock
+    from parrecio.pipeline.messages import IN_RING
+    from parrecio.pipeline.ring_windows import window_bytes
+    from parrecio.pipeline.run import Run
+    window = window_bytes(ring, 16)
+    recs, data = _views_stream(seed, window, multipart)
+    chunks = []
+    give_back = Run._give_back_later
+
+    def spy(self, c, refs):
+        if c.place == IN_RING:
+            chunks.append((c.ring_end, sum(c.lens), c.n))
+        give_back(self, c, refs)
+
+    with mock.patch.object(Run, "_give_back_later", spy), deadline(120), \
+            ParallelReader(io.BytesIO(data), None, workers=2, join="concat", tuning=Tuning(ring_bytes=ring)) as r:
+        got = [bytes(v) for v in r.iter_views()]
+    assert got == recs
+    # (in the ring: every record up to a window, and most up to two, the span a group may take)
+    assert sum(n for _, _, n in chunks) >= len(recs) - 20
+    prev, extra = 0, []
+    for end, payload, n in chunks:
+        if n:
+            extra.append(end - prev - payload - 72 * n)
+        prev = max(prev, end)
+    assert max(extra) < window // 8, sorted(extra)[-5:]

@@ -78,6 +78,7 @@ class Chunker:
         self.group_end = 0        # ring position after the last complete group: what a chunk may release
         self.sent_end = 0         # the group_end of the last chunk sent
         self.watermark: Optional[Callable[[], int]] = None  # the ring windows' (a stream read into them)
+        self.cut_gap: Optional[int] = None  # views passes: garbage this long is a chunk of its own (advance)
         self.size = ChunkSize(cfg)
         self._mapped_cap = cfg.mapped_chunk_bytes  # (a property: worked out once, asked per group)
         # the file read in place, checked before a chunk of it goes out and after each wait: one that
@@ -107,8 +108,20 @@ class Chunker:
         self.link.handle_ctrl()
 
     def advance(self, pos: int) -> None:
-        """Everything below ring position ``pos`` (and the head) is framed and sent, or garbage."""
-        self.group_end = max(self.group_end, min(pos, self.ring.head))
+        """Everything below ring position ``pos`` (and the head) is framed and sent, or garbage.
+
+        In a views pass (:attr:`cut_gap` set) a rise of at least ``cut_gap`` -- a stretch of garbage: a
+        window's abandoned end, or one whose records were all copied out, the bytes skipped at a lap's end
+        or by an early wrap -- ends the pending chunk below it and is released by an empty chunk of its
+        own (:meth:`add` raises it to each group's start first).  A view pins its chunk's whole span,
+        from the chunk before's ``group_end`` (:class:`~parrecio.pipeline.views.Pinned`): the next chunk's
+        view, the loop variable's, pinned the stretch too -- up to 61 of 64 MiB after an early wrap."""
+        pos = min(pos, self.ring.head)
+        if self.cut_gap is not None and pos - self.group_end >= self.cut_gap:
+            self.flush()
+            self.group_end = pos
+            self.flush(release=True)
+        self.group_end = max(self.group_end, pos)
 
     def unreadable(self) -> None:
         """A group that cannot be read keeps its position in the order (a chunk's groups have
@@ -119,6 +132,11 @@ class Chunker:
     def add(self, stream_id: int, parts: List[Tuple[int, int]], first_offset: int, place: Place = IN_RING) -> None:
         """A complete group whose records, ``(offset, length)`` each, are all in the ring or all in the
         mapped file ``place``."""
+        if self.cut_gap is not None and place == IN_RING:  # (views: the bytes below it may be garbage)
+            # Its first payload lies above group_end, by less than the ring's size: that is its position.
+            # (Below the windows' watermark: a group copied above a window leaves the window's rest be.)
+            start = self.group_end + (parts[0][0] - self.group_end) % self.ring.size
+            self.advance(start if self.watermark is None else min(start, self.watermark()))
         p = self.pending
         if p.n and (p.stream_id != stream_id or p.place != place):  # a chunk names one stream and
             self.flush()                                             # one place

@@ -119,16 +119,14 @@ class _Reader:
             # 1/32 of the ring, 0.07-0.11 s/GB of 100 KB records against 0.05-0.06.)
             self.window = window_bytes(self.seg.size, 16)
             self.ring.max_span = 2 * self.window
-            # No early wrap (ring.RingWriter.plan): the bytes it skips at a lap's end fall into the next
-            # chunk's span, and a view of that chunk pinned them too -- up to 61 of 64 MiB for the loop
-            # variable alone, and the pass stopped ("views still in use hold ...").
-            self.ring.soft = self.ring.size
             cfg = dataclasses.replace(cfg, chunk_bytes=min(cfg.chunk_bytes, self.window))
         self.cfg = cfg
         self.link = Link(data_conn, ctrl_conn, lifeline, cfg.poll_interval, self.ring.release,
                          self.stats)
         self.link.report_waits = job.views
         self.out = Chunker(cfg, self.link, self.ring, job.skip)
+        if job.views:  # stretches of garbage (an early wrap skips up to 48 MiB) are chunks of their own
+            self.out.cut_gap = self.window // 8
         self.groups = GroupStream(cfg, job.epoch, job.skip)
         self.place = IN_RING      # where the stream being read lies: the ring, or a mapped file
         self.changed: Optional[SourceError] = None  # how the file read in place when framing stopped changed
