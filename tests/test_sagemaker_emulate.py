@@ -136,7 +136,9 @@ def test_a_reference_to_what_is_no_regular_file_is_refused_by_name(tmp_path, kin
 
 
 @pytest.mark.parametrize("line, names, message", [
-    ('{"source-ref": "s3://bucket/a.jpg"}', ["source-ref"], "only local files are read here"),
+    ('{"source-ref": "s3://bucket/a.jpg"}', ["source-ref"], "line 1: source-ref: cannot fetch 's3://bucket/a.jpg': "
+                                                            "only local files are read here"),
+    ('{"source-ref": "file://host/a.jpg"}', ["source-ref"], "line 1: source-ref: cannot read 'file://host/a.jpg'"),
     ('{"source-ref": "missing.jpg"}', ["source-ref"], "line 1: cannot read source-ref 'missing.jpg'"),
     ('{"source-ref": 3}', ["source-ref"], "should be a path or URL string"),
     ('{"a": 1}', ["a", "b"], "line 1: no attribute 'b' \\(the line has 'a'\\)"),

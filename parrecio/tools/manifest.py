@@ -168,7 +168,10 @@ def _referenced_bytes(value, manifest_path: str, where: str, name: str) -> bytes
 def _ref_path(value: Any, manifest_path: str, where: str, name: str) -> str:
     if not isinstance(value, str):
         raise SourceError(f"{where}: attribute {name!r} should be a path or URL string, got {value!r}")
-    return resolve_ref(value, manifest_path)
+    try:
+        return resolve_ref(value, manifest_path)
+    except SourceError as exc:  # (an s3:// or a remote file:// reference: which line holds it)
+        raise SourceError(f"{where}: {name}: {exc}") from None
 
 
 def resolve_ref(ref: str, manifest_path: str) -> str:
