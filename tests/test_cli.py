@@ -598,6 +598,23 @@ def test_cat_and_inspect_agree_on_image_records(images_rec):
     assert all(k in json.dumps(report) for k in kinds)
 
 
+def test_pack_images_of_a_folder_where_no_file_is_an_image_fails_and_writes_nothing(tmp_path):
+    """Every file left out (none opens as an image): an empty .rec and status 0 read as packed."""
+    root = tmp_path / "imgs"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat" / "a.jpg").write_text("this is not a JPEG at all\n")
+    (root / "cat" / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    out = tmp_path / "o.rec"
+    proc = cli("pack", "images", root, out, check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert f"error: none of the 2 files opened as an image (the first, {root / 'cat' / 'a.jpg'}: not an image " \
+           f"Pillow can open: text (26 bytes" in err, err
+    assert err.strip().endswith("nothing was written"), err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs"]
+
+
 def test_pack_images_leaves_out_and_lists_files_that_are_no_images(tmp_path, data):
     import shutil
     root = tmp_path / "imgs"

@@ -240,7 +240,8 @@ def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_p
     the items with ``random.Random(seed)`` first.  ``progress(n, total)`` is called every 1000 records.
     With ``verify`` (default) each file must open as an image (Pillow reads its header and checks its
     structure, without decoding it), and a JPEG must end its last scan: one that does not is left out and
-    listed in ``PackResult.skipped`` with the reason.  ``list_file``: the list the items were read from,
+    listed in ``PackResult.skipped`` with the reason (when every one is, :class:`SourceError`: nothing is
+    written).  ``list_file``: the list the items were read from,
     which no output may replace (nor any of the images).
     """
     for value, name in ((root, "root"), (out_rec, "out_rec"), (idx_path, "idx_path"), (lst_path, "lst_path"),
@@ -281,6 +282,10 @@ def pack_image_list(items: Sequence[ListItem], root: str, out_rec: str, *, idx_p
                     raise SourceError(f"{path}: {exc}") from exc
                 if progress is not None and n % 1000 == 0:
                     progress(n, total)
+            if skipped and not packed:  # (an empty .rec and status 0 read as "packed" in a script)
+                path, why = skipped[0]
+                raise SourceError(f"none of the {len(skipped)} files opened as an image (the first, {path}: "
+                                  f"{why}); nothing was written")
             nbytes = writer.tell()
         if lst_path:
             write_image_list(tmp[lst_path], packed)
