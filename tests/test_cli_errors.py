@@ -22,6 +22,7 @@ import parrecio
 from image_helpers import png
 from recordio_helpers import frame
 from parrecio.errors import SourceError
+from parrecio.recordio.framing import MAGIC_BYTES
 from parrecio.recordio import IndexedRecordReader, RecordReader, unpack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(parrecio.__file__)))
@@ -385,6 +386,33 @@ def test_extract_by_index_refuses_a_stale_index(tmp_path: Path):
     listing(offsets[:1] + offsets[2:])  # (a line missing at the start: the file's start is not damaged)
     line = error_line(cli("extract", rec, "--key", 5))
     assert line.endswith(f"(byte offset 0 of {rec}); --index N with --no-index counts the file's records instead"), line
+
+
+def test_extract_by_index_refuses_an_index_that_lists_a_multipart_records_part(tmp_path: Path):
+    """An .idx with a line per frame (a writer that indexed every part): the part of record 3, listed as a
+    record, ends where the walk stopped (the part's own frame), so --index 4 and on gave the record before
+    them, status 0.  The walk goes on past a listed offset inside a record now: an error naming the index."""
+    payloads = [b"rec%d" % i for i in range(7)]
+    payloads[3] = b"AAAA" + MAGIC_BYTES + b"BBBBBB"  # MXNet's writer splits it at the aligned magic
+    blob, starts = b"", []
+    for i, p in enumerate(payloads):
+        starts.append(len(blob))
+        if i == 3:
+            blob += frame(b"AAAA", 1)
+            starts.append(len(blob))
+            blob += frame(b"BBBBBB", 3)
+        else:
+            blob += frame(p)
+    rec = tmp_path / "t.rec"
+    rec.write_bytes(blob)
+    (tmp_path / "t.idx").write_text("".join(f"{i}\t{o}\n" for i, o in enumerate(starts)))
+    for i in (3, 4, 5, 7):
+        line = error_line(cli("extract", rec, "--index", i))
+        assert line.startswith(f"parrecio extract: error: the record ends at byte {starts[5]}, where another "
+                               f"record starts, but {tmp_path / 't.idx'} lists the next record at byte "
+                               f"{starts[4]}"), line
+        assert cli("extract", rec, "--index", min(i, 6), "--no-index").stdout == payloads[min(i, 6)]
+    assert [cli("extract", rec, "--index", i).stdout for i in (0, 2)] == [payloads[0], payloads[2]]
 
 
 def test_closed_stdin_demo_out_idx_npz_labels_and_dash_outputs_are_one_line_errors(tmp_path: Path, images: Path):

@@ -425,7 +425,8 @@ def _check_chain(path: str, idx: str, offsets: List[int], upto: int, size: int) 
                     pos = -1
                     break
                 cflag, pos = frame
-                if cflag in (CFLAG_FULL, CFLAG_LAST) or pos >= want:
+                # (the record goes on at ``want``: the index lists one of its parts, no record start)
+                if cflag in (CFLAG_FULL, CFLAG_LAST) or pos > want:
                     break
             if pos >= 0 and pos != want:
                 try:
