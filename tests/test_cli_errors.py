@@ -74,6 +74,20 @@ def test_pack_protobuf_that_fails_partway_leaves_the_old_outputs_as_they_were(tm
     assert error_line(proc) == "parrecio pack: error: x.npy: a value out of the int32 range for an Int32Tensor"
     assert snapshot(tmp_path) == before  # (no .o.rec.tmp-PID either)
 
+    # Labels at fault: the error names the labels' file, not the features' (it named x.npy for all).
+    rows[-1, 0] = 7
+    np.save(tmp_path / "x.npy", rows)
+    for labels, why in ((np.array([True] * 1000), "labels: unsupported dtype bool"),
+                        (np.zeros((1000, 1)), "labels must be a vector"),
+                        (np.zeros(999), "999 labels for 1000 rows"),
+                        (np.full(1000, 2 ** 40), "labels: a value out of the int32 range for an Int32Tensor")):
+        np.save(tmp_path / "y.npy", labels)
+        line = error_line(cli("pack", "protobuf", "x.npy", "o.rec", "--labels", "y.npy", cwd=tmp_path))
+        assert line.startswith(f"parrecio pack: error: y.npy: {why}"), line
+    (tmp_path / "y.npy").unlink()
+    assert {k: v for k, v in snapshot(tmp_path).items() if k != "x.npy"} == \
+        {k: v for k, v in before.items() if k != "x.npy"}
+
     # A run that succeeds replaces both, with what write_dense writes, and leaves nothing else behind.
     rows[-1, 0] = 7
     np.save(tmp_path / "x.npy", rows)

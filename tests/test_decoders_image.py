@@ -516,6 +516,13 @@ def test_mask_ids_as_stored(mode):
     assert got.dtype == np.uint8 and np.array_equal(got, ids)
 
 
+@pytest.mark.parametrize("colors", [[], {}, ()])
+def test_mask_with_an_empty_colour_table_is_refused_when_made(colors):
+    """An empty table was taken, and every RGB mask then raised IndexError (the lookup's last entry)."""
+    with pytest.raises(ValueError, match="^colors is empty: give the colour of each class$"):
+        Mask(colors=colors)
+
+
 def test_mask_rgb_needs_colors():
     ids = palette_mask(120, 90, classes=3)
     colors = [(255, 255, 255), (255, 0, 0), (0, 128, 255)]

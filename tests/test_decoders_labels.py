@@ -238,6 +238,21 @@ def test_boxes_that_follow_a_mask_at_another_resolution_get_the_image_s_crop():
         assert np.allclose(got, rows, atol=1e-3), key
 
 
+def test_class_labels_of_any_length_and_a_bom_before_a_bare_name():
+    """A numeric string of 310 digits raised OverflowError (math.isfinite of an int), one past Python's
+    4300-digit limit a ValueError, not a DecodeError; a bare class name after a UTF-8 BOM was no known
+    name ('\ufeffcat'), though the quoted one was.  A float dtype still takes a long integer string."""
+    for text, digits, why in ((b'"1' + b"0" * 309 + b'"', 310, "does not fit int64"),
+                              (b'"' + b"9" * 5000 + b'"', 5000, "is out of range")):
+        with pytest.raises(DecodeError, match=rf"^class label {text[1:13].decode()}\.\.\.{text[-5:-1].decode()} "
+                                              rf"\({digits} digits\) {why}$"):
+            ClassLabel()(text)
+    assert float(ClassLabel(dtype="float64")(b'"1' + b"0" * 100 + b'"')) == 1e100
+    names = ClassLabel(class_names=["dog", "cat"])
+    assert [int(names(p)) for p in (b"cat", b'\xef\xbb\xbf"cat"', b"\xef\xbb\xbfcat", "\ufeffcat", b"\xef\xbb\xbf dog\n")] \
+        == [1, 1, 1, 1, 0]
+
+
 def test_a_huge_class_label_is_shown_short_in_its_error():
     """1e308 read as an id printed all its 309 digits in the DecodeError (a 340-character message)."""
     with pytest.raises(DecodeError, match=r"^class label 100000000000\.\.\.8336 \(309 digits\) does not fit int64$"):

@@ -337,10 +337,10 @@ class ClassLabel(Value):
         except DecodeError:
             if not self._names:
                 raise
-            # bare text such as  cat  (not JSON): a class name
-            if isinstance(payload, str):
-                return payload.strip()
-            return bytes(memoryview(payload).cast("B")).decode("utf-8", "replace").strip()
+            # bare text such as  cat  (not JSON): a class name, after a UTF-8 BOM as JSON is
+            text = payload if isinstance(payload, str) else \
+                bytes(memoryview(payload).cast("B")).decode("utf-8", "replace")
+            return text.removeprefix("\ufeff").strip()
 
     def _one(self, value: Any) -> Union[int, float]:
         """One label value -> a class id (or a float target for float dtypes)."""
@@ -356,7 +356,11 @@ class ClassLabel(Value):
             if text in self._names:
                 value = self._names[text]
             elif _INT.fullmatch(text):
-                value = int(text)  # (exact: through a float, an id past 2**53 would lose digits)
+                try:
+                    value = int(text)  # (exact: through a float, an id past 2**53 would lose digits)
+                except ValueError:  # (past Python's 4300 digits: no dtype holds it)
+                    raise DecodeError(f"class label {text[:12]}...{text[-4:]} ({len(text)} digits) is out of "
+                                      f"range") from None
             elif _FLOAT.fullmatch(text):
                 value = float(text)
             else:
@@ -364,7 +368,7 @@ class ClassLabel(Value):
                 raise DecodeError(f"class label {text!r} is neither a number nor a known class name{hint}")
         if isinstance(value, bool) or not _is_number(value):
             raise DecodeError(f"a class label must be a number or a numeric string, got {value!r}")
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):  # (an int is; isfinite(10**309) raises)
             raise DecodeError(f"class label {_shown(value)} is not finite")
         if self._dtype.kind != "f" or self._multi_hot:  # a multi-hot vector sets the entry of an id
             if value != int(value):

@@ -130,6 +130,8 @@ class Mask(_PillowDecoder):
             if not is_int(key) or not 0 <= key <= 255:
                 raise ValueError(f"class ids of colors must be ints in 0..255, got {key!r}")
             pairs.append((int(key), _parse_color(value)))
+        if not pairs:  # (every RGB mask's colour would be unknown: an IndexError per sample)
+            raise ValueError("colors is empty: give the colour of each class")
         keys = [c for _, c in pairs]
         if len(set(keys)) != len(keys):
             raise ValueError("two classes have the same colour in colors")

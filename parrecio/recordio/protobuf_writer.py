@@ -15,7 +15,7 @@ bytes), with an optional ``.idx`` index next to it.  The encoder is written here
 from __future__ import annotations
 
 import os
-from typing import Any, BinaryIO, Optional, Union
+from typing import Any, BinaryIO, Optional, Tuple, Union
 
 import numpy as np
 
@@ -58,15 +58,20 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _int32s(values: np.ndarray) -> np.ndarray:
+    """``values`` as int64, each in the int32 range (ValueError if not)."""
+    ints = values.astype(np.int64)
+    if ((ints < -2 ** 31) | (ints >= 2 ** 31)).any():
+        raise ValueError("a value out of the int32 range for an Int32Tensor")
+    return ints
+
+
 def _tensor(kind: int, values: np.ndarray, keys: Optional[np.ndarray] = None,
             shape: Optional[Any] = None) -> bytes:
     body = b""
     if len(values):
         if kind == _INT32:
-            ints = values.astype(np.int64)
-            if ((ints < -2 ** 31) | (ints >= 2 ** 31)).any():
-                raise ValueError("a value out of the int32 range for an Int32Tensor")
-            raw = _packed_varints(ints.astype(np.uint64))  # negatives: 10 bytes, two's complement
+            raw = _packed_varints(_int32s(values).astype(np.uint64))  # negatives: 10 bytes, two's complement
         else:
             raw = np.ascontiguousarray(values, "<f4" if kind == _FLOAT32 else "<f8").tobytes()
         body += _field(1, raw)
@@ -91,15 +96,26 @@ def encode_record(kind: int, values: np.ndarray, label_kind: Optional[int] = Non
     return out
 
 
-def _labels(labels: Any, rows: int) -> Optional[np.ndarray]:
+class LabelError(ValueError):
+    """What is wrong is the labels, not the features (``pack protobuf`` names the labels' file)."""
+
+
+def _labels(labels: Any, rows: int) -> Tuple[Optional[np.ndarray], Optional[int]]:
+    """``labels`` as a vector of ``rows`` values, and its tensor kind (None, None without labels)."""
     if labels is None:
-        return None
+        return None, None
     labels = np.asarray(labels)
     if labels.ndim != 1:
-        raise ValueError("labels must be a vector")
+        raise LabelError("labels must be a vector")
     if labels.shape[0] != rows:
-        raise ValueError(f"{labels.shape[0]} labels for {rows} rows")
-    return labels
+        raise LabelError(f"{labels.shape[0]} labels for {rows} rows")
+    try:
+        kind = _tensor_kind(labels.dtype)
+        if kind == _INT32:  # (checked before a row is written, and named as the labels')
+            _int32s(labels)
+    except ValueError as exc:
+        raise LabelError(f"labels: {exc}") from None
+    return labels, kind
 
 
 def _writer(out: Union[str, "os.PathLike[str]", BinaryIO], index: Any) -> RecordWriter:
@@ -116,9 +132,8 @@ def write_dense(out: Union[str, "os.PathLike[str]", BinaryIO], array: Any, label
     array = np.asarray(array)
     if array.ndim != 2:
         raise ValueError("array must be a matrix (2-D)")
-    labels = _labels(labels, array.shape[0])
     kind = _tensor_kind(array.dtype)
-    label_kind = None if labels is None else _tensor_kind(labels.dtype)
+    labels, label_kind = _labels(labels, array.shape[0])
     with _writer(out, index) as w:
         for i, row in enumerate(array):
             w.write(encode_record(kind, row, label_kind, None if labels is None else labels[i]))
@@ -137,9 +152,8 @@ def write_sparse(out: Union[str, "os.PathLike[str]", BinaryIO], matrix: Any, lab
         raise ValueError("matrix must be 2-D")
     csr = matrix.tocsr()
     rows, cols = csr.shape
-    labels = _labels(labels, rows)
     kind = _tensor_kind(csr.dtype)
-    label_kind = None if labels is None else _tensor_kind(labels.dtype)
+    labels, label_kind = _labels(labels, rows)
     with _writer(out, index) as w:
         for i in range(rows):
             row = csr.getrow(i)

@@ -576,7 +576,7 @@ def pack_protobuf(features_path: str, out: str, labels_path: Optional[str] = Non
     (into a FIFO or a device, :func:`direct_output`: the records only, no ``.idx``)."""
     import numpy as np
 
-    from ..recordio.protobuf_writer import write_dense, write_sparse
+    from ..recordio.protobuf_writer import LabelError, write_dense, write_sparse
 
     def load(path: str) -> Any:
         try:
@@ -621,7 +621,7 @@ def pack_protobuf(features_path: str, out: str, labels_path: Optional[str] = Non
         try:
             rows = write(tmp[out], features, labels, index=tmp[idx] if idx else None)
         except (ValueError, TypeError) as exc:
-            raise SourceError(f"{features_path}: {exc}") from None
+            raise SourceError(f"{labels_path if isinstance(exc, LabelError) else features_path}: {exc}") from None
     target = tmp[out]
     nbytes = target.written if isinstance(target, _Counted) else os.path.getsize(out)
     return PackResult(records=rows, bytes=nbytes, rec_path=out, idx_path=idx)
