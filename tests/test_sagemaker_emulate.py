@@ -300,6 +300,43 @@ def test_an_interrupted_epoch_ends_inside_a_record(tmp_path):
     assert got == recs[:20]
 
 
+@pytest.mark.parametrize("split", [None, 7])
+def test_an_epoch_interrupted_at_any_byte_ends_inside_a_frame(split):
+    """The interrupt came after a frame head had gone out (a 1-byte label's): the magic written to end the
+    epoch inside a record became that record's payload and padding, and the epoch looked whole, its last
+    label b'\\n'.  Now what the FIFO took is known to the byte: at a frame's end the buffered frames and
+    the magic follow, inside one nothing does.  Interrupted at every byte of the stream, through writes
+    that take at most 5 bytes: the reader gets a prefix of the records, then the truncation error."""
+    from parrecio.errors import CorruptRecordError
+    from parrecio.tools.epoch_writer import EpochWriter
+    recs = [b"", b"a", b"bc", b"def", b"ghij", b"klmno", b"\x0a\x23\xd7\xce" * 3, bytes(range(40)), b"z"]
+    whole = b"".join(b"".join(encode_sagemaker_record(r, split)) for r in recs)
+    for cut in range(len(whole)):
+        out = bytearray()
+        armed = [True]
+
+        def write(fd, view):
+            if armed[0] and len(out) == cut:
+                armed[0] = False
+                raise KeyboardInterrupt  # (a signal: os.write raises and took nothing)
+            n = min(len(view), 5, cut - len(out)) if armed[0] else len(view)
+            out.extend(view[:n])
+            return n
+        w = EpochWriter(-1, 16, write)
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                w.write_records(recs, split)
+            except KeyboardInterrupt:
+                w.cut_short()
+                raise
+        assert bytes(out[:cut]) == whole[:cut]
+        got = []
+        with pytest.raises(CorruptRecordError, match="truncated"):
+            for _, view in RecordReader(io.BytesIO(bytes(out)), join="concat").iter_views():
+                got.append(bytes(view))
+        assert got == recs[:len(got)], cut
+
+
 def test_pipe_serve_refuses_bad_sources_before_it_serves(tmp_path):
     """A manifest line naming a missing file, or a source that is no RecordIO: refused at once, with the
     line or the file named; it used to surface only after a reader opened the FIFO, as a stream cut

@@ -37,9 +37,10 @@ from ..errors import SourceError
 from ..recordio import RecordReader
 from ..recordio.framing import MAGIC_BYTES, check_join
 from ..recordio.index import indexed_count
-from ..recordio.wrapper import telling_split, write_sagemaker_recordio
+from ..recordio.wrapper import telling_split
 from ..sources.files import expand_patterns
 from ..sources.sagemaker import INPUT_CONFIG_FILE, looks_like_channel_name
+from .epoch_writer import EpochWriter
 from .inspect import head_of, not_recordio
 from .manifest import check_manifest, is_manifest_path, iter_manifest_records, line_records, read_manifest_lines
 
@@ -254,31 +255,26 @@ def _make_fifo(path: str) -> None:
 def _serve_epoch(fifo: str, records: Generator[bytes, None, None], split_bytes: Optional[int],
                  bar: Optional[Callable[[], Any]] = None) -> int:
     """Write one epoch into ``fifo``; return the bytes written, or -1 if the reader closed early."""
-    f = open(fifo, "wb", buffering=_WRITE_BUFFER)  # blocks until a reader opens the FIFO
+    fd = os.open(fifo, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))  # blocks until a reader opens the FIFO
+    out = EpochWriter(fd, _WRITE_BUFFER)
     try:
         if bar is None:
-            nbytes = write_sagemaker_recordio(records, f, split_bytes)
-        else:
-            with bar() as shown:
-                nbytes = write_sagemaker_recordio(_counted(records, shown), f, split_bytes)
-        f.flush()
-        return nbytes
+            return out.write_records(records, split_bytes)
+        with bar() as shown:
+            return out.write_records(_counted(records, shown), split_bytes)
     except BrokenPipeError:
         return -1
     except BaseException:
-        # Interrupted (Ctrl-C, SIGTERM): end the epoch inside a record, so that the reader sees it cut
-        # short (a truncated record) instead of an epoch that looks whole -- the buffer holds whole records.
+        # Interrupted (Ctrl-C, SIGTERM): end the epoch inside a frame, so that the reader sees it cut
+        # short (a truncated record) instead of an epoch that looks whole (parrecio.tools.epoch_writer).
         try:
-            f.write(MAGIC_BYTES)
+            out.cut_short()
         except OSError:
             pass
         raise
     finally:
         records.close()  # a generator: closes the files it holds open
-        try:
-            f.close()
-        except BrokenPipeError:  # close() flushes what the gone reader did not take
-            pass
+        os.close(fd)
 
 
 def _counted(records: Iterator[bytes], shown: Any) -> Iterator[bytes]:
