@@ -372,6 +372,29 @@ def test_pipe_serve_sigterm_while_waiting_removes_the_fifo(tmp_path):
     assert os.listdir(root / "data") == []
 
 
+def test_a_second_pipe_serve_of_a_channel_is_refused_and_the_first_serves_on(tmp_path):
+    """A second server of the same channel removed the first one's FIFO as a stale one, and the first
+    waited for a reader for ever.  Now it is refused by name; another channel of the same root is served."""
+    write_rec(tmp_path / "x.rec", [b"x", b"yz"])
+    root = tmp_path / "sm"
+    first = pipe_serve(root, tmp_path / "x.rec")
+    try:
+        wait_for_path(root / "data" / "train_0")
+        second = pipe_serve(root, tmp_path / "x.rec")
+        err = finish(second)
+        assert second.returncode == 1 and err.strip() == (
+            f"parrecio pipe-serve: error: channel 'train' under {root} is served already (another "
+            f"pipe-serve): serve each channel once"), err
+        other = pipe_serve(root, "--channel", "validation", tmp_path / "x.rec")
+        wait_for_path(root / "data" / "validation_0")
+        assert read_served_epochs(root, 1, "validation") == [b"".join(b"".join(encode_sagemaker_record(r)) for r in (b"x", b"yz"))]
+        assert finish(other) is not None and other.returncode == 0
+        assert read_served_epochs(root, 1) == [b"".join(b"".join(encode_sagemaker_record(r)) for r in (b"x", b"yz"))]
+    finally:
+        finish(first)
+    assert first.returncode == 0
+
+
 def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["pipe-serve", "--root", str(tmp_path), str(tmp_path / "nothing.rec")]) == 1
     assert "parrecio pipe-serve: error: no such file or directory" in capsys.readouterr().err

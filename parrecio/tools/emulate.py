@@ -226,6 +226,27 @@ def serve_pipe_channel(root: str, channel: str, sources: Sequence[str], *, epoch
     total = plan.count() if progress is not None else None
     log = log or (lambda message: None)
     write_channel_config(root, channel)
+    with _serving(root, channel):
+        _serve_epochs(root, channel, plan, epochs, split_bytes, log, stop, progress, total)
+
+
+def _serving(root: str, channel: str) -> Any:
+    """A lock on ``channel`` under ``root`` for as long as it is served (the system drops it with the
+    process): a second server of the channel would remove the first one's FIFO as a stale one, and the
+    first waited for a reader for ever."""
+    lock = open(os.path.join(root, "config", f".parrecio-{channel}.lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise SourceError(f"channel {channel!r} under {root} is served already (another pipe-serve): "
+                          f"serve each channel once") from None
+    return lock  # (its with-block closes it: the lock goes)
+
+
+def _serve_epochs(root: str, channel: str, plan: "EpochRecords", epochs: int, split_bytes: Optional[int],
+                  log: Callable[[str], None], stop: Optional[threading.Event],
+                  progress: Optional[Callable[[int, Optional[int]], Any]], total: Optional[int]) -> None:
     for epoch in range(epochs):
         if stop is not None and stop.is_set():
             return

@@ -52,7 +52,7 @@ class EpochWriter:
             data, self.buf = self.buf + MAGIC_BYTES, bytearray()
             self._send(memoryview(data))
 
-    def _frame(self, head: bytes, part: memoryview, pad: bytes) -> None:
+    def _frame(self, head: bytes, part: bytes, pad: bytes) -> None:
         n = len(head) + len(part) + len(pad)
         if len(self.buf) + n > self.size:
             self._flush()
@@ -60,7 +60,7 @@ class EpochWriter:
         self.ends.append(self.queued)
         if n > self.size:  # a large part: from where it lies, not through the buffer
             self._send(memoryview(head))
-            self._send(part)
+            self._send(memoryview(part))
             self._send(memoryview(pad))
         else:
             self.buf += head
