@@ -15,12 +15,13 @@ position).
 from __future__ import annotations
 
 import bisect
+import io
 import os
 import struct
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..errors import CorruptRecordError, SourceError
 from .filecheck import FileCheck, identity
@@ -58,15 +59,23 @@ def read_index(idx_path: Union[str, "os.PathLike[str]"]) -> List[tuple]:
     return list(zip(keys, offsets))
 
 
-def read_index_columns(idx_path: Union[str, "os.PathLike[str]"]) -> Tuple[List[Key], List[int]]:
+def read_index_columns(idx_path: Any) -> Tuple[List[Key], List[int]]:
     """:func:`read_index` as two lists, ``(keys, offsets)``: no tuple per line, and the file read line by
-    line (an index of millions of records is parsed in about half the memory)."""
-    name = os.fsdecode(check_path_arg(idx_path, "idx_path", file_ok=False))
+    line (an index of millions of records is parsed in about half the memory).  ``idx_path``: a path, or
+    an index that is no local file and has an ``index_bytes()`` method
+    (:class:`parrecio.sources.s3.S3Index`)."""
+    fetch = getattr(idx_path, "index_bytes", None)
+    if callable(fetch):
+        name = str(idx_path)
+        opener: Callable[[], BinaryIO] = lambda: io.BytesIO(fetch())  # noqa: E731
+    else:
+        name = os.fsdecode(check_path_arg(idx_path, "idx_path", file_ok=False))
+        opener = lambda: open(name, "rb")  # noqa: E731
     try:
         try:
-            return _parse_index(name, as_int=True)
+            return _parse_index(opener, name, as_int=True)
         except _NotInt:  # (rare: a key that is no int) every key is kept as written
-            return _parse_index(name, as_int=False)
+            return _parse_index(opener, name, as_int=False)
     except OSError as err:
         raise SourceError(f"could not read index {name}: {err}") from err
 
@@ -75,11 +84,11 @@ class _NotInt(Exception):
     pass
 
 
-def _parse_index(name: str, as_int: bool) -> Tuple[List[Key], List[int]]:
+def _parse_index(opener: Callable[[], BinaryIO], name: str, as_int: bool) -> Tuple[List[Key], List[int]]:
     keys: List[Any] = []
     offsets: List[int] = []
     at = 0
-    with open(name, "rb") as f:
+    with opener() as f:
         for line in f:
             start, at = at, at + len(line)
             text = line.strip()

@@ -33,9 +33,8 @@ different object silently.  To read new versions, make a new reader.
 :class:`S3IndexedReader` reads each record with a ranged GET (``Range: bytes=offset-next_offset``), with
 ``read_ahead`` (16) groups of the epoch's order in flight on a thread pool (latency, not bandwidth, is
 what limits random reads of S3).  The ``.idx`` objects are fetched by the process that needs them, in
-parallel; an :class:`S3Index` is an ``os.PathLike`` whose path is an anonymous in-memory copy
-(``/dev/fd/N`` of a memfd), so that code written for local ``.idx`` files (``read_index``,
-``len(reader)``) reads it unchanged.
+parallel; an :class:`S3Index` keeps the bytes of its ``.idx`` (``index_bytes()``), which ``read_index``
+(``len(reader)``, the readers by index) parses as a local ``.idx`` file's.
 
 **Errors** name the URL: an empty prefix, no such bucket, no such key and access denied are a
 :class:`~parrecio.errors.SourceError` at once (never retried).  Connection failures, timeouts, 5xx and
@@ -700,21 +699,21 @@ def _readinto(body: Any, view: memoryview) -> int:
 
 
 # -- indexes ------------------------------------------------------------------------------------------
-class S3Index(os.PathLike):
-    """The ``.idx`` object at ``url``, as a path: ``os.fspath()`` fetches it (once per process) into an
-    anonymous in-memory file and returns ``/dev/fd/N``, so ``read_index`` and ``open`` read it as a local
-    ``.idx``.  ``str()`` is the URL; equal and hashed by it; pickles without the file."""
+class S3Index:
+    """The ``.idx`` object at ``url``: :meth:`index_bytes` fetches it (once per process) and keeps its
+    bytes, which :func:`~parrecio.recordio.index.read_index_columns` parses as a local ``.idx`` file's.
+    ``str()`` is the URL; equal and hashed by it; pickles without the bytes.  (No descriptor is held: one
+    per object, an anonymous file each, reached the descriptor limit at about 1000 indexed objects.)"""
 
     def __init__(self, url: str, conn: _Conn) -> None:
         self.url = url
         self._conn = conn
-        self._fd: Optional[int] = None
-        self._fd_pid = 0
+        self._data: Optional[bytes] = None
         self._lock, self._lock_pid = threading.Lock(), os.getpid()
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_fd"], state["_fd_pid"] = None, 0
+        state["_data"] = None
         del state["_lock"], state["_lock_pid"]
         return state
 
@@ -722,39 +721,28 @@ class S3Index(os.PathLike):
         self.__dict__.update(state)
         self._lock, self._lock_pid = threading.Lock(), os.getpid()
 
-    def __fspath__(self) -> str:
-        if self._fd is None or self._fd_pid != os.getpid():
+    def index_bytes(self) -> bytes:
+        """The index's bytes (fetched on the first call; thread-safe)."""
+        if self._data is None:
             if self._lock_pid != os.getpid():  # a forked copy: a thread of the parent may have held it
                 self._lock, self._lock_pid = threading.Lock(), os.getpid()
             with self._lock:
-                if self._fd is None or self._fd_pid != os.getpid():
-                    self._fd = self._fetch()
-                    self._fd_pid = os.getpid()
-                    weakref.finalize(self, _close_fd, self._fd, self._fd_pid)
-        os.lseek(self._fd, 0, os.SEEK_SET)  # where /dev/fd/N shares the offset (not Linux)
-        return f"/dev/fd/{self._fd}"
+                if self._data is None:
+                    self._data = self._fetch()
+        return self._data
 
-    def _fetch(self) -> int:
+    def _fetch(self) -> bytes:
         bucket, key = parse_url(self.url)
         resp = _call(self._conn, self.url, "GET", "get_object", Bucket=bucket, Key=key)
         try:
-            data = resp["Body"].read()
+            return resp["Body"].read()
         except _body_errors() as exc:  # one more try: the index is small
             try:
-                data = _call(self._conn, self.url, "GET", "get_object", Bucket=bucket, Key=key)["Body"].read()
+                return _call(self._conn, self.url, "GET", "get_object", Bucket=bucket, Key=key)["Body"].read()
             except _body_errors() as exc2:  # (not _error(): its count is of botocore's attempts per request)
                 raise SourceError(f"{self.url}: reading the index failed twice, each time after its GET was "
                                   f"answered ({type(exc2).__name__}: {exc2}; endpoint "
                                   f"{self._conn.endpoint()})") from exc
-        if hasattr(os, "memfd_create"):
-            fd = os.memfd_create("parrecio-idx", os.MFD_CLOEXEC)
-        else:  # pragma: no cover - not Linux
-            import tempfile
-            fd = os.dup(tempfile.TemporaryFile().fileno())
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        return fd
 
     def __str__(self) -> str:
         return self.url
@@ -817,13 +805,6 @@ def _close_quietly(body: Any) -> None:
         pass
 
 
-def _close_fd(fd: int, pid: int) -> None:
-    if os.getpid() == pid:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
 
 class S3IndexedReader:
     """Records of one object read by their index offsets with ranged GETs: what
@@ -855,10 +836,6 @@ class S3IndexedReader:
             return read_index_columns(self._idx)[1]
         except CorruptRecordError as exc:
             raise CorruptRecordError(exc.reason, exc.offset, source=self.idx_path) from None
-        except SourceError as exc:
-            if "/dev/fd/" in str(exc):
-                raise SourceError(f"could not read index {self.idx_path}: {exc.__cause__ or exc}") from exc
-            raise
 
     @property
     def offsets(self) -> List[int]:
@@ -938,17 +915,22 @@ class S3IndexedReader:
             body = _ranged(_call(self._conn, self.rec_path, what, "get_object", **kwargs), at, self.rec_path, what,
                            self._etag, self._size)
             cause: Any = None
-            try:
-                data = body.read()
-                if data:
+            try:  # (in pieces: what came before a break is kept, and the next GET asks for the rest)
+                while True:
+                    data = body.read(READ_CHUNK)
+                    if not data:
+                        break
                     out += data
-                    stalls = 0
-                    continue
-                cause = f"the body ended at byte {at}"
             except errors as exc:
                 cause = exc
             finally:
                 body.close()
+            if start + len(out) > at:  # progress: a stall is a break without any
+                stalls = 0
+                if cause is None:
+                    continue
+            elif cause is None:
+                cause = f"the body ended at byte {at}"
             stalls += 1
             failures += 1
             attempts = self._conn.max_attempts
