@@ -534,6 +534,30 @@ def test_a_broken_body_is_resumed_with_a_ranged_get(proxy, aws, tmp_path, no_lea
     assert int(gets[1][2][6:].rstrip("-")) > 0  # resumed where it stopped, not from the start
 
 
+def test_a_long_read_that_goes_on_is_not_given_up_for_its_interruptions(proxy, aws, tmp_path, monkeypatch,
+                                                                          no_leaks):
+    """An object gave up after 4x max_attempts interruptions in all, however far each resumed GET got: a
+    10 GB object over a link that resets every few hundred MB was never read.  One more interruption is
+    allowed per FORGIVEN_EVERY bytes read (64 MiB; 256 KiB here, for a 3 MiB object cut every 200 KB).
+    A server that cuts every body after a few bytes still ends the read."""
+    import parrecio.sources.s3 as s3mod
+    monkeypatch.setattr(s3mod, "FORGIVEN_EVERY", 256 << 10, raising=False)
+    bucket, local = write_data(aws, tmp_path, index=False, sizes=(5,), big=3 << 20)
+    proxy.rule("GET", "/data/part-9-big.rec", ("cut", 200_000), times=1000)
+    expected = two_epochs(str(local), workers=0)[0][0]
+    with ParallelReader(f"s3://{bucket}/data/", workers=0, storage_options=FAST) as reader:
+        assert list(reader) == expected
+    cuts = [e for e in proxy.requests("GET", "/data/part-9-big.rec") if e[3] == "cut"]
+    assert len(cuts) > 4 * FAST["max_attempts"] + 1  # (more than the old bound, each one resumed)
+    _quiet(proxy)
+    proxy.rules.clear()
+    proxy.rule("GET", "/data/part-9-big.rec", ("cut", 1000), times=1000)
+    with pytest.raises(SourceError, match=r"part-9-big.rec: reading failed at byte \d+ of \d+ after 9 "
+                                          r"interruption\(s\)"):
+        with ParallelReader(f"s3://{bucket}/data/", workers=0, storage_options=FAST) as reader:
+            list(reader)
+
+
 def _quiet(proxy, seconds: float = 0.5, timeout: float = 20) -> None:
     """Wait until the proxy has had no request for ``seconds``."""
     end = time.monotonic() + timeout

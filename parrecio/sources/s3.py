@@ -41,7 +41,7 @@ parallel; an :class:`S3Index` keeps the bytes of its ``.idx`` (``index_bytes()``
 throttling (``SlowDown``, 429, ``RequestTimeout``) are retried by botocore's ``standard`` retry mode,
 ``max_attempts`` (5) attempts in all with exponential backoff and full jitter (base 1 s, at most 20 s
 a wait); a broken body is resumed the same number of times without progress (and at most 4x that in all
-per object), after 0.2, 0.4, ... s (at most 5 s); then a ``SourceError`` that names the URL, the byte and
+per object, plus one per ``FORGIVEN_EVERY`` bytes read), after 0.2, 0.4, ... s (at most 5 s); then a ``SourceError`` that names the URL, the byte and
 the last cause.  Every request has a ``connect_timeout`` (10 s) and a ``read_timeout`` (30 s), so no
 wait is unbounded; the pipeline's own liveness (``close()`` kills a reader stuck in a read after a
 second, the lifeline ends it when the consumer dies) holds as for any stream.
@@ -94,6 +94,7 @@ from .fifo import check_stop
 __all__ = ["S3Source", "S3Index", "S3IndexedReader", "is_s3_url", "parse_url", "check_storage_options"]
 
 SCHEME = "s3://"
+FORGIVEN_EVERY = 64 << 20     # one more interruption allowed an object per this many bytes read
 READ_CHUNK = 256 << 10        # bytes asked of the body per read: records flow even from a slow stream
 HEAD_BYTES = 1 << 20          # bytes of the next object read ahead by the prefetch thread
 PREFETCH_AT = 32 << 20        # the next object's GET starts this many bytes before the current one ends
@@ -635,7 +636,7 @@ class _ObjectStream(io.RawIOBase):
         self._stalls += 1
         self._failures += 1
         attempts = self._conn.max_attempts
-        if self._stalls > attempts or self._failures > 4 * attempts:
+        if self._stalls > attempts or self._failures > _failures_allowed(attempts, self._pos):
             what = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(cause)
             err = SourceError(f"{self._obj.url}: reading failed at byte {self._pos} of {self._size} after "
                               f"{self._failures} interruption(s) ({what}; endpoint {self._conn.endpoint()})")
@@ -798,6 +799,14 @@ def _bare_etag(etag: str) -> str:
     return (etag[2:] if etag.startswith("W/") else etag).strip('"')
 
 
+def _failures_allowed(attempts: int, done: int) -> int:
+    """Interruptions one object (a ranged read) may have in all, ``done`` bytes into it: 4x ``attempts``
+    and one more per :data:`FORGIVEN_EVERY` bytes read.  A bound, so that a server that cuts every body
+    after a few bytes ends the read; growing, so that a long read over a flaky link (a reset every few
+    hundred MB of a 10 GB object) is not given up while it goes on."""
+    return 4 * attempts + done // FORGIVEN_EVERY
+
+
 def _close_quietly(body: Any) -> None:
     try:
         body.close()
@@ -934,7 +943,7 @@ class S3IndexedReader:
             stalls += 1
             failures += 1
             attempts = self._conn.max_attempts
-            if stalls > attempts or failures > 4 * attempts:
+            if stalls > attempts or failures > _failures_allowed(attempts, len(out)):
                 raise SourceError(f"{self.rec_path}: ranged read failed at byte {at} after {failures} "
                                   f"interruption(s) ({cause}; endpoint {self._conn.endpoint()})")
             time.sleep(min(5.0, _RESUME_BACKOFF * 2 ** (stalls - 1)) * random.uniform(0.5, 1.0))
