@@ -41,10 +41,11 @@ parallel; an :class:`S3Index` keeps the bytes of its ``.idx`` (``index_bytes()``
 throttling (``SlowDown``, 429, ``RequestTimeout``) are retried by botocore's ``standard`` retry mode,
 ``max_attempts`` (5) attempts in all with exponential backoff and full jitter (base 1 s, at most 20 s
 a wait); a broken body is resumed the same number of times without progress (and at most 4x that in all
-per object, plus one per ``FORGIVEN_EVERY`` bytes read), after 0.2, 0.4, ... s (at most 5 s); then a ``SourceError`` that names the URL, the byte and
-the last cause.  Every request has a ``connect_timeout`` (10 s) and a ``read_timeout`` (30 s), so no
-wait is unbounded; the pipeline's own liveness (``close()`` kills a reader stuck in a read after a
-second, the lifeline ends it when the consumer dies) holds as for any stream.
+per object, plus one per ``FORGIVEN_EVERY`` bytes read), after 0.2, 0.4, ... s (at most 5 s); then a
+``SourceError`` that names the URL, the byte and the last cause.  Every request has a
+``connect_timeout`` (10 s) and a ``read_timeout`` (30 s), so no wait is unbounded; the pipeline's own
+liveness (``close()`` kills a reader stuck in a read after a second, the lifeline ends it when the
+consumer dies) holds as for any stream.
 
 **Configuration** is the standard AWS one, read by botocore: ``AWS_ENDPOINT_URL`` /
 ``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``,
