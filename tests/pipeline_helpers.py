@@ -68,6 +68,31 @@ class Ragged:
         return np.frombuffer(b[: len(b) // 4 * 4], np.int32).copy()
 
 
+PADDED = np.dtype({"names": ["a", "b"], "formats": [">i4", "<f8"], "offsets": [0, 8], "itemsize": 24})
+
+
+class NonNative:
+    """payload -> (a big-endian float32 array, a padded structured array), of ``payload[0] % 3 + 1`` rows
+    (ragged) or, with ``fixed``, 2 rows (an output_spec); ``part`` 0 or 1: that array alone.
+    payload[0] == ``fail`` raises ValueError."""
+
+    def __init__(self, fixed: bool = False, fail: int = -1, part=None) -> None:
+        self.fixed, self.fail, self.part = fixed, fail, part
+        if fixed:
+            specs = (ArraySpec((2,), ">f4"), ArraySpec((2,), PADDED))
+            self.output_spec = specs if part is None else specs[part]
+
+    def __call__(self, payload):
+        i = payload[0]
+        if i == self.fail:
+            raise ValueError("bad sample")
+        n = 2 if self.fixed else i % 3 + 1
+        s = np.zeros(n, PADDED)
+        s["a"], s["b"] = i, -i
+        both = (np.full(n, i, ">f4"), s)
+        return both if self.part is None else both[self.part]
+
+
 class Pair:
     """payload -> (fixed digest array, ragged dict): a tuple output_spec like ImageRecord's."""
 

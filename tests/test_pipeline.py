@@ -4,6 +4,7 @@ nothing is left behind."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -447,3 +448,34 @@ def test_stats_count_the_records_framed_before_an_error_that_ends_the_pass(tmp_p
                 got.append(payload)
         assert got == [b"x" * 1000] * 1000
         assert (reader.stats.samples, reader.stats.records, reader.stats.bytes) == (1000, 1000, 1_000_000)
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+@pytest.mark.parametrize("fixed", [False, True])
+def test_decoded_arrays_keep_their_dtype_byte_order_and_padding(tmp_path, no_leaks, workers, fixed):
+    """Ragged values travel back joined in one array, batches of several places (after a skip) are
+    joined, padded batches too: NumPy 2's concatenate and stack made the dtype canonical, so a ``>f4``
+    came back ``<f4`` and a padded struct packed (itemsize 24 -> 12, its fields at other offsets), with
+    workers only, or only in the batches after a skipped sample.  Every value keeps the decoder's dtype."""
+    from pipeline_helpers import PADDED, NonNative
+    path = tmp_path / "d.rec"
+    write_rec(path, [bytes([i]) for i in range(16)])
+    dtypes = (np.dtype(">f4"), PADDED)
+    for part, fail, batch_size in itertools.product((None, 0, 1), (-1, 5), (None, 4)):
+        want = [NonNative(fixed, part=part)(bytes([i])) for i in range(16) if i != fail]
+        with deadline(60), ParallelReader(path, NonNative(fixed, fail=fail, part=part), workers=workers,
+                                          batch_size=batch_size, on_error="skip") as r:
+            got = list(r)
+        if batch_size is not None:  # (a batch: a column per part, a row per sample)
+            if fixed:
+                assert all((b.dtype if part is not None else tuple(c.dtype for c in b)) ==
+                           (dtypes[part] if part is not None else dtypes) for b in got)
+            got = [(b[k] if part is not None else tuple(c[k] for c in b)) for b in got
+                   for k in range(len(b) if part is not None else len(b[0]))]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            for a, b, dtype in zip((g,) if part is not None else g, (w,) if part is not None else w,
+                                   (dtypes[part],) if part is not None else dtypes):
+                assert (a.dtype, a.dtype.itemsize) == (dtype, dtype.itemsize), (part, fail, batch_size)
+                for name in dtype.names or (None,):  # (a struct's padding bytes are no value)
+                    assert (a if name is None else a[name]).tolist() == (b if name is None else b[name]).tolist()

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError
+from .arrays import concatenated, stacked
 from .passes import Cursor, Span
 from .slots import SlotLayout
 
@@ -39,7 +40,7 @@ def collate(values: List[Any]) -> Any:
         shape, dtype = np.shape(first), first.dtype
         if all(isinstance(v, (np.ndarray, np.generic)) and np.shape(v) == shape and v.dtype == dtype
                for v in values):
-            return np.stack(values)
+            return stacked(values)
         return list(values)
     if isinstance(first, tuple) and all(isinstance(v, tuple) and len(v) == len(first) for v in values):
         return tuple(collate(list(col)) for col in zip(*values))
@@ -144,7 +145,7 @@ def _columns(spans: List[Span], layout: SlotLayout, nfields: int) -> List[Any]:
         else:  # samples were skipped: the rows come from several places, copy them together
             pieces = [_fixed(layout, sp) for sp in spans]
             for key in pieces[0]:
-                fixed[key] = np.concatenate([p[key] for p in pieces])
+                fixed[key] = concatenated([p[key] for p in pieces])
     cols: List[Any] = []
     try:
         for f in range(nfields):

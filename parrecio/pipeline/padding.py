@@ -32,6 +32,7 @@ import numpy as np
 
 from ..decoders.protobuf_record import SparseCOO, is_csr
 from ..errors import PipelineError
+from .arrays import concatenated
 
 __all__ = ["pads", "padded", "rows_of", "take_rows", "join_rows"]
 
@@ -90,7 +91,7 @@ def join_rows(a: Any, b: Any) -> Any:
         return tuple(join_rows(x, y) for x, y in zip(a, b))
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape[1:] == b.shape[1:] \
             and a.dtype == b.dtype:
-        return np.concatenate([a, b])
+        return concatenated([a, b])
     return list(a) + list(b)
 
 

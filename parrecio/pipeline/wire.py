@@ -25,6 +25,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
+from .arrays import concatenated
 from .messages import TaskDone
 
 __all__ = ["send_message", "send_result", "FrameReader", "MessageReader", "Frame", "pack_column", "unpack_column"]
@@ -75,7 +76,7 @@ def pack_column(col: Optional[list]) -> Any:
         if type(v) is not np.ndarray or v.dtype != dtype or v.shape[1:] != tail or v.ndim == 0:
             return col
     lens = np.fromiter((len(v) for v in col), np.int64, len(col))
-    return _Packed(np.concatenate(col), lens)
+    return _Packed(concatenated(col), lens)
 
 
 def unpack_column(col: Any) -> Optional[list]:
