@@ -289,6 +289,59 @@ def test_values_and_exceptions_of_the_scripts_classes_travel_back(method, worker
     assert proc.stdout.split() == ["True", "1", "True", "7"], proc.stdout
 
 
+MAIN_NESTED = textwrap.dedent("""\
+    import os, tempfile
+    from dataclasses import dataclass
+    from parrecio import DecodeError, ParallelReader, RecordWriter, Tuning
+
+    @dataclass
+    class Meta:                            # top-level, the same name as the nested one
+        n: int
+
+    class Image:
+        @dataclass
+        class Meta:                        # Image.Meta
+            n: int
+
+        class Refused(Exception):          # Image.Refused
+            pass
+
+    def decode(payload):
+        n = int(bytes(payload))
+        if n == 7:
+            raise Image.Refused(f"no {n}")
+        return Image.Meta(n)
+
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "x.rec")
+    with RecordWriter(path) as w:
+        for i in range(40):
+            w.write(b"%d" % i)
+    kw = dict(fields=decode, workers=2, tuning=Tuning(start_method=METHOD))
+    with ParallelReader(path, on_error="skip", **kw) as r:
+        got = list(r)
+        print(all(type(g) is Image.Meta for g in got) and [g.n for g in got] == [i for i in range(40) if i != 7])
+    with ParallelReader(path, **kw) as r:
+        try:
+            list(r)
+        except DecodeError as exc:
+            print(type(exc.__cause__) is Image.Refused, exc.index)
+    """)
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_values_and_exceptions_of_classes_nested_in_the_scripts_classes_travel_back(method):
+    """A dataclass and an exception class nested in a class of the script (``Image.Meta``), beside a
+    top-level class of the same name (``Meta``): cloudpickle rebuilt a nested class with its bare name,
+    so its values pickled as ``__main__.Meta`` in the decoder process -- the consumer made the top-level
+    ``Meta`` of them, silently (or failed where there was none) -- and the exception came back as a bare
+    remote traceback.  Rebuilt with their qualified names, they come back as themselves."""
+    proc = subprocess.run([sys.executable, "-c", MAIN_NESTED.replace("METHOD", repr(method))],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "True", "7"], proc.stdout
+
+
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_values_of_a_run_path_scripts_classes_travel_back(tmp_path, method):
     """The same script run by ``runpy.run_path``: its module is ``<run_path>``, which no decoder process

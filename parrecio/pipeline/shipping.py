@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import importlib.util
+import io
 import pickle
 import sys
 import threading
@@ -77,7 +78,7 @@ def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Shipped:
     import cloudpickle
     try:
         with _by_value(cloudpickle, scripts):
-            blob = cloudpickle.dumps(decoders)
+            blob = _dumps_by_value(cloudpickle, decoders)
     except Exception as whole:
         for decoder, name in zip(decoders, names):  # name the field that cannot travel
             try:
@@ -90,6 +91,26 @@ def ship(decoders: Sequence[Any], names: Sequence[str], method: str) -> Shipped:
                         f"so they cannot reach the decoder processes ({method} start method): "
                         f"{type(whole).__name__}: {whole}") from whole
     return Shipped(blob, repr(decoders))
+
+
+def _dumps_by_value(cloudpickle: Any, obj: Any) -> bytes:
+    """``cloudpickle.dumps(obj)``, a class pickled by value keeping its ``__qualname__``: cloudpickle rebuilds
+    it with its bare name, so a class nested in another (``Outer.Inner``) was ``Inner`` in the child, where
+    its values pickled as ``__main__.Inner`` -- an error in the consumer, or another class of that name
+    there, silently."""
+    class Pickler(cloudpickle.CloudPickler):
+        def reducer_override(self, obj: Any) -> Any:
+            rv = super().reducer_override(obj)
+            if isinstance(obj, type) and isinstance(rv, tuple) and len(rv) >= 3 and \
+                    getattr(obj, "__qualname__", obj.__name__) != obj.__name__:
+                state = rv[2]  # (cloudpickle's (class dict, slot state), set on the rebuilt class)
+                if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict):
+                    rv = (*rv[:2], ({**state[0], "__qualname__": obj.__qualname__}, state[1]), *rv[3:])
+            return rv
+
+    buf = io.BytesIO()
+    Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
 
 
 _SCRIPT = ("__main__", "__mp_main__")
