@@ -106,6 +106,15 @@ class Pair:
         return (None, {"n": len(payload)})
 
 
+class Verbose:
+    """Raises ValueError whose message holds the whole payload (as hex) on payloads starting with b"BAD"."""
+
+    def __call__(self, payload):
+        if bytes(payload[:3]) == b"BAD":
+            raise ValueError(f"cannot read {bytes(payload).hex()}")
+        return len(payload)
+
+
 class FailOn:
     """Raises ValueError on payloads starting with ``marker``, else returns the digest array."""
 

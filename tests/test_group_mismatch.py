@@ -136,6 +136,27 @@ def test_skipped_samples_are_logged_with_the_hint(tmp_path, workers, caplog, no_
     assert all("fields in the records' order would be (Image(), ClassLabel())" in m for m in skips)
 
 
+@pytest.mark.parametrize("workers", (0, 2))
+def test_a_skipped_samples_log_line_is_cut_and_its_error_kept_whole(tmp_path, workers, caplog, no_leaks):
+    """A decoder whose message holds its payload (here 200 KB of hex) logged it whole for every skipped
+    sample (63 MB of log for three 20 MB samples); the line is cut to 2000 characters and says how long
+    the message is.  A caught DecodeError (on_error="raise") still holds all of it."""
+    from pipeline_helpers import Verbose, write_rec
+    path = tmp_path / "v.rec"
+    write_rec(path, [b"ok", b"BAD" + b"\x01" * 100_000, b"fine", b"BAD" + b"\x02" * 100_000])
+    with caplog.at_level(logging.WARNING, logger="parrecio"):
+        with ParallelReader(path, fields=Verbose(), workers=workers, on_error="skip") as reader:
+            assert list(reader) == [2, 4] and reader.stats.skipped == 2
+    skips = [r.getMessage() for r in caplog.records if r.getMessage().startswith("parrecio: skipped ")]
+    assert len(skips) == 2 and all(2000 < len(m) < 2200 for m in skips), [len(m) for m in skips]
+    assert all(m.startswith("parrecio: skipped field '0' (") and "cannot read 424144" in m and
+               m.endswith("characters; the DecodeError holds them all)") for m in skips), skips[0][-200:]
+    with ParallelReader(path, fields=Verbose(), workers=workers) as reader:
+        with pytest.raises(DecodeError) as err:
+            list(reader)
+    assert ("424144" + "01" * 100_000) in str(err.value)
+
+
 def test_a_decoder_without_payload_kinds_reads_anything():
     """User callables and Raw declare no kinds: a group they fail on gets no suggestion."""
     jpeg, js = make_jpeg(1), orjson.dumps(3)

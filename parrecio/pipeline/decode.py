@@ -166,6 +166,18 @@ def _call(how: int, dec: Any, payload: Any, spec: Any, out: Any, key: Optional[i
     return dec(payload) if key is None else dec(payload, key=key)
 
 
+SKIP_LOG_CHARS = 2000  # of a skipped sample's error, in its log line (the DecodeError keeps it whole)
+
+
+def log_skipped(log: Any, err: BaseException) -> None:
+    """Log the error of a skipped sample: ``parrecio: skipped ...``, cut to :data:`SKIP_LOG_CHARS` (a
+    decoder whose message held its payload logged 20 MB a skip)."""
+    text = str(err)
+    if len(text) > SKIP_LOG_CHARS:
+        text = f"{text[:SKIP_LOG_CHARS]}... ({len(text)} characters; the DecodeError holds them all)"
+    log.warning("parrecio: skipped %s", text)
+
+
 def failure_error(cfg: Any, failure: FieldFailed, payloads: Sequence[Any], index: Optional[int],
                   offset: Optional[int], source: Optional[str], context: Optional[Sequence[str]] = None,
                   where: str = "the records around it") -> DecodeError:

@@ -17,7 +17,7 @@ from ..decoders.sniff import sniff
 from ..errors import CorruptRecordError
 from ..recordio import RecordReader
 from ..sources.fifo import enlarge_pipe, stoppable, while_stoppable
-from .decode import FieldFailed, failure_error
+from .decode import FieldFailed, failure_error, log_skipped
 from .groups import CONTEXT, Group, GroupStream, Placement
 from .mapped import FileCheck
 from .passes import Cursor, Span, ended
@@ -183,7 +183,7 @@ def local_failure(cfg: Any, failure: FieldFailed, g: Group, index: int, source: 
                         f"the first {len(kinds or ())} records of {source}")
     err.__traceback__ = failure.error.__traceback__
     if cfg.on_error != "raise":
-        log.warning("parrecio: skipped %s", err)
+        log_skipped(log, err)
     return err
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import CorruptRecordError, PipelineError, SourceError
+from .decode import log_skipped
 from .feed import CopyOut, Feed
 from .messages import IN_RING, Chunk, RemoteError, Task
 from .passes import Pass, Span, ended
@@ -385,7 +386,7 @@ class Run(Pass):
             if pos0 is not None:
                 self.slots.give_up(pos0 + e, 1)
             self.stats.skipped += 1
-            log.warning("parrecio: skipped %s", err)
+            log_skipped(log, err)
             a = e + 1
         return spans, None
 
