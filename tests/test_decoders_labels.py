@@ -233,9 +233,35 @@ def test_boxes_that_follow_a_mask_at_another_resolution_get_the_image_s_crop():
         got = BoundingBoxes(image=mask)(doc, key=key)
         assert got.shape == want.shape and np.allclose(got, want, atol=1e-3), key
         g = mask.geometry(600, 400, key)
-        rows = g.apply(np.array([[1, 200, 100, 360, 220], [2, 20, 240, 420, 380]], np.float32))
-        rows = rows[(rows[:, 3] > rows[:, 1]) & (rows[:, 4] > rows[:, 2])]
+        rows = g.apply(np.array([[1, 200, 100, 360, 220], [2, 20, 240, 420, 380]]), dtype=np.float64)
+        rows = rows[(rows[:, 3] - rows[:, 1] >= 1e-3) & (rows[:, 4] - rows[:, 2] >= 1e-3)]  # (no area: dropped)
         assert np.allclose(got, rows, atol=1e-3), key
+
+
+@pytest.mark.parametrize("how", ["shorter", "crop"])
+def test_boxes_touching_the_kept_region_from_outside_are_dropped(how):
+    """Mapped in float32, an edge on the crop's edge landed a few ulps inside the frame: a box cropped away
+    (it ends where the kept region begins, or begins where it ends) came out as a sliver 1e-5 px wide, and
+    so did about 15% of such boxes over random crops.  Mapped in float64, they are dropped; a box that
+    overlaps the kept region by a pixel is kept, and the boxes inside land where a float64 reference puts
+    them."""
+    from parrecio.decoders import RandomResizedCrop
+    image = Image(size=224, resize="shorter") if how == "shorter" else Image(size=224, crop=RandomResizedCrop())
+    for key in range(300 if how == "crop" else 1):
+        g = image.geometry(500, 375, key) if how == "crop" else image.geometry(500, 375)
+        a0, a1 = sorted(((0 - g.offset_x) / g.scale_x, (g.width - g.offset_x) / g.scale_x))
+        b0, b1 = sorted(((0 - g.offset_y) / g.scale_y, (g.height - g.offset_y) / g.scale_y))
+        a0, a1, b0, b1 = (round(v, 6) for v in (a0, a1, b0, b1))  # (the kept region, in source pixels)
+        boxes = [(1, 0, 0, a0, 375), (2, a1, 0, 500 - a1, 375), (3, 0, 0, 500, b0), (4, 0, b1, 500, 375 - b1),
+                 (5, a0 - 1, b0 - 1, 2, 2), (6, 100, 100, 50, 40)]
+        boxes = [b for b in boxes if b[3] > 0 and b[4] > 0]
+        doc = gt_boxes_json(boxes, 500, 375)
+        got = BoundingBoxes(image=image)(doc, key=key) if how == "crop" else BoundingBoxes(image=image)(doc)
+        ids = got[:, 0].astype(int).tolist()
+        assert not {1, 2, 3, 4} & set(ids), (key, got)
+        assert 5 in ids and (got[:, 3] - got[:, 1] > 0.1).all() and (got[:, 4] - got[:, 2] > 0.1).all(), (key, got)
+        src = np.array([[c, x, y, x + w, y + h] for c, x, y, w, h in boxes if c in ids], np.float64)
+        assert np.allclose(got, g.apply(src, dtype=np.float64), atol=1e-4), key
 
 
 def test_class_labels_of_any_length_and_a_bom_before_a_bare_name():

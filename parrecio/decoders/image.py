@@ -130,13 +130,14 @@ class Geometry(NamedTuple):
     width: int
     height: int
 
-    def apply(self, boxes: np.ndarray, clip: bool = True) -> np.ndarray:
-        """Map ``(k, 5)`` ``[class_id, x0, y0, x1, y1]`` pixel boxes into the output frame (a new array).
+    def apply(self, boxes: np.ndarray, clip: bool = True, dtype: Any = np.float32) -> np.ndarray:
+        """Map ``(k, 5)`` ``[class_id, x0, y0, x1, y1]`` pixel boxes into the output frame (a new array of
+        ``dtype``, which the mapping is computed in).
 
         Rows whose class id is negative (``max_boxes`` padding) are left as they are.  With ``clip`` the
         corners are clipped to the frame (a box wholly outside then has zero width or height).
         """
-        out = np.array(boxes, dtype=np.float32, copy=True)
+        out = np.array(boxes, dtype=dtype, copy=True)
         rows = out[:, 0] >= 0
         coords = out[rows, 1:5]
         coords[:, 0::2] = coords[:, 0::2] * self.scale_x + self.offset_x

@@ -41,6 +41,7 @@ MAX_MULTI_HOT = 1 << 24
 _MAX_BOX_CLASS = 1 << 24
 _MAX_SIDE = (1 << 31) - 1
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_EMPTY = 1e-3  # output pixels: a mapped box less wide or high than this has no area (cropped away, dropped)
 
 
 _INT = re.compile(r"[+-]?[0-9]+")  # a class id written as a string (ASCII digits only, as in JSON)
@@ -92,7 +93,7 @@ class BoundingBoxes(Value):
         An :class:`~parrecio.decoders.Image` (or ``Mask``) decoder with a ``size``: map the boxes into
         its output frame (stretch, letterbox or centre crop) with ``image.geometry(W, H)``, ``W, H`` from
         ``image_size`` (required then).  Boxes are clipped to the frame; boxes left with no area (wholly
-        cropped away by ``resize="shorter"`` or a ``crop``) are dropped.  With a ``random`` image decoder
+        cropped away by ``resize="shorter"`` or a ``crop``: less than 1/1000 px wide or high) are dropped.  With a ``random`` image decoder
         (``crop=RandomResizedCrop(...)``, ``flip``) the boxes follow each sample's crop and flip.
     """
 
@@ -183,9 +184,10 @@ class BoundingBoxes(Value):
                 rows[:, 2::2] *= mask_h / height
                 width, height = mask_w, mask_h
             geometry = self.image.geometry(width, height, key) if self.random else self.image.geometry(width, height)
-            with np.errstate(over="ignore"):  # a far coordinate overflows to inf, then is clipped to the frame
-                rows = geometry.apply(rows.astype(np.float32)).astype(np.float64)
-            rows = rows[(rows[:, 3] > rows[:, 1]) & (rows[:, 4] > rows[:, 2])]
+            # (in float64: mapped in float32, an edge on the crop's edge landed a few ulps inside the frame,
+            # and a box cropped away stayed as a sliver of 1e-5 px; at a high zoom boxes moved by pixels)
+            rows = geometry.apply(rows, dtype=np.float64)
+            rows = rows[(rows[:, 3] - rows[:, 1] >= _EMPTY) & (rows[:, 4] - rows[:, 2] >= _EMPTY)]
             size = (float(geometry.width), float(geometry.height))
         if self.normalize:
             if size is None:
