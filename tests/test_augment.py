@@ -85,6 +85,12 @@ def test_random_resized_crop_box_follows_torchvisions_rule():
     assert crop.box(10, 1000, 224, 224, random.Random(0)) == (0.0, 493.0, 10.0, 13.0)
     assert RandomResizedCrop(scale=(1.0, 1.0), ratio=(500 / 375, 500 / 375)).box(
         500, 375, 0, 0, random.Random(3)) == (0.0, 0.0, 500.0, 375.0)
+    # a 1-px side and ratios that round the fallback's other side to 0: a crop of 1 px there, not of none
+    # (an all-black image, a mask of class 0, and ZeroDivisionError in the boxes' mapping)
+    assert RandomResizedCrop(ratio=(3, 4)).box(1, 5, 0, 0, random.Random(0)) == (0.0, 2.0, 1.0, 1.0)
+    assert RandomResizedCrop(ratio=(0.1, 0.3)).box(5, 1, 0, 0, random.Random(0)) == (2.0, 0.0, 1.0, 1.0)
+    white = encode(np.full((5, 1, 3), 255, np.uint8), "PNG")
+    assert (Image(size=8, crop=RandomResizedCrop(ratio=(3, 4)))(white, key=0) == 255).all()
 
 
 def test_center_crop_is_resize_then_centre_crop():

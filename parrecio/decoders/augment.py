@@ -114,10 +114,11 @@ class RandomResizedCrop(Value):
                 x = rng.randint(0, width - w)
                 return float(x), float(y), float(w), float(h)
         in_ratio = width / height
+        # (a side of at least 1 px: a 1-px-wide image with ratios above 2 gave a crop of no pixels)
         if in_ratio < self.ratio[0]:
-            w, h = width, int(round(width / self.ratio[0]))
+            w, h = width, max(1, int(round(width / self.ratio[0])))
         elif in_ratio > self.ratio[1]:
-            w, h = int(round(height * self.ratio[1])), height
+            w, h = max(1, int(round(height * self.ratio[1]))), height
         else:
             w, h = width, height
         return float((width - w) // 2), float((height - h) // 2), float(w), float(h)
@@ -174,7 +175,7 @@ def check_flip(flip: Any) -> float:
 
 def _channels(value: Any, channels: int, name: str) -> np.ndarray:
     raw = np.asarray(value)
-    if raw.dtype.kind not in "iuf":  # "0.5", True, None inside a list: not taken for numbers
+    if raw.dtype.kind not in "iuf" or raw.ndim > 1:  # "0.5", True, None inside a list; [[0.2, ...]]
         raise TypeError(f"{name} must be one number or one per channel ({channels}), got {value!r}")
     arr = raw.astype(np.float64).reshape(-1)
     if arr.size == 1:
