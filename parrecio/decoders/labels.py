@@ -93,8 +93,9 @@ class BoundingBoxes(Value):
         An :class:`~parrecio.decoders.Image` (or ``Mask``) decoder with a ``size``: map the boxes into
         its output frame (stretch, letterbox or centre crop) with ``image.geometry(W, H)``, ``W, H`` from
         ``image_size`` (required then).  Boxes are clipped to the frame; boxes left with no area (wholly
-        cropped away by ``resize="shorter"`` or a ``crop``: less than 1/1000 px wide or high) are dropped.  With a ``random`` image decoder
-        (``crop=RandomResizedCrop(...)``, ``flip``) the boxes follow each sample's crop and flip.
+        cropped away by ``resize="shorter"`` or a ``crop``: less than 1/1000 px wide or high) are
+        dropped.  With a ``random`` image decoder (``crop=RandomResizedCrop(...)``, ``flip``) the boxes
+        follow each sample's crop and flip.
     """
 
     normalize: bool = False
