@@ -133,10 +133,14 @@ class DecodePlan:
                     view = memoryview(p)
                     if not view.readonly:
                         view = view.toreadonly()
+                    refs = sys.getrefcount(view)
                     try:
                         vals[f] = _call(how, dec, view, spec, out, k)
                     finally:
-                        view.release()  # BufferError if the decoder kept an export of the view
+                        # (a value that is or holds the view -- the payload, a dict of it -- keeps it, and
+                        # travels as a copy of its bytes: parrecio.pipeline.worker)
+                        if sys.getrefcount(view) <= refs:
+                            view.release()  # BufferError if the decoder kept an export of the view
                     continue
                 # The view is made over an array of our own, so that whatever the decoder keeps of it (a
                 # view of a view, an array over it, at any depth) keeps a reference to that array.

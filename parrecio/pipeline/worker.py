@@ -18,7 +18,9 @@ pickled back to the consumer.
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
+import io
 import os
 import pickle
 import random
@@ -235,17 +237,54 @@ def _note(cfg: PipelineConfig, exc: BaseException, mem: memoryview, offs, lens, 
 _DEEPEST_VALUE = 1024
 
 
-def _dumps(value: Any) -> bytes:
-    """``pickle.dumps``, with the recursion limit raised for a value as deep as a decoder may return."""
+def view_of(data: bytes, fmt: str, shape: tuple) -> memoryview:
+    """A read-only memoryview of ``data`` as ``fmt`` and ``shape``: a decoder's memoryview value, come back."""
+    view = memoryview(data)
     try:
-        return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        return view if (fmt, shape) == ("B", (len(data),)) else view.cast(fmt, shape)
+    except (TypeError, ValueError):  # (a format cast() does not take: the bytes, as 'B')
+        return view
+
+
+class _Reducers:
+    """The results pickler's dispatch table: copyreg's, and a memoryview -- a decoder that returns its
+    payload, a slice of it, a dict that holds it -- as a copy of its bytes, which comes back as a read-only
+    memoryview of them: what ``workers=0`` gives (a view of a copy of the payload), where pickle refused
+    ("cannot pickle 'memoryview' object": a DecodeError per sample)."""
+
+    def __getitem__(self, cls: type) -> Any:
+        if cls is memoryview:
+            return _reduce_view
+        return copyreg.dispatch_table[cls]
+
+
+def _reduce_view(view: memoryview) -> tuple:
+    return view_of, (view.tobytes(), view.format, tuple(view.shape or ()))
+
+
+_REDUCERS = _Reducers()
+
+
+def _dumps(value: Any) -> bytes:
+    """``pickle.dumps`` (a memoryview as its bytes: :class:`_Reducers`), with the recursion limit raised
+    for a value as deep as a decoder may return."""
+    try:
+        return _dump(value)
     except RecursionError:
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(limit + 2 * _DEEPEST_VALUE + 100)  # 100: the frames below this one
         try:
-            return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+            return _dump(value)
         finally:
             sys.setrecursionlimit(limit)
+
+
+def _dump(value: Any) -> bytes:
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = _REDUCERS  # type: ignore[assignment]
+    pickler.dump(value)
+    return buf.getvalue()
 
 
 def _pickled(done: TaskDone, split: bool, decoders: List[Any]) -> tuple:
