@@ -377,7 +377,9 @@ def test_a_second_pipe_serve_of_a_channel_is_refused_and_the_first_serves_on(tmp
     waited for a reader for ever.  Now it is refused by name; another channel of the same root is served."""
     write_rec(tmp_path / "x.rec", [b"x", b"yz"])
     root = tmp_path / "sm"
+    served = [b"".join(b"".join(encode_sagemaker_record(r)) for r in (b"x", b"yz"))]
     first = pipe_serve(root, tmp_path / "x.rec")
+    other = None
     try:
         wait_for_path(root / "data" / "train_0")
         second = pipe_serve(root, tmp_path / "x.rec")
@@ -387,12 +389,13 @@ def test_a_second_pipe_serve_of_a_channel_is_refused_and_the_first_serves_on(tmp
             f"pipe-serve): serve each channel once"), err
         other = pipe_serve(root, "--channel", "validation", tmp_path / "x.rec")
         wait_for_path(root / "data" / "validation_0")
-        assert read_served_epochs(root, 1, "validation") == [b"".join(b"".join(encode_sagemaker_record(r)) for r in (b"x", b"yz"))]
-        assert finish(other) is not None and other.returncode == 0
-        assert read_served_epochs(root, 1) == [b"".join(b"".join(encode_sagemaker_record(r)) for r in (b"x", b"yz"))]
+        assert read_served_epochs(root, 1, "validation") == served
+        assert read_served_epochs(root, 1) == served
     finally:
-        finish(first)
-    assert first.returncode == 0
+        for proc in (first, other):  # (each ends, also when an assertion above failed)
+            if proc is not None:
+                finish(proc)
+    assert first.returncode == 0 and other.returncode == 0
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
