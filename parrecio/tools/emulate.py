@@ -46,8 +46,6 @@ from .manifest import check_manifest, is_manifest_path, iter_manifest_records, l
 
 __all__ = ["serve_pipe_channel", "write_channel_config", "EpochRecords"]
 
-_WRITE_BUFFER = 1 << 20
-
 
 class EpochRecords:
     """The record sequence of each epoch of a set of sources (``.rec`` files and augmented manifests).
@@ -227,7 +225,18 @@ def serve_pipe_channel(root: str, channel: str, sources: Sequence[str], *, epoch
     log = log or (lambda message: None)
     write_channel_config(root, channel)
     with _serving(root, channel):
-        _serve_epochs(root, channel, plan, epochs, split_bytes, log, stop, progress, total)
+        for epoch in range(epochs):
+            if stop is not None and stop.is_set():
+                return
+            fifo = os.path.join(root, "data", f"{channel}_{epoch}")
+            _make_fifo(fifo)
+            try:
+                log(f"epoch {epoch}: waiting for a reader on {fifo}")
+                bar = None if progress is None else (lambda epoch=epoch: progress(epoch, total))
+                nbytes = _serve_epoch(fifo, plan.records(epoch), telling_split(split_bytes), bar)
+                log(f"epoch {epoch}: " + (f"wrote {nbytes} bytes" if nbytes >= 0 else "the reader closed early"))
+            finally:
+                _remove(fifo)
 
 
 def _serving(root: str, channel: str) -> Any:
@@ -242,23 +251,6 @@ def _serving(root: str, channel: str) -> Any:
         raise SourceError(f"channel {channel!r} under {root} is served already (another pipe-serve): "
                           f"serve each channel once") from None
     return lock  # (its with-block closes it: the lock goes)
-
-
-def _serve_epochs(root: str, channel: str, plan: "EpochRecords", epochs: int, split_bytes: Optional[int],
-                  log: Callable[[str], None], stop: Optional[threading.Event],
-                  progress: Optional[Callable[[int, Optional[int]], Any]], total: Optional[int]) -> None:
-    for epoch in range(epochs):
-        if stop is not None and stop.is_set():
-            return
-        fifo = os.path.join(root, "data", f"{channel}_{epoch}")
-        _make_fifo(fifo)
-        try:
-            log(f"epoch {epoch}: waiting for a reader on {fifo}")
-            bar = None if progress is None else (lambda epoch=epoch: progress(epoch, total))
-            nbytes = _serve_epoch(fifo, plan.records(epoch), telling_split(split_bytes), bar)
-            log(f"epoch {epoch}: " + (f"wrote {nbytes} bytes" if nbytes >= 0 else "the reader closed early"))
-        finally:
-            _remove(fifo)
 
 
 def _make_fifo(path: str) -> None:
@@ -277,7 +269,7 @@ def _serve_epoch(fifo: str, records: Generator[bytes, None, None], split_bytes: 
                  bar: Optional[Callable[[], Any]] = None) -> int:
     """Write one epoch into ``fifo``; return the bytes written, or -1 if the reader closed early."""
     fd = os.open(fifo, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))  # blocks until a reader opens the FIFO
-    out = EpochWriter(fd, _WRITE_BUFFER)
+    out = EpochWriter(fd)  # (buffered: 1 MiB)
     try:
         if bar is None:
             return out.write_records(records, split_bytes)
