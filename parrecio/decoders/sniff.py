@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence, Tuple
 
 import orjson
 
-__all__ = ["sniff", "guess_fields", "guess_from_kinds", "describe", "KINDS", "IMAGE_KINDS", "PREFIX"]
+__all__ = ["sniff", "sniff_image", "guess_fields", "guess_from_kinds", "describe", "KINDS", "IMAGE_KINDS", "PREFIX"]
 
 #: Every value :func:`sniff` can return.
 KINDS = ("jpeg", "png", "gif", "bmp", "webp", "tiff", "json", "text", "empty", "other")
@@ -111,6 +111,12 @@ def sniff(payload: Any) -> str:
     complete = len(head) <= PREFIX
     head = head[:PREFIX]
     return _sniff_binary(head) or _sniff_text(head, complete)
+
+
+def sniff_image(payload: Any) -> str | None:
+    """The image format whose magic number ``payload`` starts with (a kind of :data:`IMAGE_KINDS`), else
+    None: :func:`sniff`'s first test alone, on 32 bytes (~1 us: cheap enough for every record)."""
+    return _sniff_binary(_prefix(payload, 32))
 
 
 def describe(payload: Any) -> str:

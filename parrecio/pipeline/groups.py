@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from ..errors import CorruptRecordError
-from ..decoders.sniff import sniff
+from ..decoders.sniff import sniff, sniff_image
 from .plan import EvenShards, epoch_order, resume_overrun, whole_groups
 from .resync import for_stream
 
@@ -287,6 +287,12 @@ class GroupStream:
         records = nbytes = 0
         last = -1  # the offset of the last record framed
         realign = for_stream(cfg, name, place.start)
+        # A record missing from a group (resync.py): ``lead``, the image kinds only the first field reads;
+        # a group is ``clean`` when its first record is one of them and no other is; ``trusted`` once two
+        # clean groups came one after the other in this stream (until then a lead image past a group's
+        # first record is taken for fields= in another order or size, which its decode error's hint names);
+        # ``odd``: the open group is not clean.
+        lead, streak, trusted, odd = realign.lead, 0, False, False
         try:
             for offset, view in reader.iter_views():
                 records += 1
@@ -305,6 +311,19 @@ class GroupStream:
                     place.framed(offset, view)  # dropped: a record of a group the damage broke
                     place.garbage()
                     continue
+                if lead:
+                    is_lead = sniff_image(view) in lead
+                    if parts and is_lead:
+                        if trusted:  # the next sample starts here: the open one lost records
+                            err = realign.missing(first_offset, len(parts), offset, view)
+                            if cfg.on_error == "raise":
+                                raise err
+                            parts, held = [], hold_all
+                            place.broken()
+                        else:
+                            odd = True
+                    if not parts:
+                        odd = not is_lead
                 if not parts:
                     first_offset, keep = offset, num_shards == 1 or self._keeps()
                     place.begin(offset, view, keep)
@@ -322,6 +341,9 @@ class GroupStream:
                     g = self.group_index
                     self.group_index += 1
                     done_at = first_offset
+                    if lead:
+                        streak = 0 if odd else streak + 1
+                        trusted = trusted or streak > 1
                     place.framed(offset, view)
                     if even is not None:
                         self.count.sharded_out += g % num_shards != shard

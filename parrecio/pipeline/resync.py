@@ -22,6 +22,16 @@ every record after a corrupt region to one :class:`Realigner` until it says whic
    :class:`~parrecio.errors.CorruptRecordError` naming the corrupt region's offset -- under
    ``on_error="skip"`` too: a skipped sample is counted, a mispaired one would be delivered.
 
+**A record missing from a group** (or one too many) in an intact stream shows the same way, where the
+fields tell: a record that only the first field reads, seen where a later field's record belongs
+(``[Image(), Json()]``: a JPEG second), starts the next group (:attr:`Realigner.lead`,
+:meth:`Realigner.missing`); the open group is lost, counted, never paired with the next sample's records.
+Only image formats, whose magic number a 32-byte look tells (:func:`~parrecio.decoders.sniff.sniff_image`),
+and only once a group of the stream was read whole without one: until then such a record is as likely
+``fields=`` listed in another order or size than the stream's (``[Json(), Image()]`` records read with
+``[Image(), Json()]`` would realign into every image paired with the next sample's label), and the
+decode error's hint says which (:mod:`parrecio.pipeline.mismatch`).
+
 Before the ``.idx`` realigns anything, the last group read whole before the damage must start at one of
 its group starts (else the index does not fit the stream: :class:`IndexMismatch`).  A group of one
 record needs none of this: every record starts one.  The groups lost are counted in
@@ -39,7 +49,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
-from ..decoders.sniff import describe, sniff
+from ..decoders.sniff import IMAGE_KINDS, describe, sniff
 from ..errors import CorruptRecordError
 from ..recordio.index import IndexMismatch, check_offsets, read_index_columns
 from ..recordio.paths import index_beside
@@ -74,6 +84,13 @@ class Realigner:
         self._lost_from = 0        # with an .idx: the start of the first group the damage broke
         self._offsets: List[int] = []  # with an .idx: every record's offset, sorted (once read)
         self._resumed_at = -1      # the group start where reading went on after the last damage
+        # the image kinds that only the first field reads (none where another field reads any payload)
+        self.lead: FrozenSet[str] = frozenset()
+        others = [k for k in self.kinds[1:] if k is not None]
+        if self.nf > 1 and len(others) == self.nf - 1:
+            first = self.kinds[0]
+            self.lead = frozenset(k for k in IMAGE_KINDS if (first is None or k in first)
+                                  and not any(k in o for o in others))
 
     def damaged(self, region: int, open_group: bool, done_at: int = -1) -> None:
         """A corrupt region at stream offset ``region`` was skipped; ``open_group``: the records of a
@@ -129,6 +146,17 @@ class Realigner:
             f"or added, or the file changed after it was written), or a damaged length word before that ran "
             f"on over records (RecordIO has no checksum); its group starts cannot realign the groups",
             done_at, source=self.source)
+
+    def missing(self, first: int, have: int, offset: int, payload: Any) -> CorruptRecordError:
+        """The group that began at ``first`` lost records: after ``have`` of them, the record at ``offset``
+        is one only the first field reads (an image of :attr:`lead`), which starts the next group.  Counts
+        the group lost and returns the error that names it (raised under ``on_error="raise"``)."""
+        self.skipped_groups += 1
+        return CorruptRecordError(
+            f"the sample whose first record is at byte {first} has {have} of {self.nf} records: the record "
+            f"at byte {offset} is {describe(payload)}, which only field {self.names[0]!r} reads, so it starts "
+            f"the next sample -- a record of this one is missing (or one too many came before it); its "
+            f"records are not paired with the next sample's", first, source=self.source)
 
     def starts_group(self, offset: int, payload: Any) -> bool:
         """While :attr:`aligning`: whether the record at ``offset`` starts a group (then aligning ends)
