@@ -463,3 +463,34 @@ def test_len_of_a_fifo_is_kept_while_its_writer_writes(tmp_path, workers, no_lea
         t = feed()
         assert [x["i"]["i"] for x in r] == [i for i in range(6, 20)]
         t.join(10)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_a_state_after_damage_that_ends_a_skipping_pass_is_at_the_failed_sample(tmp_path, workers, batch_size,
+                                                                                 no_leaks):
+    """Sample 6 skipped (bad JSON), then damage at sample 7 that cannot be realigned (groups of two JSON
+    records) ends the pass under on_error="skip": the state is at sample 7, where the error is, not at the
+    skipped sample 6 -- which a resume decoded and skipped again (stats.skipped twice for one sample)."""
+    from parrecio import CorruptRecordError
+    path = tmp_path / "d.rec"
+    with RecordWriter(path, index=True) as w:
+        for i in range(12):
+            w.write(b"not json" if i == 6 else b'{"i": %d}' % i)
+            w.write(b"%d" % i)
+    _damage_magic(path, 2 * 7)
+    kw = dict(fields={"i": Json(), "j": Json()}, workers=workers, batch_size=batch_size, on_error="skip")
+    batched = batch_size is not None
+    with ParallelReader(path, **kw) as r:
+        got = []
+        with pytest.raises(CorruptRecordError) as info:
+            for item in r:
+                got += _ids(item, batched)
+        assert (got, info.value.index, r.stats.skipped) == ([0, 1, 2, 3, 4, 5], 7, 1)
+        state = r.state_dict()
+    assert (state["position"], state["delivered"]) == (7, 6)
+    with ParallelReader(path, **kw) as r:
+        r.load_state_dict(state)
+        with pytest.raises(CorruptRecordError) as info:
+            list(r)
+        assert (info.value.index, r.stats.skipped, r.stats.samples) == (7, 0, 0)

@@ -82,6 +82,9 @@ class InlineRun(Pass):
                     yield item
                     if self.aborted:
                         raise ended()
+        except Exception as exc:
+            self.cursor.failed(exc)
+            raise
         finally:
             items.close()  # a generator's
             # what the pass opened (the readers by index) is closed here, as it comes out: shutdown() from

@@ -472,6 +472,7 @@ class ParallelReader:
                     except Exception as exc:
                         if run.aborted or res.closing:  # a close() re-entered from a signal handler in
                             raise ended() from exc      # there freed what the pipeline was using
+                        cursor.failed(exc)
                         raise
                 if block is _END:
                     if run.aborted:  # (never a pass ended by close() that looks complete)

@@ -47,6 +47,15 @@ class Cursor:
         self.skipped += seq - self.pos
         self.pos = seq
 
+    def failed(self, exc: BaseException) -> None:
+        """``exc`` ended the pass at its place ``exc.index`` (a DecodeError or CorruptRecordError, every
+        sample before it handed out): the places between the last sample handed out and it were left
+        out (``on_error="skip"``), so the position is the failed sample's, as the error says -- a resume
+        starts there, not at a sample it skipped already."""
+        index = getattr(exc, "index", None)
+        if isinstance(index, int) and index > self.pos:
+            self.jump(index)
+
 
 class Span(NamedTuple):
     """Consecutive delivered samples ``seq .. seq + n - 1`` of one chunk, as columns.
