@@ -245,6 +245,32 @@ def test_reading_by_index_decides_the_same_whichever_record_comes_first(tmp_path
             assert sorted(bytes(p) for p in reader) == sorted(payloads), seed
 
 
+def test_an_ambiguous_record_read_again_by_index_is_still_ambiguous(tmp_path, no_leaks):
+    """One MXNet record cut at its aligned magic (parts of 200 and 96 bytes), the others shorter: by index
+    it cannot be told from a fixed split, every time it is read.  Its second read counted it as a second
+    record cut at 200 bytes and decided "concat", dropping its magic -- and check_index's probe read (the
+    CLI's extract) and a shuffled pass each read it twice."""
+    middle = b"\x11" * 200 + M4 + b"\x11" * 96
+    payloads = [b"a" * 100, middle, b"b" * 100]
+    path = tmp_path / "m.rec"
+    _mxnet_file(path, payloads)
+    with IndexedRecordReader(path) as r:
+        for _ in range(3):
+            with pytest.raises(AmbiguousJoin, match="cannot tell how the multipart record at byte 108 was written"):
+                r[1]
+        assert r[0] == payloads[0] and r[2] == payloads[2]
+    for workers, on_error in ((0, "raise"), (1, "raise"), (1, "skip")):
+        with ParallelReader(str(path), workers=workers, shuffle=True, on_error=on_error) as reader:
+            with pytest.raises(AmbiguousJoin):
+                list(reader)
+    with RecordReader(str(path), join="mxnet") as r:  # what the file holds
+        assert [x.payload for x in r] == payloads
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "parrecio.cli", "extract", str(path), "--index", "1"],
+                          capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == b"" and b"cannot tell how the multipart record" in proc.stderr
+
+
 def test_a_fixed_split_with_nothing_longer_after_its_cuts_still_reads_as_concat(tmp_path):
     """SageMaker's split (parts of 8 bytes): short records between and after the cut ones say nothing
     against it; the look-ahead reaches the end (or its bound) and decides concat."""

@@ -58,7 +58,7 @@ class AmbiguousJoin(SourceError):
 class JoinGuess:
     """What one stream has shown of its multipart convention; ``join`` once decided, with ``why``."""
 
-    __slots__ = ("join", "why", "split", "max_single", "multi", "first", "second")
+    __slots__ = ("join", "why", "split", "max_single", "multi", "first", "second", "seen")
 
     def __init__(self) -> None:
         self.join: Optional[str] = None
@@ -68,6 +68,7 @@ class JoinGuess:
         self.multi = 0                     # multipart records seen that fit both conventions
         self.first: Optional[int] = None   # the first such record's offset
         self.second: Optional[int] = None  # the second's
+        self.seen: set = set()             # their offsets: a record read again (by index) counts once
 
     def _decide(self, join: str, why: str) -> str:
         self.join, self.why = join, why
@@ -105,6 +106,9 @@ class JoinGuess:
         if self.split is not None and size != self.split:
             return self._decide("mxnet", f"the multipart records at bytes {self.first} and {offset} are cut at "
                                          f"{self.split} and {size} bytes: not a fixed-size split")
+        if offset in self.seen:  # read again after an AmbiguousJoin: still one record, not two cut alike
+            return None
+        self.seen.add(offset)
         self.multi += 1
         if self.split is None:
             self.split, self.first = size, offset
