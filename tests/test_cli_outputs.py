@@ -312,6 +312,10 @@ def _blocked_in_open(pid: int) -> bool:
      "the records would replace the manifest being read"),
     (["pack", "manifest", "link.manifest", "m.manifest", "--attribute-names", "source-ref,label"],
      "m.manifest", "the records would replace the manifest being read (link.manifest)"),
+    (["pack", "manifest", "m.manifest", "a.bin", "--attribute-names", "source-ref,label"], "a.bin",
+     "the records would replace the referenced file being read ({work}/a.bin)"),  # (it was replaced: an audit)
+    (["pack", "manifest", "m.manifest", "./a.bin", "--attribute-names", "source-ref,label"], "./a.bin",
+     "the records would replace the referenced file being read ({work}/a.bin)"),
     (["pack", "list", "photos/a.lst", "photos/a.lst"], "photos/a.lst", "the records would replace the list being read"),
     (["pack", "list", "photos/a.lst", "photos/cat/1.jpg"], "photos/cat/1.jpg",
      "the records would replace the image being read"),
@@ -328,6 +332,7 @@ def test_pack_refuses_an_output_that_is_its_input(work: Path, args: List[str], s
     before = snapshot(work)
     proc = cli(*args, cwd=work)
     assert proc.returncode == 1
+    message = message.format(work=work)
     assert one_line(proc) == f"parrecio pack: error: {shown}: {message}; give another output file"
     assert snapshot(work) == before
 

@@ -88,6 +88,21 @@ def check_manifest(manifest_path: str, attribute_names: Sequence[str]) -> int:
     return len(lines)
 
 
+def ref_paths(manifest_path: str, attribute_names: Sequence[str]) -> List[str]:
+    """The local paths the ``-ref`` attributes of the manifest's lines name, not read (a line that
+    :func:`line_records` would refuse is left out: it says so when the line is reached)."""
+    paths = []
+    refs = [i for i, name in enumerate(attribute_names) if name.endswith("-ref")]
+    if refs:
+        for line in read_manifest_lines(manifest_path):
+            try:
+                where, values, _ = _line_values(line, attribute_names, manifest_path)
+                paths += [_ref_path(values[i], manifest_path, where, attribute_names[i]) for i in refs]
+            except SourceError:
+                pass
+    return paths
+
+
 def _line_values(line: ManifestLine, attribute_names: Sequence[str],
                  manifest_path: str) -> Tuple[str, list, Callable[[Any], bytes]]:
     """``(where, the values of the attributes, how a value is written as JSON)`` of one manifest line;

@@ -340,7 +340,7 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
     ``sys.stdout.buffer``).  ``shuffle`` permutes the manifest lines with
     ``random.Random(seed)``.  ``progress(n, None)`` is called every 1000 records.
     """
-    from ..tools.manifest import iter_manifest_records, read_manifest_lines
+    from ..tools.manifest import iter_manifest_records, read_manifest_lines, ref_paths
     from ..recordio.wrapper import telling_split, write_sagemaker_recordio
 
     check_path_arg(manifest_path, "manifest_path", file_ok=False)
@@ -363,7 +363,10 @@ def pack_manifest(manifest_path: str, out: Union[str, BinaryIO], attribute_names
 
     split_bytes = telling_split(split_bytes)  # (parts join="auto" tells from MXNet's at the first one)
     if isinstance(out, str):
-        with _Outputs({"records": out}, [(manifest_path, "manifest")]) as tmp:
+        # (a file a line refers to, renamed over, would be lost: its name is checked as pack_images' are)
+        inputs = [(manifest_path, "manifest"), *_named_like(ref_paths(manifest_path, attribute_names), [out],
+                                                            "referenced file")]
+        with _Outputs({"records": out}, inputs) as tmp:
             target = tmp[out]
             if isinstance(target, str):
                 with open(target, "wb") as f:
