@@ -165,6 +165,29 @@ def test_pack_list_multi_label(data, tmp_path):
     assert proc.returncode == 1 and b"line 1" in proc.stderr
 
 
+def test_file_names_that_are_not_utf8(data, images_rec, tmp_path):
+    """A file name that is not UTF-8 (bytes, on POSIX): ``pack images`` lists it as its bytes and ``pack
+    list`` reads it back; ``inspect --json`` and ``bench --json`` name it with an escape that json.loads
+    reads back as the same str.  Each was a traceback (UnicodeEncodeError, orjson's TypeError)."""
+    root = tmp_path / "in"
+    (root / "cls").mkdir(parents=True)
+    (root / "cls" / os.fsdecode(b"x\xff.jpg")).write_bytes(data["files"]["cat/a.jpg"])
+    out = tmp_path / "o.rec"
+    cli("pack", "images", root, out, "--quiet")
+    assert (tmp_path / "o.lst").read_bytes() == b"0\t0.000000\tcls/x\xff.jpg\n"
+    again = tmp_path / "again.rec"
+    cli("pack", "list", tmp_path / "o.lst", again, "--root", root, "--quiet")
+    assert again.read_bytes() == out.read_bytes()
+    assert bytes(unpack(next(iter(RecordReader(str(out)))).payload)[1]) == data["files"]["cat/a.jpg"]
+    name = str(tmp_path / os.fsdecode(b"n\xffx.rec"))
+    with open(name, "wb") as f:
+        f.write(images_rec.read_bytes())
+    report = json.loads(cli("inspect", name, "--json").stdout)
+    assert (report["source"], report["records"]) == (name, 6)
+    doc = json.loads(cli("bench", name, "--workers", 0, "--json").stdout)
+    assert (doc["channel"], doc["runs"][0]["samples"]) == (name, 6)
+
+
 # -- inspect -------------------------------------------------------------------------------------------
 
 def test_inspect_manifest_stream(data, manifest_rec):

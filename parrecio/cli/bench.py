@@ -27,6 +27,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .cat import at_least_one
+from .inspect import json_text
 
 NAME = "bench"
 HELP = "measure a reader configuration's throughput (samples/s, MB/s) and name the bottleneck"
@@ -352,8 +353,6 @@ def _telemetry(fn) -> Optional[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import orjson
-
     from ..errors import ParrecioError
     from ..pipeline.parallel_reader import _default_workers
 
@@ -393,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
     doc = {"channel": args.channel, "fields": names, "fields_guessed": guessed, "batch_size": args.batch_size,
            "size": args.size, "epochs": args.epochs, "runs": runs, "advice": inline_advice(runs)}
     if args.json:
-        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n")
+        sys.stdout.write(json_text(doc))
     else:
         sys.stdout.write(format_runs(runs))
     return 0

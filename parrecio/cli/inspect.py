@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 NAME = "inspect"
 HELP = "count, size and classify the records of a RecordIO stream; report corrupt regions"
@@ -38,8 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import orjson
-
     from ..tools.inspect import inspect_stream
     from .cat import input_source, os_error
 
@@ -50,10 +49,23 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise os_error(exc, args.file) from exc
     if args.json:
-        sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(json_text(report))
     else:
         sys.stdout.write(format_report(report))
     return 0
+
+
+def json_text(doc: Any) -> str:
+    """``doc`` as indented JSON text and a newline.  A file name that is not UTF-8 (Python's
+    surrogate escapes: ``n\xffx.rec`` is ``"n\udcffx.rec"``), which orjson refuses, is written as
+    :mod:`json` writes it, an escape that ``json.loads`` reads back as the same ``str``."""
+    import orjson
+
+    try:
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
+    except TypeError:
+        import json
+        return json.dumps(doc, indent=2) + "\n"
 
 
 def human_bytes(n: float) -> str:

@@ -182,7 +182,8 @@ def read_image_list(lst_path: str) -> List[ListItem]:
     """
     check_path_arg(lst_path, "lst_path", file_ok=False)
     try:
-        with open(lst_path, "r", encoding="utf-8") as f:
+        # (a path that is not UTF-8 stays the bytes it was: a file name is bytes on POSIX, as im2rec's)
+        with open(lst_path, "r", encoding="utf-8", errors="surrogateescape") as f:
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise SourceError(f"cannot read list file {lst_path}: {getattr(exc, 'strerror', None) or exc}") from exc
@@ -215,15 +216,16 @@ def read_image_list(lst_path: str) -> List[ListItem]:
 
 
 def write_image_list(path_or_file: Union[str, BinaryIO], items: Sequence[ListItem]) -> None:
-    """Write ``items`` as an im2rec list file (labels formatted ``%f``, as im2rec does)."""
+    """Write ``items`` as an im2rec list file (labels formatted ``%f``, as im2rec does; a path that is not
+    UTF-8 as its bytes)."""
     check_path_arg(path_or_file, "path_or_file")
     text = "".join(f"{it.index}\t" + "".join(f"{lab:f}\t" for lab in it.labels) + f"{it.path}\n"
                    for it in items)
     if isinstance(path_or_file, str):
-        with open(path_or_file, "w", encoding="utf-8", newline="\n") as f:
+        with open(path_or_file, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
             f.write(text)
     else:
-        path_or_file.write(text.encode("utf-8"))
+        path_or_file.write(text.encode("utf-8", "surrogateescape"))
 
 
 # -- packing -------------------------------------------------------------------------------------------
