@@ -499,3 +499,28 @@ def test_cat_and_inspect_of_a_fifo_without_a_writer_say_that_they_wait(tmp_path:
     assert f"still waiting for {fifo} after 2 s: it exists, but no process has opened it for writing yet" \
         in err.decode()
     assert (out == b"helloworld") if command == ["cat"] else (b"records:      2" in out), out
+
+
+def test_skip_corrupt_on_a_file_with_no_record_is_not_an_empty_success(tmp_path: Path):
+    """cat/extract --skip-corrupt skipped every byte of an image and exited 0 with nothing written (bench
+    --skip-errors and ParallelReader(on_error="skip") refuse it); an empty file is an empty stream still."""
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(png(40, 30, seed=1))
+    binary = tmp_path / "noise.bin"
+    binary.write_bytes(bytes(range(7, 71)) * 40)
+    for path, what in ((photo, "a PNG image"), (binary, "binary data")):
+        start = f"{path}: not a RecordIO stream ({path.stat().st_size} bytes): it starts with {what}"
+        proc = cli("cat", path, "--skip-corrupt", "--format", "hex")
+        assert proc.returncode == 1 and proc.stdout == b""
+        assert error_line(proc).startswith(f"parrecio cat: error: {start}")
+        proc = cli("extract", path, "--all", "--skip-corrupt", "--out", tmp_path / "out")
+        assert proc.returncode == 1 and error_line(proc).startswith(f"parrecio extract: error: {start}")
+        assert os.listdir(tmp_path / "out") == []
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with open(photo, "rb") as f:
+        proc = subprocess.run([sys.executable, "-m", "parrecio.cli", "cat", "-", "--skip-corrupt"], stdin=f,
+                              capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 1 and "bad magic" in error_line(proc) and "not a RecordIO stream?" in error_line(proc)
+    (tmp_path / "empty.rec").write_bytes(b"")
+    proc = cli("cat", tmp_path / "empty.rec", "--skip-corrupt")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")

@@ -78,6 +78,14 @@ def input_source(path: str):
     return path
 
 
+def refuse_no_records(reader: Any, records: int) -> None:
+    """``--skip-corrupt`` skipped every byte of the input and found no record: it is no RecordIO at all
+    (or nothing but damage).  Fail with the error of its start, as without the option (the CLI words it:
+    what the file is), not with an empty success."""
+    if records == 0 and reader.first_error is not None:
+        raise reader.first_error
+
+
 def binary_stdout():
     """The binary standard output."""
     return sys.stdout.buffer
@@ -253,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
                           source_name="<stdin>" if args.file == "-" else None) as reader:
             if stop == args.start:
                 return 0
+            index = -1
             for index, (offset, view) in enumerate(reader.iter_views()):
                 if index < args.start:
                     continue
@@ -276,6 +285,8 @@ def run(args: argparse.Namespace) -> int:
                 written += 1
                 if stop is not None and index + 1 >= stop:
                     break
+            else:
+                refuse_no_records(reader, index + 1)
         out.flush()
     except BrokenPipeError:
         return silence_broken_pipe()
@@ -477,5 +488,6 @@ def _extract_all(args: argparse.Namespace) -> int:
                     f.write(data)
             except OSError as exc:
                 raise os_error(exc, path) from exc
+        refuse_no_records(reader, n)
     print(f"extract: {n} records written to {args.out}", file=sys.stderr)
     return 0
