@@ -23,6 +23,7 @@ from parrecio.recordio.wrapper import encode_sagemaker_record, write_sagemaker_r
 from parrecio.sources import resolve
 from parrecio.tools.emulate import EpochRecords, serve_pipe_channel
 from parrecio.tools.manifest import iter_manifest_records
+from recordio_helpers import frame
 from source_helpers import (frame_flags, make_jpeg, make_payloads, read_epoch, records_of, wait_for_path,
                             write_rec)
 
@@ -346,7 +347,12 @@ def test_pipe_serve_refuses_bad_sources_before_it_serves(tmp_path):
         json.dumps({"source-ref": "ok.jpg", "label": 1}) + "\n"
         + json.dumps({"source-ref": "nope.jpg", "label": 2}) + "\n")
     (tmp_path / "pic.jpg").write_bytes(make_jpeg(1))
+    damaged = bytearray(frame(b"x" * 12) + frame(b"second"))
+    damaged[:4] = b"\0\0\0\0"  # (a RecordIO file whose first magic is lost: it was called no RecordIO)
+    (tmp_path / "damaged.rec").write_bytes(damaged)
     for args, message in (
+            ((tmp_path / "damaged.rec",), "damaged.rec: the file's start is damaged, but RecordIO records follow "
+                                          "(a frame head at byte offset 20); pipe-serve serves whole records"),
             (("--attribute-names", "source-ref,label", tmp_path / "bad.manifest"),
              f"bad.manifest line 2: cannot read source-ref 'nope.jpg' ({tmp_path / 'nope.jpg'}): no such file"),
             (("--attribute-names", "source-ref,missing", tmp_path / "bad.manifest"),

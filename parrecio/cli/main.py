@@ -20,7 +20,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from .. import __version__
 from ..errors import ParrecioError
@@ -104,12 +104,6 @@ def _after_stdout_error(exc: BaseException) -> bool:
     return False
 
 
-#: How far into a file whose first frame head is broken RecordIO frame heads are looked for before it is
-#: called no RecordIO at all.  A zeroed first sector or page (4 KiB) hides the next head as far away as
-#: the first record ends: 1 MiB covers the records of im2rec files (JPEGs of tens to hundreds of KiB), and
-#: reading it costs nothing on an error path.  A first record beyond it, with only its magic damaged, is
-#: found through its length word all the same.
-FRAME_SEARCH_BYTES = 1 << 20
 
 #: How to read past a damaged record, per subcommand that can (extract reads through an .idx without
 #: scanning, and then cannot: the record asked for is the damaged one).
@@ -128,7 +122,7 @@ def _explained(exc: ParrecioError, command: str) -> str:
     (parrecio.tools.inspect.not_recordio), or that its start is damaged and how to read past it."""
     from ..errors import CorruptRecordError
     from ..recordio.joins import AmbiguousJoin
-    from ..tools.inspect import head_of, not_recordio
+    from ..tools.inspect import head_of, not_recordio, records_after_damage
     if isinstance(exc, AmbiguousJoin):  # (its advice is worded for the Python API)
         import re
         return re.sub(r"join='(\w+)'", r"--join \1", str(exc))
@@ -137,7 +131,7 @@ def _explained(exc: ParrecioError, command: str) -> str:
         head = head_of(exc.source)
         if head is not None:
             size = os.path.getsize(exc.source)
-            found = _records_after_damage(exc.source, size)
+            found = records_after_damage(exc.source, size)
             if found is None:  # (a damaged length word, a cut download: the reader's own words)
                 return str(not_recordio(exc.source, head, size)) if "bad magic" in exc.reason else str(exc)
             # the reader's guess at byte 0 ("not a RecordIO stream? it starts with ...") is wrong here
@@ -151,59 +145,6 @@ def _explained(exc: ParrecioError, command: str) -> str:
             return (f"{reason} (byte offset 0 of {exc.source}): the file's start is damaged, but RecordIO "
                     f"records follow (a frame head at byte offset {found}); {hint}")
     return str(exc)
-
-
-def _records_after_damage(path: str, size: int) -> Optional[int]:
-    """The offset of the first intact-looking RecordIO record in the file ``path`` (``size`` bytes) whose
-    frame head at byte 0 is broken, or None when nothing says that it is RecordIO.
-
-    A record start is the magic at a 4-byte-aligned offset and a length word with cflag 0 or 1, whose
-    frame is followed by the next one (cflag as the first allows) or ends the file: two heads in a row, so
-    random bytes pass with odds of about 2**-68 per offset, not 2**-34.  It is looked for where the length
-    word at byte 4 points (only the magic damaged: any record size), then in the first
-    :data:`FRAME_SEARCH_BYTES`.
-    """
-    from ..recordio.framing import (CFLAG_FIRST, CFLAG_FULL, CFLAG_LAST, CFLAG_MIDDLE, HEADER_SIZE, LENGTH_MASK,
-                                    find_next_head, frame_at, padded_size)
-
-    def peek(at: int, n: int) -> bytes:  # (``f``: opened below)
-        f.seek(at)
-        return f.read(n)
-
-    def follows(cflag: int) -> Tuple[int, ...]:
-        """The cflags a frame after one of ``cflag`` may have: a record's start, or its next part."""
-        return (CFLAG_MIDDLE, CFLAG_LAST) if cflag in (CFLAG_FIRST, CFLAG_MIDDLE) else (CFLAG_FULL, CFLAG_FIRST)
-
-    def record_at(pos: int, cflags: Tuple[int, ...] = (CFLAG_FULL, CFLAG_FIRST)) -> bool:
-        """Whether a frame head with one of ``cflags`` is at ``pos``, and after it the next frame head that
-        its cflag allows, or the end of the file where a record ends."""
-        frame = frame_at(peek, pos)
-        if frame is None or frame[0] not in cflags:
-            return False
-        if frame[1] == size:  # the last frame of the file: it must end its record
-            return frame[0] in (CFLAG_FULL, CFLAG_LAST)
-        after = frame_at(peek, frame[1])
-        return after is not None and after[0] in follows(frame[0])
-
-    try:
-        with open(path, "rb") as f:
-            f.seek(4)
-            word = f.read(4)
-            if len(word) == 4:
-                lrec = int.from_bytes(word, "little")
-                nxt = HEADER_SIZE + padded_size(lrec & LENGTH_MASK)
-                if lrec >> 29 in (CFLAG_FULL, CFLAG_FIRST) and nxt < size and record_at(nxt, follows(lrec >> 29)):
-                    return nxt
-            f.seek(HEADER_SIZE)
-            window = f.read(FRAME_SEARCH_BYTES + HEADER_SIZE - 1)  # (a head that starts in the first MiB, whole)
-            pos = find_next_head(window, 0, len(window), HEADER_SIZE)  # the reader's resync rule: aligned, cflag 0/1
-            while pos >= 0:
-                if record_at(HEADER_SIZE + pos):
-                    return HEADER_SIZE + pos
-                pos = find_next_head(window, pos + 1, len(window), HEADER_SIZE)
-    except OSError:
-        pass
-    return None
 
 
 if __name__ == "__main__":

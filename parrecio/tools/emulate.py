@@ -41,7 +41,7 @@ from ..recordio.wrapper import telling_split
 from ..sources.files import expand_patterns
 from ..sources.sagemaker import INPUT_CONFIG_FILE, looks_like_channel_name
 from .epoch_writer import EpochWriter
-from .inspect import head_of, not_recordio
+from .inspect import head_of, not_recordio, records_after_damage
 from .manifest import check_manifest, is_manifest_path, iter_manifest_records, line_records, read_manifest_lines
 
 __all__ = ["serve_pipe_channel", "write_channel_config", "EpochRecords"]
@@ -69,8 +69,10 @@ class EpochRecords:
 
     def check(self) -> None:
         """SourceError now for what would fail in an epoch: a manifest line that does not parse or names a
-        file that cannot be read, a ``.rec`` source that does not start with the RecordIO magic (the
-        reader would wait for its stream, then see it cut short, the cause only on this side's stderr)."""
+        file that cannot be read, a ``.rec`` source that does not start with an intact RecordIO record (the
+        reader would wait for its stream, then see it cut short, the cause only on this side's stderr): no
+        RecordIO at all, or a damaged start that records follow (its records are framed again, and the
+        damage would end the epoch)."""
         for path in self.paths:
             if is_manifest_path(path):
                 check_manifest(path, self.attribute_names)
@@ -79,7 +81,13 @@ class EpochRecords:
             if head is None:
                 raise SourceError(f"{path}: cannot read it (no such file, or not a regular file)")
             if head and not head.startswith(MAGIC_BYTES):
-                raise not_recordio(path, head_of(path) or head, os.path.getsize(path))
+                size = os.path.getsize(path)
+                found = records_after_damage(path, size)
+                if found is None:
+                    raise not_recordio(path, head_of(path) or head, size)
+                raise SourceError(f"{path}: the file's start is damaged, but RecordIO records follow (a frame head "
+                                  f"at byte offset {found}); pipe-serve serves whole records: 'parrecio inspect' "
+                                  f"lists the damaged regions")
 
     def count(self) -> Optional[int]:
         """Records per epoch, where that is cheap to know: ``None`` for a ``.rec`` file without an index.
