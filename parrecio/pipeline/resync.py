@@ -27,7 +27,9 @@ fields tell: a record that only the first field reads, seen where a later field'
 (``[Image(), Json()]``: a JPEG second), starts the next group (:attr:`Realigner.lead`,
 :meth:`Realigner.missing`); the open group is lost, counted, never paired with the next sample's records.
 Only image formats, whose magic number a 32-byte look tells (:func:`~parrecio.decoders.sniff.sniff_image`),
-and only once a group of the stream was read whole without one: until then such a record is as likely
+and only once two groups in a row of the stream were read whole, each an image and then none (the
+streak of ``GroupStream._grouped``; one is not enough: ``[Image(), Json()]`` over records of
+``[JPEG][JSON][JSON]`` reads one such group, then every other one): until then such a record is as likely
 ``fields=`` listed in another order or size than the stream's (``[Json(), Image()]`` records read with
 ``[Image(), Json()]`` would realign into every image paired with the next sample's label), and the
 decode error's hint says which (:mod:`parrecio.pipeline.mismatch`).
