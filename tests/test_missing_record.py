@@ -1,13 +1,14 @@
-"""A record missing from a group, or one too many, in an intact stream loses one sample, not every later one
+"""A record missing from a group in an intact stream loses one sample, not every later one
 (parrecio/pipeline/resync.py, ``Realigner.lead``; parrecio/pipeline/groups.py, ``GroupStream._grouped``).
 
 ``[JPEG][label]`` groups counted two by two: once a label is missing, every later group is
 ``(label, JPEG)`` and every later sample failed to decode.  Where the fields tell a sample's first record
-(an image that only the first field reads), such a record seen where a later field's belongs starts the
+(an image that only the first field reads), a second such record in a group that one opened starts the
 next sample.  Checked against a reference written here (the samples whose records are all there, each
-image with its own label), with workers 0/1/3, a ring the data wraps many times, shards and a resumed
-epoch; and that ``fields=`` in another order or size than the stream's is never "realigned" into images
-paired with another sample's label (its decode error keeps its hint).
+image with its own label), with workers 0/1/3, a ring the data wraps many times, shards, a resumed epoch
+and an .idx; and that nothing is "realigned" into images paired with another sample's label: not
+``fields=`` in another order or size than the stream's (its decode error keeps its hint), not a stream
+whose records change order partway (which an extra label looks like: that is not realigned).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from parrecio import CorruptRecordError, DecodeError, ParallelReader, Tuning
+from parrecio import CorruptRecordError, DecodeError, ParallelReader, RecordWriter, Tuning
 from parrecio.decoders import ClassLabel, Image, Json
 from image_helpers import jpeg
 from pipeline_helpers import read_until_error
@@ -36,8 +37,8 @@ def _photo(i: int, big: bool = False) -> bytes:
 
 def _stream(n: int, faults: dict, big=()) -> tuple:
     """Records of ``n`` samples ``[image_i][label i]``, with ``faults[i]`` = "label" (sample i's label
-    missing), "image" (its image missing) or "extra" (a second label after it); and the reference: the
-    ids of the samples whose records are all there, in order."""
+    missing), "image" (its image missing) or "extra" (a second label after it); and the reference for
+    missing labels: the ids of the samples whose records are all there, in order."""
     records, whole = [], []
     for i in range(n):
         fault = faults.get(i)
@@ -67,14 +68,62 @@ def _check(got, whole, records):
 
 
 @pytest.mark.parametrize("workers", [0, 1, 3])
-def test_a_missing_or_extra_record_loses_one_sample(tmp_path, workers, no_leaks):
-    faults = {3: "label", 7: "extra", 11: "image", 15: "label", 16: "label", 20: "extra"}
+def test_a_missing_label_loses_one_sample(tmp_path, workers, no_leaks):
+    faults = {3: "label", 7: "label", 8: "label", 15: "label", 20: "label", 23: "label"}
     records, whole = _stream(24, faults)
     path = tmp_path / "m.rec"
     write_rec(path, records)
     got, skipped = _read(path, workers)
     _check(got, whole, records)
     assert skipped == len(faults)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_missing_middle_record_of_three(tmp_path, workers, no_leaks):
+    """``[Image(), ClassLabel(), Json()]``: a sample without its label, another without its JSON."""
+    records, whole = [], []
+    for i in range(12):
+        records.append(_photo(i))
+        if i != 4:
+            records.append(b"%d" % i)
+        if i != 8:
+            records.append(orjson.dumps({"i": i}))
+        if i not in (4, 8):
+            whole.append(i)
+    path = tmp_path / "three.rec"
+    write_rec(path, records)
+    with ParallelReader(str(path), fields=[Image(), ClassLabel(), Json()], workers=workers, on_error="skip") as r:
+        got = [(int(label), meta["i"]) for _, label, meta in r]
+        assert (got, r.stats.skipped) == ([(i, i) for i in whole], 2)
+
+
+@pytest.mark.parametrize("fault", ["extra", "image"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_group_opened_by_a_label_is_not_realigned(tmp_path, fault, workers, no_leaks):
+    """An extra label, or a label whose image is missing, opens a group with a label: the kinds cannot tell
+    it from records that change order there, so every later sample fails to decode (counted), as before;
+    none is delivered with another sample's label."""
+    records, _ = _stream(12, {5: fault})
+    path = tmp_path / "m.rec"
+    write_rec(path, records)
+    got, skipped = _read(path, workers)
+    _check(got, list(range(5 if fault == "image" else 6)), records)
+    assert skipped == 7  # six (label, JPEG) groups to the end, then the last label: a group cut short
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_records_that_change_order_partway_are_never_paired_across_samples(tmp_path, workers, no_leaks):
+    """Six ``[JPEG][label]`` samples, then six ``[label][JPEG]`` (two producers' files in one Pipe-mode
+    channel, or ``cat a.rec b.rec``): realigned at the first label out of place, each later image came with
+    the next sample's label."""
+    records = []
+    for i in range(12):
+        records += [_photo(i), b"%d" % i] if i < 6 else [b"%d" % i, _photo(i)]
+    path = tmp_path / "flip.rec"
+    write_rec(path, records)
+    got, skipped = _read(path, workers)
+    _check(got, list(range(6)), records)
+    assert skipped == 6
 
 
 def test_the_error_names_the_sample_that_lost_a_record(tmp_path, no_leaks):
@@ -99,7 +148,7 @@ def test_the_error_names_the_sample_that_lost_a_record(tmp_path, no_leaks):
 def test_at_scale_on_a_ring_the_data_wraps_many_times(tmp_path, workers, no_leaks):
     rng = random.Random(5)
     n = 300
-    faults = {i: rng.choice(["label", "image", "extra"]) for i in rng.sample(range(2, n), 30)}
+    faults = {i: "label" for i in rng.sample(range(2, n), 30)}
     faults = {i: f for i, f in faults.items() if i - 1 not in faults and i - 2 not in faults}
     big = set(rng.sample(range(n), 40))
     records, whole = _stream(n, faults, big)
@@ -112,7 +161,7 @@ def test_at_scale_on_a_ring_the_data_wraps_many_times(tmp_path, workers, no_leak
 
 
 def test_shards_and_a_resumed_epoch_see_the_same_samples(tmp_path, no_leaks):
-    records, whole = _stream(40, {4: "label", 9: "extra", 13: "image", 30: "label"})
+    records, whole = _stream(40, {4: "label", 9: "label", 13: "label", 30: "label"})
     path = tmp_path / "m.rec"
     write_rec(path, records)
     ranks = [[i for i, _ in _read(path, 1, num_shards=2, shard_index=k)[0]] for k in (0, 1)]
@@ -130,14 +179,11 @@ def test_shards_and_a_resumed_epoch_see_the_same_samples(tmp_path, no_leaks):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.sampled_from([None, None, None, "label", "image", "extra"]), min_size=3, max_size=30))
-def test_any_isolated_faults_lose_only_their_samples(tmp_path, plan):
-    # a fault needs two whole samples before it (see README): one right after another is not told apart
-    # from a stream whose samples have another number of records
-    faults, last = {}, 1
-    for i, f in enumerate(plan):
-        if f is not None and i - last > 2:
-            faults[i], last = f, i
+@given(st.lists(st.sampled_from([None, None, "label"]), min_size=3, max_size=30))
+def test_any_missing_labels_lose_only_their_samples(tmp_path, plan):
+    # a missing label needs two whole samples before it (see README): one right after another is not told
+    # apart from a stream whose samples have another number of records
+    faults = {i: f for i, f in enumerate(plan) if f is not None and i >= 2}
     records, whole = _stream(len(plan), faults)
     path = tmp_path / "h.rec"
     write_rec(path, records)
@@ -182,3 +228,23 @@ def test_fields_for_fewer_records_than_a_sample_has_keep_their_hint(tmp_path, wo
         items, err = read_until_error(r)
     assert len(items) == 1 and isinstance(err, DecodeError) and err.index == 1
     assert "look like samples of 3 records (JPEG, JSON, JSON), not 2 as fields= lists" in str(err)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_damage_after_a_missing_label_is_realigned_by_kinds_not_by_the_idx(tmp_path, workers, no_leaks):
+    """With an .idx beside the file (it lists every record), damage after a missing label: the groups go on
+    from the realigned record, not at the index's every other record, and its check that the last whole
+    group starts at a listed group start blamed the index ("IndexMismatch: ... the index does not fit this
+    stream")."""
+    records, whole = _stream(24, {5: "label"})
+    path = tmp_path / "i.rec"
+    with RecordWriter(str(path), index=True) as w:
+        for r in records:
+            w.write(r)
+    at = sum(8 + -(-len(r) // 4) * 4 for r in records[:29])  # sample 15's image (record 29): magic broken
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(b"\0\0\0\0")
+    got, skipped = _read(path, workers)
+    _check(got, [i for i in whole if i != 15], records)
+    assert skipped == 2

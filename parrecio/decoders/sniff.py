@@ -113,6 +113,20 @@ def sniff(payload: Any) -> str:
     return _sniff_binary(head) or _sniff_text(head, complete)
 
 
+#: The first byte of each image kind's magic number (:func:`_sniff_binary`): a test of one byte leaves out
+#: most payloads that are no image before a prefix is copied.
+FIRST_BYTES = {"jpeg": 0xFF, "png": 0x89, "gif": 0x47, "webp": 0x52, "tiff": 0x49, "bmp": 0x42}
+_TIFF_BE = 0x4D  # (TIFF's big-endian "MM")
+
+
+def first_bytes(kinds: Iterable[str]) -> frozenset:
+    """The first bytes that payloads of the image ``kinds`` may start with."""
+    out = {FIRST_BYTES[k] for k in kinds if k in FIRST_BYTES}
+    if "tiff" in kinds:
+        out.add(_TIFF_BE)
+    return frozenset(out)
+
+
 def sniff_image(payload: Any) -> str | None:
     """The image format whose magic number ``payload`` starts with (a kind of :data:`IMAGE_KINDS`), else
     None: :func:`sniff`'s first test alone, on 32 bytes (~1 us: cheap enough for every record)."""

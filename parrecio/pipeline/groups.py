@@ -287,12 +287,14 @@ class GroupStream:
         records = nbytes = 0
         last = -1  # the offset of the last record framed
         realign = for_stream(cfg, name, place.start)
-        # A record missing from a group (resync.py): ``lead``, the image kinds only the first field reads;
-        # a group is ``clean`` when its first record is one of them and no other is; ``trusted`` once two
-        # clean groups came one after the other in this stream (until then a lead image past a group's
-        # first record is taken for fields= in another order or size, which its decode error's hint names);
+        # A record missing from a group (resync.py): ``lead``, the image kinds only the first field reads
+        # (``lead_bytes``: their first bytes); a group is clean when its first record is one of them and no
+        # other is; ``trusted`` once two clean groups came one after the other in this stream (until then
+        # a lead image past a group's first record is taken for fields= in another order or size, which
+        # its decode error's hint names); ``opened``: the open group's first record is a lead image;
         # ``odd``: the open group is not clean.
-        lead, streak, trusted, odd = realign.lead, 0, False, False
+        lead, lead_bytes = realign.lead, realign.lead_bytes
+        streak, trusted, opened, odd = 0, False, False, False
         try:
             for offset, view in reader.iter_views():
                 records += 1
@@ -312,9 +314,9 @@ class GroupStream:
                     place.garbage()
                     continue
                 if lead:
-                    is_lead = sniff_image(view) in lead
+                    is_lead = bool(view) and view[0] in lead_bytes and sniff_image(view) in lead
                     if parts and is_lead:
-                        if trusted:  # the next sample starts here: the open one lost records
+                        if trusted and opened:  # the next sample starts here: the open one lost records
                             err = realign.missing(first_offset, len(parts), offset, view)
                             if cfg.on_error == "raise":
                                 raise err
@@ -323,6 +325,7 @@ class GroupStream:
                         else:
                             odd = True
                     if not parts:
+                        opened = is_lead
                         odd = not is_lead
                 if not parts:
                     first_offset, keep = offset, num_shards == 1 or self._keeps()

@@ -22,17 +22,20 @@ every record after a corrupt region to one :class:`Realigner` until it says whic
    :class:`~parrecio.errors.CorruptRecordError` naming the corrupt region's offset -- under
    ``on_error="skip"`` too: a skipped sample is counted, a mispaired one would be delivered.
 
-**A record missing from a group** (or one too many) in an intact stream shows the same way, where the
-fields tell: a record that only the first field reads, seen where a later field's record belongs
-(``[Image(), Json()]``: a JPEG second), starts the next group (:attr:`Realigner.lead`,
-:meth:`Realigner.missing`); the open group is lost, counted, never paired with the next sample's records.
-Only image formats, whose magic number a 32-byte look tells (:func:`~parrecio.decoders.sniff.sniff_image`),
-and only once two groups in a row of the stream were read whole, each an image and then none (the
-streak of ``GroupStream._grouped``; one is not enough: ``[Image(), Json()]`` over records of
-``[JPEG][JSON][JSON]`` reads one such group, then every other one): until then such a record is as likely
-``fields=`` listed in another order or size than the stream's (``[Json(), Image()]`` records read with
-``[Image(), Json()]`` would realign into every image paired with the next sample's label), and the
-decode error's hint says which (:mod:`parrecio.pipeline.mismatch`).
+**A record missing from a group** in an intact stream shows the same way, where the fields tell: in a
+group opened by a record that only the first field reads, another such record, where a later field's
+record belongs (``[Image(), Json()]``: two JPEGs in a row), starts the next group
+(:attr:`Realigner.lead`, :meth:`Realigner.missing`); the open group is lost, counted, never paired with
+the next sample's records.  Only image formats, whose magic number a 32-byte look tells
+(:func:`~parrecio.decoders.sniff.sniff_image`), and only once two groups in a row of the stream were read
+whole, each an image and then none (the streak of ``GroupStream._grouped``; one is not enough:
+``[Image(), Json()]`` over records of ``[JPEG][JSON][JSON]`` reads one such group, then every other one):
+until then such a record is as likely ``fields=`` listed in another order or size than the stream's,
+and the decode error's hint says which (:mod:`parrecio.pipeline.mismatch`).  A group opened by a record
+the first field cannot read (an extra label, or a label whose image is missing: ``[JSON][JPEG]``) is
+not realigned: the kinds cannot tell it from a stream whose records change order there (two producers'
+files in one Pipe-mode channel), which realigned would pair every later image with the next sample's
+label; its samples fail to decode, as before.
 
 Before the ``.idx`` realigns anything, the last group read whole before the damage must start at one of
 its group starts (else the index does not fit the stream: :class:`IndexMismatch`).  A group of one
@@ -51,7 +54,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
-from ..decoders.sniff import IMAGE_KINDS, describe, sniff
+from ..decoders.sniff import IMAGE_KINDS, describe, first_bytes, sniff
 from ..errors import CorruptRecordError
 from ..recordio.index import IndexMismatch, check_offsets, read_index_columns
 from ..recordio.paths import index_beside
@@ -93,6 +96,7 @@ class Realigner:
             first = self.kinds[0]
             self.lead = frozenset(k for k in IMAGE_KINDS if (first is None or k in first)
                                   and not any(k in o for o in others))
+        self.lead_bytes = first_bytes(self.lead)  # what a lead image's first byte is
 
     def damaged(self, region: int, open_group: bool, done_at: int = -1) -> None:
         """A corrupt region at stream offset ``region`` was skipped; ``open_group``: the records of a
@@ -154,6 +158,11 @@ class Realigner:
         is one only the first field reads (an image of :attr:`lead`), which starts the next group.  Counts
         the group lost and returns the error that names it (raised under ``on_error="raise"``)."""
         self.skipped_groups += 1
+        # The groups go on from here, not at the .idx's every nf-th record: damage later is realigned by
+        # the kinds (its check that the last whole group starts at a listed group start would blame the
+        # index for this record missing).
+        self._index = None
+        self._starts = None
         return CorruptRecordError(
             f"the sample whose first record is at byte {first} has {have} of {self.nf} records: the record "
             f"at byte {offset} is {describe(payload)}, which only field {self.names[0]!r} reads, so it starts "
