@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import CorruptRecordError
 from ..decoders.sniff import sniff, sniff_image
 from .plan import EvenShards, epoch_order, resume_overrun, whole_groups
-from .resync import for_stream
+from .resync import for_stream, singles_lost
 
 __all__ = ["Group", "GroupStream", "Placement", "InProcess", "HOLD", "CONTEXT", "InOrder"]
 
@@ -185,14 +185,15 @@ class GroupStream:
         kinds = self.first_kinds[name] = []
         return kinds
 
-    def flat_done(self, reader: Any, records: int, nbytes: int, whole: bool) -> None:
+    def flat_done(self, reader: Any, records: int, nbytes: int, whole: bool, name: Optional[str] = None,
+                  start: int = 0) -> None:
         """The :attr:`flat` case: ``records`` records of ``nbytes`` bytes framed (``whole``: the stream
-        was read to its end)."""
+        ``name``, read from its offset ``start``, was read to its end)."""
         self.count.records += records
         self.count.bytes += nbytes
         self.group_index += records
         if whole:
-            self._stream_done(reader)
+            self._stream_done(reader, name, start, records)
 
     # -- the order -------------------------------------------------------------------------------
     def groups(self, streams: Iterator[Tuple[int, str, Any, Placement]]) -> Iterator[Group]:
@@ -260,11 +261,11 @@ class GroupStream:
         kinds = self.context(name)
         if cfg.nfields == 1 and cfg.num_shards == 1:  # each record is a group: no grouping, shards, resync
             if place.flat is not None and not self.holds and not self.skip and kinds is None:
-                return self._flat(reader, place)
-            return self._ungrouped(stream_id, reader, place, kinds)
+                return self._flat(name, reader, place)
+            return self._ungrouped(stream_id, name, reader, place, kinds)
         return self._grouped(stream_id, name, reader, place, kinds)
 
-    def _flat(self, reader: Any, place: Placement) -> Iterator[Group]:
+    def _flat(self, name: str, reader: Any, place: Placement) -> Iterator[Group]:
         """The placement frames the stream itself (the reader process's hot loop): no group comes out."""
         assert place.flat is not None
         tally = [0, 0]  # records and payload bytes framed: counted when the stream ends on an error too
@@ -273,7 +274,7 @@ class GroupStream:
             place.flat(reader, self, tally)
             whole = True
         finally:
-            self.flat_done(reader, tally[0], tally[1], whole)
+            self.flat_done(reader, tally[0], tally[1], whole, name, place.start)
         return iter(())
 
     def _grouped(self, stream_id: int, name: str, reader: Any, place: Placement,
@@ -365,7 +366,7 @@ class GroupStream:
             self.count.records += records
             self.count.bytes += nbytes
             self.count.skipped_groups += realign.skipped_groups
-        self._stream_done(reader)
+        self._stream_done(reader, name, place.start, records)
         if parts:
             self._cut_short(len(parts), first_offset, name)
 
@@ -386,7 +387,8 @@ class GroupStream:
             raise CorruptRecordError(msg, offset, source=name)
         self.count.skipped_groups += 1
 
-    def _ungrouped(self, stream_id: int, reader: Any, place: Placement, kinds: Optional[list]) -> Iterator[Group]:
+    def _ungrouped(self, stream_id: int, name: str, reader: Any, place: Placement,
+                   kinds: Optional[list]) -> Iterator[Group]:
         """:meth:`_frame` for groups of one record and one shard (equal shards of one are all groups)."""
         hold_all, add, new = place.holds, place.add, tuple.__new__
         # (the base class's begin/framed do nothing: not called per record)
@@ -414,12 +416,15 @@ class GroupStream:
                 yield new(Group, (stream_id, offset, [part], held))
             whole = True
         finally:
-            self.flat_done(reader, records, nbytes, whole)
+            self.flat_done(reader, records, nbytes, whole, name, place.start)
 
-    def _stream_done(self, reader: Any) -> None:
-        """A stream read to its end: what its reader skipped (not counted for a stream cut short)."""
+    def _stream_done(self, reader: Any, name: Optional[str] = None, start: int = 0, records: int = 0) -> None:
+        """A stream read to its end: what its reader skipped (not counted for a stream cut short), and with
+        groups of one record, the records its ``.idx`` says the damage lost (``records``: those framed)."""
         self.count.skipped_records += reader.skipped_records
         self.count.skipped_bytes += reader.skipped_bytes
+        if reader.skipped_records and name is not None and self.cfg.nfields == 1:
+            self.count.skipped_groups += singles_lost(self.cfg, name, start, records)
 
     # -- by index ---------------------------------------------------------------------------------
     def indexed(self, readers: Sequence[Any], names: Sequence[str],

@@ -103,7 +103,7 @@ def flat_values(plan: Any, gs: GroupStream, streams: Iterator[Tuple[int, str, An
     error = None
     try:
         try:
-            for stream_id, name, reader, _ in streams:
+            for stream_id, name, reader, place in streams:
                 kinds, records, nbytes, whole = gs.context(name), 0, 0, False
                 try:
                     for offset, view in reader.iter_views():
@@ -135,7 +135,7 @@ def flat_values(plan: Any, gs: GroupStream, streams: Iterator[Tuple[int, str, An
                             raise ended()
                     whole = error is None
                 finally:
-                    gs.flat_done(reader, records, nbytes, whole)
+                    gs.flat_done(reader, records, nbytes, whole, name, place.start)
                 if error is not None:
                     break
         except CorruptRecordError as exc:

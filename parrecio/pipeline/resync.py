@@ -59,7 +59,7 @@ from ..errors import CorruptRecordError
 from ..recordio.index import IndexMismatch, check_offsets, read_index_columns
 from ..recordio.paths import index_beside
 
-__all__ = ["Realigner", "for_stream", "EXTRA_DROPS"]
+__all__ = ["Realigner", "for_stream", "singles_lost", "EXTRA_DROPS"]
 
 EXTRA_DROPS = 8  # records dropped past nf - 1 (garbage framed inside the damage) before we give up
 
@@ -240,15 +240,35 @@ class Realigner:
             f"(Image then Json), let a reader skip the damage", self._region, source=self.source)
 
 
+def _index_path(cfg: Any, name: str, start: int) -> Any:
+    """The ``.idx`` of the stream ``name``: the one ``cfg.index_paths`` pairs with it, or that lies beside
+    the file ``name`` (in a channel where other files have none, ``cfg.index_paths`` is empty), when the
+    stream is read from its start; else None."""
+    if start != 0:
+        return None
+    idx = next((i for rec, i in cfg.index_paths if str(rec) == name), None)
+    return idx if idx is not None else index_beside(name)
+
+
 def for_stream(cfg: Any, name: str, start: int = 0) -> Realigner:
-    """The Realigner of the stream ``name`` of a pipeline with settings ``cfg`` (a PipelineConfig):
-    with the ``.idx`` that ``cfg.index_paths`` pairs with it, or that lies beside the file ``name`` (in a
-    channel where other files have none, ``cfg.index_paths`` is empty), when the stream is read from its
-    start."""
-    idx: Any = None
-    if start == 0:
-        idx = next((i for rec, i in cfg.index_paths if str(rec) == name), None)
-        if idx is None:
-            idx = index_beside(name)
+    """The Realigner of the stream ``name`` of a pipeline with settings ``cfg`` (a PipelineConfig), with
+    its ``.idx`` (:func:`_index_path`)."""
+    idx = _index_path(cfg, name, start)
     index = None if idx is None else (lambda: read_index_columns(idx)[1])
     return Realigner(cfg.kinds, cfg.names, name, index, str(idx) if idx is not None else "its .idx")
+
+
+def singles_lost(cfg: Any, name: str, start: int, framed: int) -> int:
+    """Groups of one record need no realigning, but damage loses records all the same: a corrupt region,
+    a length word that ran on over records, a file cut short.  With an ``.idx``, the stream ``name``
+    (read whole from ``start``, with damage) lost the records it lists less the ``framed`` ones (as many
+    as the realignment of larger groups counts); without one, or where it cannot be read, 0 (the corrupt
+    regions are counted).  The index is read only here, after damage."""
+    idx = _index_path(cfg, name, start)
+    if idx is None:
+        return 0
+    try:
+        listed = len(read_index_columns(idx)[1])
+    except (OSError, ValueError, CorruptRecordError):  # (an index that cannot be read counts nothing)
+        return 0
+    return max(0, listed - framed)
