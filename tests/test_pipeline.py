@@ -210,6 +210,21 @@ def test_early_break_leaves_nothing_behind(stream, no_leaks):
     reader.close()
 
 
+@pytest.mark.parametrize("workers", [0, 1, 3])
+@pytest.mark.parametrize("batch_size", [None, 10])
+def test_stats_samples_counts_what_was_handed_out_after_a_break(stream, workers, batch_size, no_leaks):
+    """stats.samples is the samples delivered: with workers, a pass left after 3 items counted the whole
+    chunks the consumer had taken in (64 after 3 batches of 10)."""
+    path, recs, _ = stream
+    with ParallelReader(path, workers=workers, batch_size=batch_size) as reader:
+        it = iter(reader)
+        got = sum(1 if batch_size is None else len(b) for b in itertools.islice(it, 3))
+        it.close()
+        assert reader.stats.samples == got == 3 * (batch_size or 1)
+        assert sum(1 if batch_size is None else len(b) for b in reader) == len(recs)
+        assert reader.stats.samples == got + len(recs)
+
+
 def test_exception_in_loop_body_and_dropped_reader(stream, no_leaks):
     path, _, _ = stream
     with pytest.raises(KeyError):

@@ -444,6 +444,7 @@ class ParallelReader:
     def _iterate(self, run: Run, views: bool = False) -> Iterator[Any]:
         res, st, cfg = self._res, self._res.stats, self._res.cfg
         cursor = run.cursor
+        handed0 = cursor.handed
         pad = pads(cfg)  # then padded() drops a short last batch: it may need filling instead
         blocks: Iterator[Iterable[Any]]
         if self.batch_size is None and not pad:
@@ -509,6 +510,8 @@ class ParallelReader:
             with res.lock:
                 st.wall_time += time.perf_counter() - last
                 blocks.close()  # type: ignore[attr-defined]
+                if not run.completed and not pad:  # left early: the samples of chunks read ahead were
+                    st.samples -= max(0, run.delivered - (cursor.handed - handed0))  # never handed out
                 if not run.superseded:  # (a newer pass owns where the stream stands: an older iterator
                     self._pass_ended(run, cursor.pos)  # dropped late must not put it back)
                 run.shutdown()
