@@ -1105,6 +1105,16 @@ def test_17_replacement_worker_does_not_replay_the_dead_workers_stream(probe_str
     assert _disjoint(by_pid[new], by_pid[killed]), "the replacement replays the dead worker's random stream"
 
 
+def test_17_random_and_numpy_random_draw_different_streams(probe_stream, no_leaks):
+    """Both are MT19937 seeded by init_by_array: given the same 256 bits, random.random() equalled
+    np.random.random() at every draw (a decoder's flip and its noise perfectly correlated)."""
+    by_pid, first, _, n, _, _ = _probe(probe_stream, 5)
+    assert n == 200
+    for p in first:
+        a, b = _values(by_pid[p])
+        assert not (a & b), "random and numpy.random draw the same stream"
+
+
 def test_17_seeds_5_and_6_share_no_stream(probe_stream, no_leaks):
     run5, w5, _, n5, _, _ = _probe(probe_stream, 5)
     run6, w6, _, n6, _, _ = _probe(probe_stream, 6)

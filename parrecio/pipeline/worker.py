@@ -67,8 +67,11 @@ def seed_worker(seed: int, generation: int) -> None:
     reader with base ``seed``: streams from ``SeedSequence(seed).spawn``, so a replacement never replays
     the stream of the worker it replaces, and base seeds ``s`` and ``s + 1`` share no stream."""
     ss = np.random.SeedSequence(seed, spawn_key=(generation,))  # == SeedSequence(seed).spawn(g + 1)[g]
-    random.seed(int.from_bytes(ss.generate_state(4, np.uint64).tobytes(), "little"))
-    np.random.seed(ss.generate_state(8, np.uint32))
+    # one child sequence each: the same 256 bits given to both (both are MT19937, seeded by init_by_array)
+    # started them in one state, and random.random() == np.random.random() at every draw
+    for_random, for_numpy = ss.spawn(2)
+    random.seed(int.from_bytes(for_random.generate_state(4, np.uint64).tobytes(), "little"))
+    np.random.seed(for_numpy.generate_state(8, np.uint32))
 
 
 def worker_main(cfg: PipelineConfig, job: WorkerJob, generation: int, task_conn, result_conn,
