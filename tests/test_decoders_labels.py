@@ -267,13 +267,16 @@ def test_boxes_touching_the_kept_region_from_outside_are_dropped(how):
 def test_class_labels_of_any_length_and_a_bom_before_a_bare_name():
     """A numeric string of 310 digits raised OverflowError (math.isfinite of an int), one past Python's
     4300-digit limit a ValueError, not a DecodeError; a bare class name after a UTF-8 BOM was no known
-    name ('\ufeffcat'), though the quoted one was.  A float dtype still takes a long integer string."""
+    name ('\ufeffcat'), though the quoted one was.  A float dtype takes a long number as a target, and
+    refuses a long integer id it cannot hold exactly."""
     for text, digits, why in ((b'"1' + b"0" * 309 + b'"', 310, "does not fit int64"),
                               (b'"' + b"9" * 5000 + b'"', 5000, "is out of range")):
         with pytest.raises(DecodeError, match=rf"^class label {text[1:13].decode()}\.\.\.{text[-5:-1].decode()} "
                                               rf"\({digits} digits\) {why}$"):
             ClassLabel()(text)
-    assert float(ClassLabel(dtype="float64")(b'"1' + b"0" * 100 + b'"')) == 1e100
+    assert float(ClassLabel(dtype="float64")(b'"1e100"')) == 1e100
+    with pytest.raises(DecodeError, match=r"^class id 100000000000\.\.\.0000 \(101 digits\) is not exact in float64"):
+        ClassLabel(dtype="float64")(b'"1' + b"0" * 100 + b'"')
     names = ClassLabel(class_names=["dog", "cat"])
     assert [int(names(p)) for p in (b"cat", b'\xef\xbb\xbf"cat"', b"\xef\xbb\xbfcat", "\ufeffcat", b"\xef\xbb\xbf dog\n")] \
         == [1, 1, 1, 1, 0]
@@ -285,3 +288,17 @@ def test_a_huge_class_label_is_shown_short_in_its_error():
         ClassLabel()(b"1e308")
     with pytest.raises(DecodeError, match=r"^class label 300 does not fit uint8$"):
         ClassLabel(dtype="uint8")(b"300")
+
+
+@pytest.mark.parametrize("dtype, exact, not_exact", [("float16", 2048, 2049), ("float32", 2 ** 24, 2 ** 24 + 1),
+                                                     ("float64", 2 ** 53, 2 ** 53 + 1)])
+def test_a_class_id_a_float_dtype_cannot_hold_exactly_is_an_error(dtype, exact, not_exact):
+    """16777217 in float32 came out as 16777216: two ids, one label, silently."""
+    decode = ClassLabel(dtype=dtype)
+    assert decode(b"%d" % exact) == exact and decode(b'"%d"' % exact) == exact
+    bits = {"float16": 11, "float32": 24, "float64": 53}[dtype]
+    for payload in (b"%d" % not_exact, b'"%d"' % not_exact, b"[%d]" % not_exact):
+        with pytest.raises(DecodeError, match=rf"^class id {not_exact} is not exact in {dtype} \(its integers are "
+                                              rf"exact up to 2\*\*{bits}\): use an integer dtype$"):
+            ClassLabel(dtype=dtype, multi_label=payload.startswith(b"["))(payload)
+    assert decode(b"%d.5" % 1000) == 1000.5  # a float value is a target, rounded as floats are

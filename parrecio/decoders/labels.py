@@ -401,9 +401,16 @@ class ClassLabel(Value):
             return  # ids index the vector (checked against num_classes); its entries are 0 and 1
         info = np.iinfo(self._dtype) if self._dtype.kind in "iu" else np.finfo(self._dtype)
         lo, hi = (info.min, info.max) if self._dtype.kind in "iu" else (float(info.min), float(info.max))
+        exact = self._dtype.kind == "f"
         for v in values:  # (integers against the integer bounds: as floats, int64's max rounds up to 2**63)
             if not lo <= v <= hi:  # a float16 target of 1e5 would become inf
                 raise DecodeError(f"class label {_shown(v)} does not fit {self._dtype}")
+            # an integer id a float dtype cannot hold would become another id (16777217 -> 16777216 in
+            # float32); a float value is a target, rounded as floats are
+            if exact and isinstance(v, int) and int(self._dtype.type(v)) != v:
+                bits = np.finfo(self._dtype).nmant + 1
+                raise DecodeError(f"class id {_shown(v)} is not exact in {self._dtype} (its integers are exact up "
+                                  f"to 2**{bits}): use an integer dtype")
 
     # -- the decoder protocol --------------------------------------------------------------------------
     def __call__(self, payload: Any) -> np.ndarray:
