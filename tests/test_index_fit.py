@@ -14,6 +14,7 @@ lists the next one (or where the file ends):
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -308,3 +309,69 @@ def test_len_of_a_file_rewritten_at_the_same_size_is_counted_again(tmp_path, wor
                                             r"them \(no .idx file next to every .rec file\)"):
             len(reader)
         assert len(list(reader)) == 50 and len(reader) == 50
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("change, moved", [("insert", 8), ("insert", 12), ("remove", 4), ("remove", 8)])
+def test_bytes_inserted_or_removed_after_the_index_was_written_are_a_mismatch(tmp_path, workers, change, moved,
+                                                                              no_leaks):
+    """Every offset the .idx lists after the change is off by as much: each group read there failed as a
+    damaged sample, and under on_error="skip" the rest of the file was skipped one group at a time (100 of
+    200 samples, no error).  Now an IndexMismatch names the change, under skip too; a record whose own head
+    is damaged is still one sample (records of one size: the next record's start is no shift)."""
+    path = tmp_path / "s.rec"
+    records = _records()
+    offs = _write(path, records)
+    _idx(path, offs)
+    data = path.read_bytes()
+    at = offs[2 * (N // 2)]  # the first record of the middle sample
+    if change == "insert":
+        data = data[:at] + b"\0" * moved + data[at:]
+    else:  # the record before it loses its last ``moved`` bytes (its length word says so)
+        before = offs[2 * (N // 2) - 1]
+        n = struct.unpack_from("<I", data, before + 4)[0]
+        assert n % 4 == 0 or n > moved
+        new = frame(records[2 * (N // 2) - 1][:n - moved])
+        data = data[:before] + new + data[at:]
+        assert len(data) in (len(path.read_bytes()) - moved, len(data))
+    path.write_bytes(data)
+    # (bytes removed from a record: read first, it ends short of its listed end, check_end's mismatch)
+    how = "bytes were inserted into the file after the index was written" if change == "insert" else \
+        "bytes were removed from the file after the index was written|the index is not this file's"
+    got, err, _ = _read(path, workers, "skip")
+    assert isinstance(err, IndexMismatch) and re.search(how, str(err)), err
+    with IndexedRecordReader(path) as r:
+        with pytest.raises(IndexMismatch, match=how):
+            [r[k] for k in range(len(offs))]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bytes_between_records_removed_after_the_index_was_written_are_a_mismatch(tmp_path, workers, no_leaks):
+    """Bytes that started no record (a writer's padding) removed after the index listed the records after
+    them: every later listed offset is 8 bytes past its record's start."""
+    path = tmp_path / "p.rec"
+    records = _records()
+    at = 2 * (N // 2)
+    offs = _write(path, records[:at])
+    tail = _write(tmp_path / "tail.rec", records[at:])
+    head = path.read_bytes()
+    _idx(path, offs + [len(head) + 8 + o for o in tail])
+    path.write_bytes(head + (tmp_path / "tail.rec").read_bytes())
+    got, err, _ = _read(path, workers, "skip")
+    assert isinstance(err, IndexMismatch), err
+    assert "starts at byte %d, and ends where the next would, 8 bytes earlier too: bytes were removed from the " \
+           "file" % (len(head) + tail[1]) in str(err) or "8 bytes earlier too: bytes were removed from" in str(err)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_damaged_head_among_records_of_one_size_is_one_sample_not_a_shift(tmp_path, workers, no_leaks):
+    path = tmp_path / "e.rec"
+    records = [b"%04d" % i * 6 for i in range(2 * N)]  # every frame 32 bytes
+    offs = _write(path, records)
+    _idx(path, offs)
+    data = bytearray(path.read_bytes())
+    data[offs[8]] ^= 0x40  # sample 4's first record: its magic
+    path.write_bytes(bytes(data))
+    got, err, skipped = _read(path, workers, "skip")
+    assert err is None and skipped == 1
+    assert sorted(got) == [(records[2 * i], records[2 * i + 1]) for i in range(N) if i != 4]

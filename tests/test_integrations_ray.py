@@ -295,6 +295,16 @@ def test_bad_paths_options_and_indexes(ray_cluster, data, tmp_path):
         with pytest.raises(CorruptRecordError, match="another record follows it there") as info:
             read_recordio(str(tmp_path / "more.rec"), FIELDS, on_error=on_error, override_num_blocks=3).take_all()
         assert isinstance(info.value, IndexMismatch)
+    # bytes inserted after the .idx was written: every later offset is off, each group there failed as a
+    # damaged sample and on_error="skip" left out the rest of the file without an error (found by an audit)
+    data = (root / "a.rec").read_bytes()
+    at = _write(str(tmp_path / "probe.rec"), range(3), indexed=False)[2]  # (where the third group starts)
+    (tmp_path / "grown.rec").write_bytes(data[:at] + b"\0" * 12 + data[at:])
+    shutil.copy(root / "a.idx", tmp_path / "grown.idx")
+    for on_error in ("raise", "skip"):
+        with pytest.raises(IndexMismatch, match="12 bytes later too: bytes were inserted into the file after the "
+                                                "index was written"):
+            read_recordio(str(tmp_path / "grown.rec"), FIELDS, on_error=on_error).take_all()
     # a record count that is not a multiple of the group size
     with pytest.raises(CorruptRecordError, match="not a multiple of the group size 4"):
         read_recordio(paths[0], {**FIELDS, "extra": Raw()})

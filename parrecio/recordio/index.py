@@ -29,7 +29,8 @@ from .framing import CFLAG_FIRST, CFLAG_FULL, DEFAULT_MAX_RECORD_BYTES, HEADER_S
 from .joins import AmbiguousJoin, IndexedJoin
 from .paths import check_path_arg, index_path
 
-__all__ = ["IndexedRecordReader", "IndexMismatch", "read_index", "indexed_count", "check_end", "check_offsets",
+__all__ = ["IndexedRecordReader", "IndexMismatch", "read_index", "indexed_count", "check_end", "check_shift",
+           "check_offsets",
            "check_index"]
 
 Key = Union[int, str]
@@ -172,6 +173,58 @@ def check_end(offset: int, end: int, want: int, size: int, source: str, idx: str
         return
     raise CorruptRecordError(f"the record ends at byte {end}, but {idx} lists the next record at byte {want} and "
                              f"no record starts at byte {end}: its length word is damaged", offset, source=source)
+
+
+SHIFT_SCAN = 1 << 20  #: bytes after a listed offset where no record starts that are searched for one
+
+
+def check_shift(offset: int, want: int, after: Optional[int], size: int, source: str, idx: str,
+                peek: Callable[[int, int], bytes]) -> None:
+    """The record that the index lists at ``offset`` (the next listed at ``want``, the one after that at
+    ``after``; None: ``want`` is the last, or the file's end) is not there: no frame head at ``offset``.
+    Damage to its head is one damaged sample -- unless a record starts a little after ``offset`` and ends
+    where the index's next record would, moved by the same number of bytes (or the record listed at
+    ``want`` starts that much earlier, and ends so): bytes were inserted into the file, or removed from
+    it, after the index was written, and every later listed offset is off by as much.  Read by such an
+    index every later group failed as damaged, skipped one by one under ``on_error="skip"``: an
+    :class:`IndexMismatch` instead, whatever ``on_error`` says.  ``peek(at, n)`` reads the file."""
+    from .framing import CFLAG_LAST, CFLAG_MIDDLE, find_next_head, frame_at
+    window = peek(offset, min(max(want - offset, 0), SHIFT_SCAN) + HEADER_SIZE)
+
+    def end_of(pos: int) -> Optional[int]:
+        """Past the last frame of the record whose first frame is at ``pos`` (None: none there)."""
+        frame = frame_at(peek, pos)
+        if frame is None or frame[0] not in (CFLAG_FULL, CFLAG_FIRST):
+            return None
+        for _ in range(100_000):  # (a multipart record: its parts, as far as they go)
+            if frame[0] in (CFLAG_FULL, CFLAG_LAST) or frame[1] >= size:
+                return frame[1]
+            frame = frame_at(peek, frame[1])
+            if frame is None or frame[0] not in (CFLAG_MIDDLE, CFLAG_LAST):
+                return None
+        return None
+
+    fits = []  # (bytes moved, listed offset, where that record starts)
+    i = find_next_head(window, 4, len(window), offset)
+    while i >= 0:
+        pos = offset + i
+        end = end_of(pos)
+        if end is not None:
+            for listed, nxt in ((offset, want), (want, after)):
+                moved = pos - listed
+                if listed < size and (moved < 0 or 0 < moved and pos < want):  # (at ``want``: that record)
+                    if end == (size if nxt is None or nxt >= size else nxt + moved):
+                        fits.append((abs(moved), listed, pos))
+        i = find_next_head(window, i + 1, len(window), offset)
+    if fits:  # (records of one size fit several moves: the smallest is the likely one)
+        _, listed, pos = min(fits)
+        moved = pos - listed
+        how = "inserted into" if moved > 0 else "removed from"
+        raise IndexMismatch(
+            f"{idx} lists a record at byte {offset}, where none starts; the record it lists at byte {listed} "
+            f"starts at byte {pos}, and ends where the next would, {abs(moved)} bytes "
+            f"{'later' if moved > 0 else 'earlier'} too: bytes were {how} the file after the index was "
+            f"written, and every offset it lists after them is off (rebuild the index)", offset, source=source)
 
 
 def check_offsets(offsets: List[int], size: Optional[int], source: str, idx: str) -> None:
@@ -398,8 +451,15 @@ class IndexedRecordReader:
         span = min(max(want - offset, HEADER_SIZE), self.max_record_bytes + HEADER_SIZE + 3)
         with self._io:
             fd = self._fd_now()
-            got = read_record(WindowSource(lambda at, n: os.pread(fd, n, at), span), offset, join=join,
-                              max_record_bytes=self.max_record_bytes, source=self.rec_path, parts=parts)
+            try:
+                got = read_record(WindowSource(lambda at, n: os.pread(fd, n, at), span), offset, join=join,
+                                  max_record_bytes=self.max_record_bytes, source=self.rec_path, parts=parts)
+            except CorruptRecordError as exc:
+                if exc.offset == offset and i and self._sorted[i - 1] == offset and "bad magic" in exc.reason:
+                    after = self._sorted[i + 1] if i + 1 < len(self._sorted) else None
+                    check_shift(offset, want, after, self._size, self.rec_path, self.idx_path,
+                                lambda at, n: os.pread(fd, n, at))
+                raise
             if got is None:
                 raise CorruptRecordError("no record here: offset at or past the end of the file", offset,
                                          source=self.rec_path)
