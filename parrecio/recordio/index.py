@@ -30,8 +30,7 @@ from .joins import AmbiguousJoin, IndexedJoin
 from .paths import check_path_arg, index_path
 
 __all__ = ["IndexedRecordReader", "IndexMismatch", "read_index", "indexed_count", "check_end", "check_shift",
-           "check_offsets",
-           "check_index"]
+           "check_offsets", "check_index"]
 
 Key = Union[int, str]
 _DEFAULT_READ = 64 << 10  # bytes asked for when the record's span is unknown
