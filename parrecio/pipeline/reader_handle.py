@@ -106,12 +106,13 @@ class ReaderHandle:
         """The messages that are there now (never blocks).  Raises PipelineError if the process died,
         or closed its pipe, before its ``ReaderEnd``."""
         msgs: List[Any] = []
+        # Whether it has exited, asked before the drain: then everything it wrote is in the pipe, and the
+        # drain reads its ReaderEnd if it sent one.  Asked after (or again after a second drain), a reader
+        # that sent its ReaderEnd and exited in between was taken for dead with its ReaderEnd unread ("died
+        # (exit code 0)" instead of the pass's CorruptRecordError, on a loaded machine: an audit's hunt).
+        exited = self._exited.ready()
         eof = self._receive_into(msgs)
-        if not self.ended and not eof and self._exited.ready():
-            # It may have sent its last messages and exited between the drain and the check: what it
-            # wrote is still in the pipe (seen on a loaded machine: "died (exit code 0)" after a clean end).
-            eof = self._receive_into(msgs)
-        if not self.ended and (eof or self._exited.ready()):
+        if not self.ended and (eof or exited):
             self.proc.join(1.0)
             # (killed while it waited, the job sent into its pipe regardless: nothing of the pass was read)
             kind = PipelineError if self.begun else ReaderLost
