@@ -375,3 +375,27 @@ def test_a_damaged_head_among_records_of_one_size_is_one_sample_not_a_shift(tmp_
     got, err, skipped = _read(path, workers, "skip")
     assert err is None and skipped == 1
     assert sorted(got) == [(records[2 * i], records[2 * i + 1]) for i in range(N) if i != 4]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("damaged", [1, 5])
+def test_a_damaged_head_over_a_payload_of_recordio_frames_is_one_sample_not_a_shift(tmp_path, workers, damaged,
+                                                                                   no_leaks):
+    """Payloads that hold whole RecordIO frames (a nested .rec): with the damaged record's head gone, a frame
+    inside its payload ended where a move would put the next record (one of the next record's size), or at
+    the file's end (the last record) -- and the whole pass was an IndexMismatch (an audit).  A move is told
+    only where the next listed record is missing too."""
+    path = tmp_path / "n.rec"
+    nested = frame(b"x" * 16)  # 24 bytes: one whole frame
+    records = [b"pfx!" + frame(b"%d" % i * 4) + nested if i in (1, 5) else b"y" * 16 for i in range(6)]
+    # (record 2's frame is the size of the one nested in record 1's payload; record 5's last frame ends
+    # at the file's end)
+    offs = _write(path, records)
+    _idx(path, offs)
+    data = bytearray(path.read_bytes())
+    data[offs[damaged]:offs[damaged] + 4] = b"XXXX"
+    path.write_bytes(bytes(data))
+    with deadline(60), ParallelReader(str(path), workers=workers, shuffle=True, seed=3, on_error="skip") as r:
+        got = sorted(bytes(p) for p in r)
+        assert r.stats.skipped == 1
+    assert got == sorted(records[i] for i in range(6) if i != damaged)

@@ -145,9 +145,9 @@ def test_two_damaged_groups_are_counted_once_each(tmp_path):
 def test_records_of_groups_of_one_lost_to_damage_are_counted_by_the_idx(tmp_path, damage, workers, shards,
                                                                         no_leaks):
     """Groups of one record need no realigning, and their losses were counted only as corrupt regions:
-    one region for two records swallowed by the length word before them, or for the eight records of a
-    file cut short.  With the .idx, stats.skipped counts each (every path: the reader process's loop,
-    workers=0's, and shards, whose ranks each count the stream's losses)."""
+    one region for three records swallowed by the length word before them.  With the .idx, stats.skipped
+    counts each record lost inside the file, and the one a cut file ends inside (every path: the reader
+    process's loop, workers=0's, and shards, whose ranks each count the stream's losses)."""
     path = tmp_path / "o.rec"
     records = [g[0] for g in _groups(1)]
     data, offs = _write(path, [[r] for r in records])
@@ -157,7 +157,7 @@ def test_records_of_groups_of_one_lost_to_damage_are_counted_by_the_idx(tmp_path
     elif damage == "swallow":  # record 3 runs on 4 bytes into record 6
         struct.pack_into("<I", data, offs[3] + 4, offs[6] - offs[3] - 8 + 4)
         lost = [4, 5, 6]
-    else:
+    else:  # (records past the cut are not counted: cut at a record's end, nothing would show them)
         data = data[:offs[8] + 20]
         lost = list(range(8, N))
     path.write_bytes(bytes(data))
@@ -165,9 +165,26 @@ def test_records_of_groups_of_one_lost_to_damage_are_counted_by_the_idx(tmp_path
     for k in range(shards):
         with ParallelReader(str(path), workers=workers, on_error="skip", num_shards=shards, shard_index=k) as r:
             seen += [_tag(p)[0] for p in r if _tag(p) is not None]
-            assert r.stats.skipped == len(lost) and r.stats.skipped_records == 1
+            assert r.stats.skipped == (1 if damage == "cut" else len(lost)) and r.stats.skipped_records == 1
     assert sorted(seen) == [i for i in range(N) if i not in lost]
     path.with_suffix(".idx").unlink()  # without it, only the corrupt region is counted
     with ParallelReader(str(path), workers=workers, on_error="skip") as r:
         assert len(list(r)) == N - len(lost)  # (record 3 delivered with the bytes it ran over: no checksum)
         assert (r.stats.skipped, r.stats.skipped_records) == (0, 1)
+
+
+def test_an_index_of_a_longer_file_counts_only_the_records_lost_inside_this_one(tmp_path, no_leaks):
+    """Groups of one record: the count of records lost is those the .idx lists inside the file less those
+    framed.  An index written for a longer version of the file (offsets past its end) counted 81 records
+    lost to one damaged head (an audit); it counts the one."""
+    path = tmp_path / "s.rec"
+    records = [g[0] for g in _groups(1)]
+    _, long_offs = _write(path, [[r] for r in records * 6])  # the .idx of a file 6 times as long
+    data, offs = _write(path, [[r] for r in records])
+    path.with_suffix(".idx").write_text("".join(f"{k}\t{o}\n" for k, o in enumerate(long_offs)))
+    data[offs[5]] ^= 1
+    path.write_bytes(bytes(data))
+    for workers in (0, 2):
+        with ParallelReader(str(path), workers=workers, on_error="skip") as r:
+            assert len(list(r)) == N - 1
+            assert (r.stats.skipped, r.stats.skipped_records) == (1, 1)

@@ -52,6 +52,7 @@ read (bytes after the last whole group are no group).
 from __future__ import annotations
 
 import bisect
+import os
 from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
 from ..decoders.sniff import IMAGE_KINDS, describe, first_bytes, sniff
@@ -260,15 +261,19 @@ def for_stream(cfg: Any, name: str, start: int = 0) -> Realigner:
 
 def singles_lost(cfg: Any, name: str, start: int, framed: int) -> int:
     """Groups of one record need no realigning, but damage loses records all the same: a corrupt region,
-    a length word that ran on over records, a file cut short.  With an ``.idx``, the stream ``name``
-    (read whole from ``start``, with damage) lost the records it lists less the ``framed`` ones (as many
-    as the realignment of larger groups counts); without one, or where it cannot be read, 0 (the corrupt
-    regions are counted).  The index is read only here, after damage."""
+    a length word that ran on over records, the record a file is cut inside.  With an ``.idx``, the
+    stream ``name`` (read whole from ``start``, with damage) lost the records it lists inside the file
+    less the ``framed`` ones; without one, or where it cannot be read, 0 (the corrupt regions are
+    counted).  The index is read only here, after damage."""
     idx = _index_path(cfg, name, start)
     if idx is None:
         return 0
     try:
-        listed = len(read_index_columns(idx)[1])
-    except (OSError, ValueError, CorruptRecordError):  # (an index that cannot be read counts nothing)
+        offsets = sorted(read_index_columns(idx)[1])
+        check_offsets(offsets, None, name, str(idx))  # (none at 0, or one listed twice: counts nothing)
+        size = os.path.getsize(name)
+    except (OSError, ValueError, CorruptRecordError):  # (nor an index that cannot be read)
         return 0
-    return max(0, listed - framed)
+    # Records lost inside the file's bytes: those listed past its end are not counted (a file cut at a
+    # record's end shows no damage to count them by, and an index of a longer file would count them all).
+    return max(0, bisect.bisect_left(offsets, size) - framed)

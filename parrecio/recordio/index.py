@@ -203,6 +203,12 @@ def check_shift(offset: int, want: int, after: Optional[int], size: int, source:
                 return None
         return None
 
+    # A move is told only where the next listed record is missing too, and found moved as much: the
+    # damaged record's own payload may hold whole frames (a nested .rec) of any size, one of which ends
+    # where a move would put the next record, or at the file's end -- so never for the last record,
+    # which has no next one to confirm it.
+    if want >= size or _starts_record(peek(want, HEADER_SIZE)):
+        return
     fits = []  # (bytes moved, listed offset, where that record starts)
     i = find_next_head(window, 4, len(window), offset)
     while i >= 0:
@@ -211,8 +217,10 @@ def check_shift(offset: int, want: int, after: Optional[int], size: int, source:
         if end is not None:
             for listed, nxt in ((offset, want), (want, after)):
                 moved = pos - listed
-                if listed < size and (moved < 0 or 0 < moved and pos < want):  # (at ``want``: that record)
-                    if end == (size if nxt is None or nxt >= size else nxt + moved):
+                if moved < 0 or 0 < moved and pos < want:  # (at ``want``: that record itself)
+                    moved_next = None if nxt is None else nxt + moved
+                    if moved_next is not None and moved_next < size and end == moved_next \
+                            and _starts_record(peek(moved_next, HEADER_SIZE)):
                         fits.append((abs(moved), listed, pos))
         i = find_next_head(window, i + 1, len(window), offset)
     if fits:  # (records of one size fit several moves: the smallest is the likely one)
