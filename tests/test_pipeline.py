@@ -494,3 +494,18 @@ def test_decoded_arrays_keep_their_dtype_byte_order_and_padding(tmp_path, no_lea
                 assert (a.dtype, a.dtype.itemsize) == (dtype, dtype.itemsize), (part, fail, batch_size)
                 for name in dtype.names or (None,):  # (a struct's padding bytes are no value)
                     assert (a if name is None else a[name]).tolist() == (b if name is None else b[name]).tolist()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("even", [None, "pad"])
+def test_stats_samples_after_a_break_that_crossed_skipped_samples(tmp_path, workers, even, no_leaks):
+    """With skips before the break (workers=0 counted what it had decoded: 15 after 12), and with equal
+    shards (not corrected at all: 29 after 1 sample) -- an audit of the first fix."""
+    path = tmp_path / "j.rec"
+    write_rec(path, [b"not json" if i in (3, 7, 20, 41) else b'{"i": %d}' % i for i in range(60)])
+    with ParallelReader(path, fields=Json(), workers=workers, batch_size=4, on_error="skip",
+                        num_shards=2 if even else 1, shard_index=0, even_shards=even) as reader:
+        it = iter(reader)
+        got = sum(len(b) for b in itertools.islice(it, 3))
+        it.close()
+        assert reader.stats.samples == got == 12

@@ -40,6 +40,7 @@ class InlineRun(Pass):
         self.counts = [0, 0]              # samples delivered, skipped (added to stats at the end)
         self.files = OpenFiles()          # what shutdown() closes
         self._started = 0.0
+        self._handed0 = 0                 # cursor.handed when the pass began
 
     @property
     def opened_stream(self) -> bool:
@@ -71,6 +72,7 @@ class InlineRun(Pass):
 
     def _pass(self, items: Any, on_end: Any, flat: bool = False) -> Iterator[Any]:
         self._started = time.perf_counter()
+        self._handed0 = self.cursor.handed
         if self.aborted:
             raise ended()
         try:
@@ -160,6 +162,8 @@ class InlineRun(Pass):
         delivered, skipped = self.counts
         self.counts = [0, 0]
         self.delivered += delivered
+        if not self.completed:  # left early: what was decoded ahead (a slot, a batch) was not handed out
+            delivered = min(delivered, max(0, self.cursor.handed - self._handed0))
         self.stats.samples += delivered
         self.stats.skipped += skipped
         self.stats.add_reader(self.groups.counters())

@@ -510,8 +510,8 @@ class ParallelReader:
             with res.lock:
                 st.wall_time += time.perf_counter() - last
                 blocks.close()  # type: ignore[attr-defined]
-                if not run.completed and not pad:  # left early: the samples of chunks read ahead were
-                    st.samples -= max(0, run.delivered - (cursor.handed - handed0))  # never handed out
+                if not run.completed:  # left early: the samples of chunks read ahead were never handed out
+                    st.samples -= max(0, run.delivered - (cursor.handed - handed0))  # (copies: handed, not these)
                 if not run.superseded:  # (a newer pass owns where the stream stands: an older iterator
                     self._pass_ended(run, cursor.pos)  # dropped late must not put it back)
                 run.shutdown()
