@@ -104,7 +104,6 @@ def _after_stdout_error(exc: BaseException) -> bool:
     return False
 
 
-
 #: How to read past a damaged record, per subcommand that can (extract reads through an .idx without
 #: scanning, and then cannot: the record asked for is the damaged one).
 SKIP_HINTS = {"cat": "--skip-corrupt reads past it",

@@ -101,8 +101,7 @@ from ..decoders.base import ArraySpec, is_passthrough, is_random, payload_kinds,
 from ..decoders.imagerecord import ImageRecord
 from ..errors import CorruptRecordError, DecodeError, SourceError
 from ..recordio.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, JOINS, read_record
-from ..recordio.index import (IndexedRecordReader, IndexMismatch, check_end, check_index, check_offsets, check_shift,
-                              read_index)
+from ..recordio.index import IndexedRecordReader, IndexMismatch, check_end, check_index, check_shift
 from ..recordio.paths import index_path
 from ..recordio.reader import RecordReader
 
@@ -313,10 +312,11 @@ def _files(paths: Sequence[str], nf: int, on_error: str, use_index: bool) -> Lis
         if not (use_index and os.path.isfile(idx)):
             out.append((_File(path, st.st_size, None), None))
             continue
-        listed = sorted(o for _, o in read_index(idx))
-        check_offsets(listed, st.st_size, path, idx)  # (each record's end is checked as it is read)
-        with IndexedRecordReader(path, idx) as probe:  # (its first group and last record: a stale index
-            check_index(probe, listed, nf)            # fails here, as ParallelReader's does)
+        with IndexedRecordReader(path, idx) as probe:  # (the index parsed once, for both)
+            listed = sorted(probe.offsets)
+            # its offsets, then its first group and last record read: a stale index fails here, as
+            # ParallelReader's does (each record's end is checked as it is read)
+            check_index(probe, listed, nf)
         offs, cut = whole_groups(listed, nf, path, on_error)
         if cut:
             log.warning("parrecio: %s: the index lists a last group of fewer than %d records; it is skipped",
@@ -520,12 +520,11 @@ def _indexed_groups(task: _Task) -> Iterator[Tuple[int, int, Optional[List[Any]]
                     check_end(offset, got[1], int(nxt[r]), task.size, path, task.index,
                               lambda at, n: os.pread(fd, n, at))
                 except CorruptRecordError as exc:
-                    if exc.offset == offset and "bad magic" in exc.reason:  # (or the index is off from here)
-                        try:
-                            check_shift(offset, int(nxt[r]), int(nxt[r + 1]) if r + 1 < len(nxt) else None,
-                                        task.size, path, task.index, lambda at, n: os.pread(fd, n, at))
-                        except IndexMismatch as mismatch:
-                            exc = mismatch
+                    try:  # (or the index is off from here)
+                        check_shift(exc, offset, int(nxt[r]), int(nxt[r + 1]) if r + 1 < len(nxt) else None,
+                                    task.size, path, task.index, lambda at, n: os.pread(fd, n, at))
+                    except IndexMismatch as mismatch:
+                        exc = mismatch
                     if st.on_error == "raise" or isinstance(exc, IndexMismatch):  # (not one sample's)
                         raise exc.located(index) from None
                     log.warning("parrecio: skipped %s", exc.located(index))

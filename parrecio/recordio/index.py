@@ -177,16 +177,19 @@ def check_end(offset: int, end: int, want: int, size: int, source: str, idx: str
 SHIFT_SCAN = 1 << 20  #: bytes after a listed offset where no record starts that are searched for one
 
 
-def check_shift(offset: int, want: int, after: Optional[int], size: int, source: str, idx: str,
-                peek: Callable[[int, int], bytes]) -> None:
-    """The record that the index lists at ``offset`` (the next listed at ``want``, the one after that at
-    ``after``; None: ``want`` is the last, or the file's end) is not there: no frame head at ``offset``.
+def check_shift(exc: CorruptRecordError, offset: int, want: int, after: Optional[int], size: int, source: str,
+                idx: str, peek: Callable[[int, int], bytes]) -> None:
+    """``exc`` was raised reading the record that the index lists at ``offset`` (the next listed at
+    ``want``, the one after that at ``after``; None: ``want`` is the last, or the file's end); nothing to
+    say unless it is that no frame head is at ``offset`` (a bad magic there).
     Damage to its head is one damaged sample -- unless a record starts a little after ``offset`` and ends
     where the index's next record would, moved by the same number of bytes (or the record listed at
     ``want`` starts that much earlier, and ends so): bytes were inserted into the file, or removed from
     it, after the index was written, and every later listed offset is off by as much.  Read by such an
     index every later group failed as damaged, skipped one by one under ``on_error="skip"``: an
     :class:`IndexMismatch` instead, whatever ``on_error`` says.  ``peek(at, n)`` reads the file."""
+    if exc.offset != offset or "bad magic" not in exc.reason:
+        return
     from .framing import CFLAG_LAST, CFLAG_MIDDLE, find_next_head, frame_at
     window = peek(offset, min(max(want - offset, 0), SHIFT_SCAN) + HEADER_SIZE)
 
@@ -462,9 +465,9 @@ class IndexedRecordReader:
                 got = read_record(WindowSource(lambda at, n: os.pread(fd, n, at), span), offset, join=join,
                                   max_record_bytes=self.max_record_bytes, source=self.rec_path, parts=parts)
             except CorruptRecordError as exc:
-                if exc.offset == offset and i and self._sorted[i - 1] == offset and "bad magic" in exc.reason:
+                if i and self._sorted[i - 1] == offset:  # (a listed record, or else no index's business)
                     after = self._sorted[i + 1] if i + 1 < len(self._sorted) else None
-                    check_shift(offset, want, after, self._size, self.rec_path, self.idx_path,
+                    check_shift(exc, offset, want, after, self._size, self.rec_path, self.idx_path,
                                 lambda at, n: os.pread(fd, n, at))
                 raise
             if got is None:
