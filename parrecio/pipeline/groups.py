@@ -185,8 +185,7 @@ class GroupStream:
         kinds = self.first_kinds[name] = []
         return kinds
 
-    def flat_done(self, reader: Any, records: int, nbytes: int, whole: bool, name: Optional[str] = None,
-                  start: int = 0) -> None:
+    def flat_done(self, reader: Any, records: int, nbytes: int, whole: bool, name: str, start: int) -> None:
         """The :attr:`flat` case: ``records`` records of ``nbytes`` bytes framed (``whole``: the stream
         ``name``, read from its offset ``start``, was read to its end)."""
         self.count.records += records
@@ -418,12 +417,12 @@ class GroupStream:
         finally:
             self.flat_done(reader, records, nbytes, whole, name, place.start)
 
-    def _stream_done(self, reader: Any, name: Optional[str] = None, start: int = 0, records: int = 0) -> None:
+    def _stream_done(self, reader: Any, name: str, start: int, records: int) -> None:
         """A stream read to its end: what its reader skipped (not counted for a stream cut short), and with
         groups of one record, the records its ``.idx`` says the damage lost (``records``: those framed)."""
         self.count.skipped_records += reader.skipped_records
         self.count.skipped_bytes += reader.skipped_bytes
-        if reader.skipped_records and name is not None and self.cfg.nfields == 1:
+        if reader.skipped_records and self.cfg.nfields == 1:
             self.count.skipped_groups += singles_lost(self.cfg, name, start, records)
 
     # -- by index ---------------------------------------------------------------------------------
