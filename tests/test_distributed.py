@@ -114,6 +114,30 @@ def test_unshuffled_equal_shards_of_indexed_and_streamed_files_agree(tmp_path, n
         assert [len(p) for p in a] == {None: [14, 13, 13], "pad": [14, 14, 14], "drop": [13, 13, 13]}[even]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_rank_of_a_stream_counts_its_damage_whole(tmp_path, workers, no_leaks):
+    """Framing damage takes no position in a stream (README, Distributed training): every rank reads
+    the whole stream, loses the same records and counts them all, not a share."""
+    src = tmp_path / "s.rec"
+    groups = _write(src, 40, index=False)
+    data = bytearray(src.read_bytes())
+    step = len(data) // 40  # every record is b"g00000.0" in one 16-byte frame
+    data[10 * step] ^= 0xFF  # record 10's magic
+    data[20 * step + 5] ^= 0x7F  # record 20's length word: 32 KB, past the end
+    src.write_bytes(bytes(data))
+    survivors = [g for i, g in enumerate(groups) if i not in (10, 20)]
+    got, counts = [], []
+    for r in range(3):
+        with ParallelReader(str(src), fields=Echo(), workers=workers, num_shards=3, shard_index=r,
+                            shuffle=False, on_error="skip") as reader:
+            got.append(list(reader))
+            st = reader.stats
+            counts.append((st.skipped_records, st.skipped_bytes))
+    assert sorted(g for p in got for g in p) == survivors
+    assert [p == survivors[r::3] for r, p in enumerate(got)] == [True] * 3
+    assert counts == [(2, 32)] * 3, counts
+
+
 def test_streams_of_a_pipe_get_equal_shards(tmp_path, no_leaks):
     """A stream read once (stdin-like: a FIFO): the counts are known at its end; pad repeats the first
     groups, drop holds back each rank's group until its row is complete."""
