@@ -91,6 +91,67 @@ def test_shuffle_buffer_draws_from_seed_and_epoch(tmp_path):
     assert resumed == want[40:]
 
 
+
+def _bounded_buffer(recs, seed, epoch, capacity, limit):
+    """A plain shuffle buffer of ``capacity`` groups and at most ``limit`` payload bytes (one group
+    whatever its size), the README's rule: a group that would pass the bound swaps as if the buffer were
+    full; while the bound is passed, random groups go out.  Also the most bytes it held."""
+    rng, buf, want, most = np.random.default_rng([seed, epoch]), [], [], 0
+    for r in recs:
+        if len(buf) < capacity and (sum(map(len, buf)) + len(r) <= limit or not buf):
+            buf.append(r)
+        else:
+            i = int(rng.integers(len(buf)))
+            buf[i], out = r, buf[i]
+            want.append(out)
+            while sum(map(len, buf)) > limit and len(buf) > 1:
+                i = int(rng.integers(len(buf)))
+                buf[i], buf[-1] = buf[-1], buf[i]
+                want.append(buf.pop())
+        most = max(most, sum(map(len, buf)))
+    return want + [buf[i] for i in rng.permutation(len(buf))], most
+
+
+def test_shuffle_buffer_holds_at_most_its_bytes(tmp_path):
+    """Records of 1 B to 6 KB: 64 groups would hold ~190 KB; bounded at 20 KB the buffer holds ~7, and
+    one record larger than the bound passes through on its own."""
+    rng = np.random.default_rng(0)
+    sizes = [int(x) for x in rng.integers(1, 6000, 400)]
+    sizes[150] = 25_000  # larger than the whole bound
+    path, recs = _file(tmp_path, 400, size=lambda i: sizes[i])
+    cfg = _cfg(path, 1, shuffle=True, shuffle_buffer=64, shuffle_buffer_bytes=20_000, seed=5)
+    _, got = _groups(path, cfg, epoch=3)
+    want, _ = _bounded_buffer(recs, 5, 3, 64, 20_000)
+    assert [g[0] for g in got] == want and sorted(want) == sorted(recs)
+    # the bound holds: what stays in the buffer after each step (the one large record alone)
+    assert _bounded_buffer(recs[:150] + recs[151:], 5, 3, 64, 20_000)[1] <= 20_000
+    # far below the bound: the draws of the count alone (the orders of states saved before the bound)
+    loose = _cfg(path, 1, shuffle=True, shuffle_buffer=64, seed=5)
+    assert _groups(path, loose, epoch=3)[1] == [(r,) for r in _bounded_buffer(recs, 5, 3, 64, 1 << 62)[0]]
+    # resumed after the buffer: the same order, its first groups left out
+    assert _groups(path, cfg, epoch=3, skip=123)[1] == [(r,) for r in want[123:]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bounded_shuffle_buffer_in_the_pipeline(tmp_path, workers, no_leaks):
+    """The same order through the reader process and the decoders, on a ring that wraps (1 MiB, ~3 MB
+    of records up to 60 KB), every record once, byte-exact."""
+    sizes = [int(x) for x in np.random.default_rng(1).integers(0, 60_000, 100)]
+    path, recs = _file(tmp_path, 100, size=lambda i: sizes[i])
+    from parrecio import Tuning
+    with ParallelReader(path, fields=None, workers=workers, shuffle=True, shuffle_buffer=50,
+                        shuffle_buffer_bytes=200_000, seed=2, tuning=Tuning(ring_bytes=1 << 20)) as r:
+        r.set_epoch(4)
+        got = [bytes(x) for x in r]
+        state = r.state_dict()
+    assert got == _bounded_buffer(recs, 2, 4, 50, 200_000)[0]
+    assert state["shuffle_buffer_bytes"] == 200_000
+    with ParallelReader(path, fields=None, workers=0, shuffle=True, shuffle_buffer=50, seed=2) as r:
+        with pytest.raises(ValueError, match="state_dict was saved with shuffle_buffer_bytes=200000, this reader "
+                                             "has shuffle_buffer_bytes=1073741824"):
+            r.load_state_dict(state)
+
+
 def test_resume_past_the_end_names_the_position(tmp_path):
     path, recs = _file(tmp_path, 10)
     cfg = _cfg(path, 2)

@@ -207,6 +207,8 @@ READER_INVALID = [
     (dict(seed=-1), ValueError, "seed"),
     (dict(shuffle_buffer=0), ValueError, "shuffle_buffer"),
     (dict(shuffle_buffer=10.5), TypeError, "shuffle_buffer"),
+    (dict(shuffle_buffer_bytes=0), ValueError, "shuffle_buffer_bytes must be >= 1, not 0"),
+    (dict(shuffle_buffer_bytes=1e9), TypeError, "shuffle_buffer_bytes must be an int >= 1, not float"),
     (dict(shuffle="no"), TypeError, "shuffle must be True or False, not 'no'"),  # (it meant True)
     (dict(drop_last=1), TypeError, "drop_last must be True or False"),
     # other loaders' names and typos: named as ParallelReader's, with the one meant (resolve()'s before)

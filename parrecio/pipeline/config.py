@@ -47,6 +47,7 @@ class PipelineConfig:
     even_shards: Optional[str]         # None | "pad" | "drop": equal shard lengths (parrecio.pipeline.plan)
     shuffle_mode: Optional[str]        # None | "buffer" (a stream's shuffle buffer) | "index" (a global permutation)
     shuffle_buffer: int                # groups
+    shuffle_buffer_bytes: int          # payload bytes those groups may hold
     seed: int
     index_paths: Tuple[Tuple[str, str], ...]  # ((rec, idx), ...) when every file has an index
     # processes and memory

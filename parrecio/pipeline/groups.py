@@ -51,6 +51,11 @@ class Group(NamedTuple):
     held: bool
 
 
+def _payload_bytes(g: Group) -> int:
+    """The payload bytes a group holds (what it costs in a shuffle buffer)."""
+    return sum(len(p) for p in g.parts) if g.parts else 0
+
+
 _NONE: list = []  # the parts before a group's first record
 HOLD = object()  # Placement.add(): this record cannot stay where it was read; copy the group out
 
@@ -110,6 +115,7 @@ class InOrder:
     even_shards: Optional[str] = None
     shuffle_mode: Optional[str] = None
     shuffle_buffer: int = 0
+    shuffle_buffer_bytes: int = 0
     seed: int = 0
     index_paths: Tuple[Any, ...] = ()
     by_index: bool = False
@@ -232,19 +238,33 @@ class GroupStream:
         """Through a shuffle buffer of ``shuffle_buffer`` groups: once it is full, each new group swaps
         with a random one, which goes out (tf.data's shuffle, DALI's ``initial_fill``); at the end the
         rest in random order -- also when damage ends the pass (``on_error="raise"``): the groups read before
-        it come out first, as an indexed shuffle delivers every group placed before a damaged one."""
-        capacity, rng = self.cfg.shuffle_buffer, self.rng
+        it come out first, as an indexed shuffle delivers every group placed before a damaged one.
+        The buffer also holds at most ``shuffle_buffer_bytes`` of payloads (one group whatever its size):
+        a group that would pass the bound swaps as if the buffer were full, and while the bound is passed,
+        random groups go out.  Below the bound the draws are those of the count alone (the orders of
+        states saved before the bound existed)."""
+        capacity, limit, rng = self.cfg.shuffle_buffer, self.cfg.shuffle_buffer_bytes, self.rng
         assert rng is not None
         buf: List[Group] = []
+        held = 0  # payload bytes in buf
         damage: Optional[CorruptRecordError] = None
         try:
             for g in groups:
-                if len(buf) < capacity:
+                size = _payload_bytes(g)
+                if len(buf) < capacity and (held + size <= limit or not buf):
                     buf.append(g)
+                    held += size
                     continue
                 i = int(rng.integers(len(buf)))
                 buf[i], g = g, buf[i]
+                held += size - _payload_bytes(g)
                 yield g
+                while held > limit and len(buf) > 1:
+                    i = int(rng.integers(len(buf)))
+                    buf[i], buf[-1] = buf[-1], buf[i]
+                    g = buf.pop()
+                    held -= _payload_bytes(g)
+                    yield g
         except CorruptRecordError as exc:
             damage = exc
         for i in rng.permutation(len(buf)):

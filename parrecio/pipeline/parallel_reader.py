@@ -144,8 +144,11 @@ class ParallelReader:
         shuffle: shuffle the groups every epoch.  When every file has an ``.idx`` beside it, a global
             permutation of all groups, read by their offsets; otherwise (streams, FIFOs, stdin) a shuffle
             buffer of ``shuffle_buffer`` groups in the reader process (memory: that many groups of
-            payloads).
+            payloads, at most about ``shuffle_buffer_bytes``).
         shuffle_buffer: groups in the shuffle buffer of a stream (see ``shuffle``).
+        shuffle_buffer_bytes: the payload bytes the shuffle buffer may hold (default 1 GiB): where
+            ``shuffle_buffer`` groups would hold more, it holds fewer (at least one group, whatever its
+            size), so large records cannot take the reader process's memory.
         tuning: a :class:`~parrecio.pipeline.tuning.Tuning` (ring size, task size, prefetch, start method,
             timeouts...): how the work is done, never what is delivered (given to ParallelReader
             itself, as the first release took them, they are refused with a TypeError naming Tuning).
@@ -158,7 +161,8 @@ class ParallelReader:
                  batch_size: Optional[int] = None, drop_last: bool = False, shuffle: bool = False,
                  seed: int = 0, on_error: str = "raise", num_shards: Union[int, str] = 1,
                  shard_index: Optional[int] = None, even_shards: Optional[str] = None, shuffle_buffer: int = 1024,
-                 join: Optional[str] = None, tuning: Optional[Tuning] = None, **source_options: Any) -> None:
+                 shuffle_buffer_bytes: int = 1 << 30, join: Optional[str] = None, tuning: Optional[Tuning] = None,
+                 **source_options: Any) -> None:
         # Every value is checked before anything is opened, started or registered.
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
@@ -181,6 +185,7 @@ class ParallelReader:
                              f"ParallelReader in the main process")
         seed = count("seed", seed, minimum=0, maximum=(1 << 64) - 1)  # a 64-bit seed, as torch.Generator takes
         shuffle_buffer = count("shuffle_buffer", shuffle_buffer)
+        shuffle_buffer_bytes = count("shuffle_buffer_bytes", shuffle_buffer_bytes)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(flag, (bool, np.bool_)):  # ("no" would be true)
                 raise TypeError(f"{name} must be True or False, not {flag!r}")
@@ -207,7 +212,8 @@ class ParallelReader:
             on_error=on_error, max_record_bytes=tuning.max_record_bytes,
             num_shards=num_shards, shard_index=shard_index, even_shards=even_shards,
             shuffle_mode=None if not shuffle else "index" if index_paths else "buffer",
-            shuffle_buffer=shuffle_buffer, seed=seed, index_paths=index_paths, workers=workers,
+            shuffle_buffer=shuffle_buffer, shuffle_buffer_bytes=shuffle_buffer_bytes, seed=seed,
+            index_paths=index_paths, workers=workers,
             start_method=start_method, ring_bytes=tuning.ring_bytes, chunk_groups=tuning.chunk_groups,
             chunk_bytes=max(1 << 20, tuning.ring_bytes // 8), oneoff_budget=tuning.ring_bytes,
             mapped_budget=4 * tuning.ring_bytes, prefetch=tuning.prefetch, poll_interval=POLL_INTERVAL,
@@ -890,7 +896,8 @@ def _shards(num_shards: Union[int, str], shard_index: Optional[int]) -> tuple:
 
 
 # 3: the shuffle's kind and buffer are saved (a state saved under another order resumed into wrong samples)
-_STATE_VERSION = 3
+# 4: and the buffer's byte bound (an older parrecio would resume a state bounded otherwise without a word)
+_STATE_VERSION = 4
 
 
 _WHY = {  # what a setting that differs from the saved one depends on, where that is not the argument itself
@@ -910,6 +917,7 @@ def _order_settings(res: Any) -> Dict[str, Any]:
             "even_shards": cfg.even_shards, "shuffle": cfg.shuffle_mode is not None,
             "shuffle_mode": cfg.shuffle_mode,
             "shuffle_buffer": cfg.shuffle_buffer if cfg.shuffle_mode == "buffer" else None,
+            "shuffle_buffer_bytes": cfg.shuffle_buffer_bytes if cfg.shuffle_mode == "buffer" else None,
             # a shuffle buffer is drawn on past damage under "skip", emptied at it under "raise": the
             # positions after it name other samples
             "buffer_on_error": cfg.on_error if cfg.shuffle_mode == "buffer" else None,
