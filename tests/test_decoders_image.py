@@ -392,6 +392,36 @@ def test_truncated_jpeg_raises_even_with_pillows_global_flag(monkeypatch):
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
 
 
+def test_threads_decoding_at_once_keep_pillows_globals_and_their_own_rules():
+    """Pillow's LOAD_TRUNCATED_IMAGES and MAX_IMAGE_PIXELS are process globals that a decode sets around
+    its call: eight threads decoding strictly, leniently and plainly at once (a thread pool, or workers=0
+    readers in two threads) undid each other's setting -- a strict decode accepted a truncated JPEG, a
+    lenient one refused it, and the process kept MAX_IMAGE_PIXELS = None (pillow_globals.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+    cut, good = jpeg(320, 240)[:6000], jpeg(64, 48)
+    strict, lenient = Image(size=32), Image(size=32, allow_truncated=True)
+    limit = PILImage.MAX_IMAGE_PIXELS
+
+    def job(k):
+        if k % 3 == 0:
+            try:
+                strict(cut)
+            except DecodeError:
+                return "refused"
+            return "strict accepted a truncated image"
+        if k % 3 == 1:
+            try:
+                return "accepted" if lenient(cut).shape == (32, 32, 3) else "wrong shape"
+            except DecodeError as exc:
+                return f"allow_truncated refused: {exc}"
+        return "good" if Image()(good).shape == (48, 64, 3) else "wrong shape"
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(job, range(1500)))
+    assert {x: got.count(x) for x in set(got)} == {"refused": 500, "accepted": 500, "good": 500}
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is False and PILImage.MAX_IMAGE_PIXELS == limit
+
+
 @pytest.mark.parametrize("options", [{}, {"size": 64}, {"size": 64, "crop": "center"}])
 def test_truncated_png_raises_with_exif_transpose_and_pillows_global_flag(monkeypatch, options):
     """Pillow's getexif() loads a PNG to look for an eXIf chunk after its pixels -- under the global

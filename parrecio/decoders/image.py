@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -72,6 +73,7 @@ except ImportError:  # pragma: no cover - depends on the build
     _jpegregion = None
 from .augment import Crop, RandomResizedCrop, check_crop, check_flip, normalization_lut, sample_rng, write_pixels
 from .checks import check_bool, check_real, is_int
+from .pillow_globals import SharedSetting
 from .value import Value, derive
 from .simplejpeg_backend import (_INSTALL_HINT, _JPEG_MAGIC, _prefix3, _require_simplejpeg, _simplejpeg,
                                  _simplejpeg_matches_pillow)
@@ -248,23 +250,25 @@ def _check_formats(formats: Any) -> Optional[Tuple[str, ...]]:
     return names
 
 
+# Pillow's globals, set around a call (pillow_globals.py: two threads decoding at once undid each other's)
+_PIXEL_LIMIT = SharedSetting(PILImage, "MAX_IMAGE_PIXELS")
+_TRUNCATED = SharedSetting(ImageFile, "LOAD_TRUNCATED_IMAGES")
+_WARNINGS = threading.Lock()  # catch_warnings() swaps the process's filter list: one at a time
+
+
 def _open(payload: Any, max_pixels: int, formats: Optional[Tuple[str, ...]]) -> PILImage.Image:
     """Open lazily (header only) and refuse bombs before any pixel memory is allocated."""
-    pillow_limit = PILImage.MAX_IMAGE_PIXELS
     try:
-        with warnings.catch_warnings():
+        # max_pixels is the one limit, checked below (Pillow's own, 89 Mpx by default, would cap it,
+        # and a value set in PIL.Image.MAX_IMAGE_PIXELS would not reach spawned decoder processes)
+        with _PIXEL_LIMIT.holding(None), _WARNINGS, warnings.catch_warnings():
             warnings.filterwarnings("ignore", "image file could not be identified")  # said below
-            # max_pixels is the one limit, checked below (Pillow's own, 89 Mpx by default, would cap it,
-            # and a value set in PIL.Image.MAX_IMAGE_PIXELS would not reach spawned decoder processes)
-            PILImage.MAX_IMAGE_PIXELS = None
             image = PILImage.open(io.BytesIO(payload), formats=formats)
     except PILImage.UnidentifiedImageError:
         raise DecodeError(_unidentified(payload, formats)) from None
     except Exception as exc:  # Pillow raises SyntaxError, OSError, ValueError, struct.error, ...
         raise DecodeError(f"corrupt image header ({type(exc).__name__}: {exc}); the payload is "
                           f"{describe(payload)}") from exc
-    finally:
-        PILImage.MAX_IMAGE_PIXELS = pillow_limit
     width, height = image.size
     if width < 1 or height < 1:
         raise DecodeError(f"{image.format} image has an empty size {width}x{height}")
@@ -291,16 +295,12 @@ def _unidentified(payload: Any, formats: Optional[Tuple[str, ...]]) -> str:
 
 def _load(image: PILImage.Image, allow_truncated: bool) -> None:
     """``image.load()``, strict about truncation whatever the global ``LOAD_TRUNCATED_IMAGES`` says."""
-    saved = ImageFile.LOAD_TRUNCATED_IMAGES
     try:
-        if saved != allow_truncated:
-            ImageFile.LOAD_TRUNCATED_IMAGES = allow_truncated
-        image.load()
+        with _TRUNCATED.holding(allow_truncated):
+            image.load()
     except Exception as exc:
         raise DecodeError(f"truncated or corrupt {image.format} image of {image.width}x{image.height} "
                           f"({type(exc).__name__}: {exc})") from exc
-    finally:
-        ImageFile.LOAD_TRUNCATED_IMAGES = saved
 
 
 def _jpeg_verifier() -> Optional[Any]:
