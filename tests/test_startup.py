@@ -290,6 +290,32 @@ def _read_in_a_pool_worker(path: str, workers) -> object:
         return str(exc)
 
 
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_reader_left_mid_pass_at_exit_goes_quietly(tmp_path, method):
+    """A script that made a weakref.finalize before multiprocessing was imported (tempfile does) and ends
+    with a reader mid-pass, not closed: multiprocessing's exit handler runs before the reader's finalizer
+    and stops the decoder processes and the fork server, and the finalizer's end of the pass started
+    replacements through the gone fork server -- a 40-line 'Exception ignored in atexit callback'
+    traceback (FileNotFoundError) after a run that was right (audit)."""
+    path = str(tmp_path / "x.rec")
+    write_rec(path, [b'{"i": %d}' % i for i in range(5000)])
+    script = tmp_path / "left.py"
+    script.write_text(textwrap.dedent(f"""
+        import tempfile
+        keep = tempfile.TemporaryDirectory()  # a finalizer registered before multiprocessing's handler
+        import sys
+        sys.path[:0] = [{ROOT!r}]
+        from parrecio import ParallelReader, Tuning
+        from parrecio.decoders import Json
+        if __name__ == "__main__":
+            reader = ParallelReader({path!r}, fields=[Json()], workers=2, tuning=Tuning(start_method={method!r}))
+            it = iter(reader)
+            print([next(it)[0]["i"] for _ in range(3)], flush=True)
+    """))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert (res.returncode, res.stdout.strip(), res.stderr) == (0, "[0, 1, 2]", "")
+
+
 def test_in_a_daemonic_process(tmp_path, no_leaks):
     """A Pool's or a DataLoader's worker may start no children: workers>0 there failed at the first next()
     with multiprocessing's bare AssertionError (after the ring and the janitor were made).  Now workers

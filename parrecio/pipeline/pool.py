@@ -294,11 +294,13 @@ class WorkerPool:
                 w.killing = True
                 w.proc.kill()
 
-    def drain_all(self, timeout: float) -> None:
+    def drain_all(self, timeout: float, replace: bool = True) -> None:
         """At the end of a pass: wait up to ``timeout`` seconds for every task in flight to finish
         (results discarded); workers still busy then are killed and replaced, so nothing writes into
         slots afterwards, and so are those that died (a pass that ended on "keep dying" left one in
-        the pool, and every later pass failed on it at once)."""
+        the pool, and every later pass failed on it at once).  ``replace=False`` (the reader closes):
+        killed, not replaced -- at interpreter exit multiprocessing's own exit handler may have run
+        first, and a start through its fork server, gone by then, printed a traceback."""
         deadline = time.monotonic() + timeout
         while self.load() and time.monotonic() < deadline:
             busy = [w for w in self.workers if w.inflight and not w.inbox.broken]  # (broken: replaced below)
@@ -314,8 +316,9 @@ class WorkerPool:
             if w.inflight or w.killing or w.inbox.partial or dead:
                 w.proc.kill()
                 self._discard(w)
-                self.workers[i] = self._spawn(w.index)
-                self.replaced += dead and not w.killing  # (a dead one not replaced yet: see collect())
+                if replace:
+                    self.workers[i] = self._spawn(w.index)
+                    self.replaced += dead and not w.killing  # (a dead one not replaced yet: see collect())
         self.deaths_without_progress = 0  # (each pass gets its own allowance)
 
     def unlink(self) -> None:

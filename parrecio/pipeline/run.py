@@ -45,6 +45,7 @@ from .poller import Poller
 from .pool import ALL, BELL
 from .reader_handle import ReaderHandle
 from .reader_proc import ReaderJob
+from .resources import Phase
 from .recovery import Recovery, unsplit
 from .shm import SHM_DIR, unlink
 from .slots import SlotTracker
@@ -527,7 +528,8 @@ class Run(Pass):
         pool = self.res.pool
         try:
             if pool is not None and pool.started:
-                pool.drain_all(self.cfg.drain_timeout)  # (it starts workers: that may fail)
+                # (it starts workers, which may fail; none when the whole reader closes)
+                pool.drain_all(self.cfg.drain_timeout, replace=self.res.phase is not Phase.CLOSED)
         finally:
             self.tasks.clear()
             self.slots.close()
