@@ -155,6 +155,31 @@ def test_unbatched_samples(rec, no_leaks):
         assert_passes(ds, want)
 
 
+def _py_number(payload):
+    """A decoder that returns a plain Python number: an int label, a float after record 12."""
+    i = int(bytes(payload))
+    return i % 10 if i < 12 else i / 4
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_decoders_python_numbers_batched(tmp_path, workers, no_leaks):
+    """A decoder returning Python ints, batched: the reader's column is a list; dataset() described it as
+    a (None,) int64 tensor and then refused that same list as 'values of different shapes' (audit).  A
+    later float where the first batch gave integers is refused by name, not truncated."""
+    path = str(tmp_path / "n.rec")
+    with RecordWriter(path) as w:
+        for i in range(20):
+            w.write(b"%d" % i)
+    with ParallelReader(path, fields=_py_number, workers=workers, batch_size=6) as reader:
+        ds = dataset(reader)
+        assert ds.element_spec == tf.TensorSpec((None,), tf.int64)
+        it = iter(ds)
+        assert [next(it).numpy().tolist() for _ in range(2)] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 0, 1]]
+        with pytest.raises(Exception, match=r"a column described as a int64 tensor \(from the first batch\) "
+                                            r"came with float64 values \(\[3\.0, 3\.25"):
+            next(it)
+
+
 def test_given_signature_tf_and_fieldspec(rec, no_leaks):
     """output_signature given as tf specs (a RaggedTensorSpec included) or as FieldSpecs: no pass starts
     before the dataset is iterated, and the values are shaped for the signature."""

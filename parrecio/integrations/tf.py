@@ -169,7 +169,7 @@ def _infer_list(values: list, p: str) -> FieldSpec:
             raise TypeError(f"{_path(p)}: arrays that vary in more than their first dimension "
                             f"(e.g. {np.shape(first)} and others); pass output_signature")
         raise TypeError(f"{_path(p)}: a list of arrays of different dtypes or ranks; pass output_signature")
-    if all(isinstance(v, (bool, int, float)) for v in values):  # a collate() never gives this, but cheap
+    if all(isinstance(v, (bool, int, float)) for v in values):  # a decoder's Python numbers, batched
         kinds = {_python_dtype(v) for v in values}
         dtype = "float32" if "float32" in kinds else kinds.pop() if len(kinds) == 1 else "int64"
         return FieldSpec("tensor", (None,), dtype)
@@ -184,6 +184,18 @@ def flatten_ragged(arrays: list) -> Tuple[np.ndarray, np.ndarray]:
     lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
     values = np.concatenate(arrays) if arrays else np.zeros((0,), np.float32)
     return values, lengths
+
+
+def _numbers(values: list, signature: "FieldSpec") -> np.ndarray:
+    """A batch of a decoder's Python numbers as the signature's 1-D tensor; a value that the dtype would
+    change (a float where the first batch gave integers, an integer where it gave booleans) is refused."""
+    arr = np.asarray(values)
+    want = np.dtype(signature.dtype)
+    if (want.kind in "iu" and arr.dtype.kind not in "biu") or (want.kind == "b" and arr.dtype.kind != "b"):
+        raise TypeError(f"a column described as a {signature.dtype} tensor (from the first batch) came with "
+                        f"{arr.dtype.name} values ({values[:4]}...): pass output_signature with the dtype that "
+                        f"holds every batch's values")
+    return arr.astype(want)
 
 
 def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, np.ndarray], Any]] = None,
@@ -213,6 +225,8 @@ def prepare(value: Any, signature: Any, ragged: Optional[Callable[[np.ndarray, n
             values, lengths = flatten_ragged(arrays)
             return (values, lengths) if ragged is None else ragged(values, lengths)
         if signature.kind == "tensor" and isinstance(value, list):
+            if len(signature.shape or ()) == 1 and all(isinstance(v, (bool, int, float, np.generic)) for v in value):
+                return _numbers(value, signature)  # a decoder's Python numbers: a list per batch
             raise TypeError(f"a column described as a dense {signature.shape} {signature.dtype} tensor came "
                             f"as a list (values of different shapes): the first batch happened to be "
                             f"uniform, or output_signature says dense; give the decoder a fixed output "
