@@ -624,6 +624,44 @@ def test_09_signal_to_the_process_group(tmp_path, stream, sig):
 
 # -- 10. os.fork() in the consumer ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_10_a_forked_child_that_reads_the_parents_reader_is_told_so(tmp_path, workers):
+    """A child of os.fork() that went on iterating the parent's pass got the samples decoded already (685,
+    with workers), then 'ended by close() or by a new iteration' -- which it never did -- and with
+    workers=0 read the rest of the parent's file itself; a new pass said 'closed'.  Both name the fork
+    now, at once, and the parent's pass stays whole (audit)."""
+    recs = payloads(3000, seed=12)
+    path = tmp_path / "f.rec"
+    write_rec(path, recs)
+    r, w = os.pipe()
+    with ParallelReader(str(path), fields=Raw(), workers=workers) as reader:
+        it = iter(reader)
+        got = [bytes(next(it)) for _ in range(500)]
+        pid = os.fork()
+        if pid == 0:  # the child: report both errors through the pipe, never return into pytest
+            try:
+                said = []
+                for attempt in (lambda: next(it), lambda: list(reader)):
+                    try:
+                        attempt()
+                        said.append("no error")
+                    except PipelineError as exc:
+                        said.append(str(exc))
+                os.write(w, json.dumps(said).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            said = json.loads(f.read())
+        os.waitpid(pid, 0)
+        got += [bytes(x) for x in it]
+    assert got == recs
+    why = (f"the ParallelReader was made in process {os.getpid()}, and this process ({pid}) is the child of an "
+           f"os.fork() of it: only the process that made a reader reads it; make a new ParallelReader in this "
+           f"process")
+    assert said == [why, "this ParallelReader is closed: " + why]
+
+
 def test_10_forked_child_that_exits_does_not_disturb_the_pass(tmp_path):
     path = tmp_path / "long.rec"
     write_rec(path, payloads(2000, seed=10, max_len=2000))  # ~2 MB through a 64 KiB ring: the reader

@@ -53,7 +53,7 @@ class InlineRun(Pass):
             self.res.source.end_pass(self.epoch, self.opened_stream)
 
     def forget_after_fork(self) -> None:
-        self.closed = True
+        self.closed = self.aborted = True  # (iterated here, it would read the parent's files and FIFOs)
         self.files.objs = []
 
     def items(self, batch_size: Optional[int], drop_last: bool,
@@ -74,7 +74,7 @@ class InlineRun(Pass):
         self._started = time.perf_counter()
         self._handed0 = self.cursor.handed
         if self.aborted:
-            raise ended()
+            raise ended(self.owner_pid)
         try:
             if flat:  # flat_values looks at self.aborted itself (no loop here: tiny records' cost)
                 self.positions = yield from items
@@ -83,7 +83,7 @@ class InlineRun(Pass):
                 for item in items:
                     yield item
                     if self.aborted:
-                        raise ended()
+                        raise ended(self.owner_pid)
         except Exception as exc:
             self.cursor.failed(exc)
             raise
@@ -151,7 +151,7 @@ class InlineRun(Pass):
     def _check_aborted(self) -> None:
         """Raise when the pass was ended from another thread (``close()``) while it waits for its source."""
         if self.aborted:
-            raise ended()
+            raise ended(self.owner_pid)
 
     def _failed(self, failure: FieldFailed, g: Group, index: int) -> Any:
         source = self.names.get(g.stream_id, self.res.source.name)

@@ -132,7 +132,7 @@ def flat_values(plan: Any, gs: GroupStream, streams: Iterator[Tuple[int, str, An
                         cursor.pos = seq
                         yield value
                         if run.aborted:
-                            raise ended()
+                            raise ended(run.owner_pid)
                     whole = error is None
                 finally:
                     gs.flat_done(reader, records, nbytes, whole, name, place.start)

@@ -473,17 +473,17 @@ class ParallelReader:
             while True:
                 with res.lock:  # inside the pipeline; released while the user's loop body runs
                     if run.aborted or res.closing:  # this pass was ended by close() or a new iteration
-                        raise ended()
+                        raise ended(run.owner_pid)
                     try:
                         block = next(blocks, _END)
                     except Exception as exc:
                         if run.aborted or res.closing:  # a close() re-entered from a signal handler in
-                            raise ended() from exc      # there freed what the pipeline was using
+                            raise ended(run.owner_pid) from exc  # there freed what the pipeline was using
                         cursor.failed(exc)
                         raise
                 if block is _END:
                     if run.aborted:  # (never a pass ended by close() that looks complete)
-                        raise ended()
+                        raise ended(run.owner_pid)
                     break
                 t0 = time.perf_counter()
                 if first:
@@ -496,10 +496,10 @@ class ParallelReader:
                     for item in block:
                         yield item
                         if run.aborted:  # close() from another thread, or a new pass in this one
-                            raise ended()
+                            raise ended(run.owner_pid)
                 except ValueError:  # a payload's mapping closed under it by close() in another thread
                     if run.aborted or res.closing:
-                        raise ended() from None
+                        raise ended(run.owner_pid) from None
                     raise
                 finally:
                     # (not held while the pipeline runs: a view kept by this frame pinned the ring as if

@@ -71,8 +71,17 @@ class Span(NamedTuple):
     columns: list
 
 
-def ended() -> PipelineError:
+def ended(owner_pid: int = 0) -> PipelineError:
+    """Why a pass the user iterates has ended; ``owner_pid``: the process that made the reader."""
+    if owner_pid and os.getpid() != owner_pid:
+        return PipelineError(forked_why(owner_pid))
     return PipelineError("this pass was ended by close() or by a new iteration of the same ParallelReader")
+
+
+def forked_why(owner_pid: int) -> str:
+    return (f"the ParallelReader was made in process {owner_pid}, and this process ({os.getpid()}) is the child "
+            f"of an os.fork() of it: only the process that made a reader reads it; make a new "
+            f"ParallelReader in this process")
 
 
 class Pass:

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 from ..errors import PipelineError
 from .children import close_quietly, plain_picklable, register_for_fork, start_forkserver, start_janitor
 from .config import PipelineConfig
-from .passes import ended
+from .passes import ended, forked_why
 from .pool import WorkerPool
 from .reader_handle import ReaderHandle
 from .shm import SHM_DIR, Segment, free_bytes, new_prefix
@@ -219,7 +219,7 @@ class Resources:
                 # started by start_workers(), after the first pass's reader process
                 self.pool = WorkerPool(ctx, cfg, WorkerJob(self.ring.name, self.prefix), self.lifeline.r)
             if self.close_asked:  # close() re-entered from a signal handler meanwhile: free what was made since
-                raise ended()
+                raise ended(self.owner_pid)
         except BaseException:
             self.unstart()
             raise
@@ -403,6 +403,7 @@ class Resources:
         would keep the children of a killed parent alive) and forget the processes.  The lifeline's read
         end stays open: a child started with the ``fork`` method is such a child too, and watches it."""
         self.phase = Phase.CLOSED
+        self.closed_why = forked_why(self.owner_pid)
         if self.janitor is not None:  # the parent's child: never waited for here (and no ResourceWarning
             self.janitor.returncode = 0  # from this copy's Popen.__del__ that it is "still running")
             self.janitor = None

@@ -161,14 +161,14 @@ class Run(Pass):
                     if err is not None:
                         raise err
                     if self.aborted:
-                        raise ended()
+                        raise ended(self.owner_pid)
                     # Look for more results before the next complete chunk -- except right after a wait,
                     # whose step has just collected and dispatched: a pair's second chunk goes out at once.
                     if self.chunks and self.chunks[0].complete and not woke:
                         self._step(0.0)
                     woke = False
                 if self.aborted:  # (first: a close() re-entered from a signal handler emptied the chunks)
-                    raise ended()
+                    raise ended(self.owner_pid)
                 if self.feed.end is not None and not self.chunks:
                     self._finish()
                     return
@@ -198,7 +198,7 @@ class Run(Pass):
         t0 = time.monotonic()
         ready = self.poller.wait(timeout)
         if self.res.closing:  # close() from another thread: leave the pipeline to it
-            raise ended()
+            raise ended(self.owner_pid)
         if end is None and (reader.data in ready or reader.sentinel in ready):
             for c in self.feed.receive():
                 self._received(c)
@@ -536,6 +536,7 @@ class Run(Pass):
             self.copy.close()
 
     def forget_after_fork(self) -> None:
-        """In the child of an ``os.fork()`` of the consumer: let go of the reader process silently."""
-        self.closed = True
+        """In the child of an ``os.fork()`` of the consumer: let go of the reader process silently; the
+        pass, if iterated here, ends at its next sample (its slots and results are the parent's)."""
+        self.closed = self.aborted = True
         self.feed.reader.forget_after_fork()
