@@ -316,6 +316,26 @@ def test_a_reader_left_mid_pass_at_exit_goes_quietly(tmp_path, method):
     assert (res.returncode, res.stdout.strip(), res.stderr) == (0, "[0, 1, 2]", "")
 
 
+def test_a_reader_leaves_the_start_method_unchosen(tmp_path):
+    """The fork server's and the children's starts asked multiprocessing for its start method, which fixes
+    the process's default: a script's set_start_method("spawn") after making a reader (for its own pool,
+    DataLoader or torch.multiprocessing.spawn) raised 'context has already been set' (audit)."""
+    path = str(tmp_path / "x.rec")
+    write_rec(path, [b"%d" % i for i in range(100)])
+    out = _run(tmp_path, f"""
+        import multiprocessing
+        from parrecio import ParallelReader, Tuning
+        for method in ("forkserver", "spawn", "fork"):
+            with ParallelReader({path!r}, workers=2, tuning=Tuning(start_method=method)) as reader:
+                print(method, multiprocessing.get_start_method(allow_none=True), sum(1 for _ in reader))
+            print(method, multiprocessing.get_start_method(allow_none=True))
+        multiprocessing.set_start_method("spawn")
+        print(multiprocessing.get_start_method())
+    """)
+    assert out.split("\n") == ["forkserver None 100", "forkserver None", "spawn None 100", "spawn None",
+                               "fork None 100", "fork None", "spawn", ""]
+
+
 def test_in_a_daemonic_process(tmp_path, no_leaks):
     """A Pool's or a DataLoader's worker may start no children: workers>0 there failed at the first next()
     with multiprocessing's bare AssertionError (after the ring and the janitor were made).  Now workers

@@ -27,6 +27,8 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import multiprocessing.context
 import os
 import pickle
 import shlex
@@ -214,9 +216,25 @@ def _main_not_reimported() -> Iterator[None]:
     was = getattr(_STARTING, "hiding", False)
     _STARTING.hiding = True
     try:
-        yield
+        with _start_method_left_unset():
+            yield
     finally:
         _STARTING.hiding = was
+
+
+@contextlib.contextmanager
+def _start_method_left_unset() -> Iterator[None]:
+    """A start method the user has not chosen stays unchosen: the preparation data of a spawn or
+    forkserver start asks multiprocessing for its start method, which fixes the default for the process
+    (made at the construction of a reader, for the fork server, a later ``set_start_method("spawn")`` for
+    the user's own pool raised 'context has already been set')."""
+    default = getattr(multiprocessing.context, "_default_context", None)
+    unset = default is not None and getattr(default, "_actual_context", False) is None
+    try:
+        yield
+    finally:
+        if unset and default._actual_context is default._default_context:
+            default._actual_context = None
 
 
 # The janitor's wait for the end of its stdin (the lifeline): a ``cat`` killed by a signal (status > 128)
