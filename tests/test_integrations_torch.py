@@ -178,9 +178,15 @@ def test_len_when_known():
 
 def test_dataloader_workers_refused(rec, no_leaks):
     ds = ParallelIterableDataset(rec, fields=fields(), workers=1, batch_size=BATCH)
-    with pytest.raises(TypeError, match="num_workers=0"):
-        import pickle
+    import pickle
+    with pytest.raises(TypeError) as caught:
         pickle.dumps(ds)
+    # what happened (pickled, not iterated in a worker) and what to do (audit: it said "iterated")
+    assert str(caught.value) == (
+        "a ParallelIterableDataset cannot be pickled (e.g. sent to the worker processes of a DataLoader with "
+        "num_workers > 0 under spawn or forkserver): parrecio runs its own decoder processes and does its own "
+        "batching: use DataLoader(dataset, batch_size=None, num_workers=0) and set workers=/batch_size= on the "
+        "dataset (ParallelReader) instead.")
     # fork: the dataset is not pickled, the worker iterates it and must refuse
     loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
     with pytest.raises(DataLoaderWorkerError, match="num_workers=0"):

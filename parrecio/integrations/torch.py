@@ -41,10 +41,9 @@ class DataLoaderWorkerError(RuntimeError):
     """A :class:`ParallelIterableDataset` was iterated inside a ``DataLoader`` worker process."""
 
 
-_WORKER_MESSAGE = (
-    "ParallelIterableDataset was iterated inside a DataLoader worker process. parrecio runs its own "
-    "decoder processes and does its own batching: use DataLoader(dataset, batch_size=None, "
-    "num_workers=0) and set workers=/batch_size= on the dataset (ParallelReader) instead.")
+_USE = ("parrecio runs its own decoder processes and does its own batching: use DataLoader(dataset, "
+        "batch_size=None, num_workers=0) and set workers=/batch_size= on the dataset (ParallelReader) instead.")
+_WORKER_MESSAGE = "ParallelIterableDataset was iterated inside a DataLoader worker process. " + _USE
 
 
 _SPARSE_LAYOUTS = (None, "coo", "csr")
@@ -290,8 +289,8 @@ def _make_dataset_class() -> type:
             self.close()
 
         def __getstate__(self):
-            raise TypeError("a ParallelIterableDataset cannot be pickled (e.g. sent to DataLoader worker "
-                            "processes): " + _WORKER_MESSAGE)
+            raise TypeError("a ParallelIterableDataset cannot be pickled (e.g. sent to the worker processes of "
+                            "a DataLoader with num_workers > 0 under spawn or forkserver): " + _USE)
 
         def __repr__(self) -> str:
             inner = repr(self._reader) if self._reader is not None else "<reader not created yet>"
