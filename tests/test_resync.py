@@ -18,6 +18,7 @@ from PIL import Image as PILImage
 from parrecio import CorruptRecordError, ParallelReader, RecordWriter
 from parrecio.decoders import Image, Json, Raw
 from parrecio.pipeline.resync import EXTRA_DROPS, Realigner
+from parrecio.recordio.index import IndexMismatch
 
 
 def _jpeg(i: int) -> bytes:
@@ -254,5 +255,35 @@ def test_realigner_with_an_index_that_does_not_match():
     r.damaged(25, open_group=True)             # inside group 1; no group starts after it
     for k in range(1 + EXTRA_DROPS):
         assert r.starts_group(40 + k, b"x") is False
-    with pytest.raises(CorruptRecordError, match="its .idx lists no group start there"):
+    with pytest.raises(IndexMismatch) as caught:
         r.starts_group(99, b"x")
+    assert str(caught.value).startswith(
+        "could not realign the groups of 2 records after the corrupt region at byte 25: 10 records dropped, "
+        "and its .idx lists no group start after it: the index does not fit this stream (bytes inserted or "
+        "removed, or the file changed after it was written)")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bytes_inserted_after_the_idx_read_in_order_are_an_index_mismatch(tmp_path, workers, no_leaks):
+    """4 bytes inserted between two groups after the .idx was written, read in order: the realignment by
+    the .idx found no record at its next group start and gave up with a plain CorruptRecordError ('its
+    .idx lists no group start there'), where a read by that index raises IndexMismatch (audit).  Now an
+    IndexMismatch too, naming the .idx and the start it lists; the samples before it are delivered."""
+    path = tmp_path / "g.rec"
+    with RecordWriter(str(path), index=str(tmp_path / "g.idx")) as w:
+        for i in range(20):
+            w.write(b"img-%02d" % i)
+            w.write(b"lbl-%02d" % i)
+    data = path.read_bytes()
+    at = 7 * 2 * 16  # group 7's first record (each record a 16-byte frame)
+    path.write_bytes(data[:at] + b"\x11\x22\x33\x44" + data[at:])
+    got = []
+    with ParallelReader(str(path), fields=[Raw(), Raw()], workers=workers, on_error="skip") as reader:
+        with pytest.raises(IndexMismatch) as caught:
+            for a, b in reader:
+                got.append((bytes(a), bytes(b)))
+    assert got == [(b"img-%02d" % i, b"lbl-%02d" % i) for i in range(7)]
+    assert str(caught.value).startswith(
+        f"could not realign the groups of 2 records after the corrupt region at byte {at}: 10 records dropped, "
+        f"and {tmp_path / 'g.idx'} lists the next group start at byte {at + 32}, where no record of this stream "
+        f"starts: the index does not fit this stream (bytes inserted or removed")

@@ -85,6 +85,7 @@ class Realigner:
         self.skipped_groups = 0    # groups known broken by damage
         self._region = 0           # offset of the corrupt region that began the realignment
         self._next_start: Optional[int] = None
+        self._listed = -1          # the .idx's first group start after that region
         self._broken = False       # the group at the damage lost records already
         self._dropped = 0
         self._lost_from = 0        # with an .idx: the start of the first group the damage broke
@@ -123,6 +124,8 @@ class Realigner:
                 self._lost_from = starts[j] if j < len(starts) else -1
             i = bisect.bisect_right(starts, region)
             self._next_start = starts[i] if i < len(starts) else -1
+            if first:
+                self._listed = self._next_start  # (named if no record is found there)
 
     def _load(self) -> List[int]:
         """The group starts of the .idx (read once, checked to be an index's offsets)."""
@@ -188,8 +191,15 @@ class Realigner:
         self._broken = True
         self._dropped += 1
         if self._dropped > self.nf - 1 + EXTRA_DROPS:
-            how = ("its .idx lists no group start there" if self._next_start is not None else
-                   "no record the first field could start a sample with")
+            if self._next_start is not None:  # the index's group start is not where the records are
+                listed = (f"lists the next group start at byte {self._listed}, where no record of this "
+                          f"stream starts" if self._listed >= 0 else "lists no group start after it")
+                raise IndexMismatch(
+                    f"could not realign the groups of {self.nf} records after the corrupt region at byte "
+                    f"{self._region}: {self._dropped} records dropped, and {self._index_name} {listed}: the "
+                    f"index does not fit this stream (bytes inserted or removed, or the file changed after "
+                    f"it was written)", self._region, source=self.source)
+            how = "no record the first field could start a sample with"
             raise CorruptRecordError(
                 f"could not realign the groups of {self.nf} records after the corrupt region at byte "
                 f"{self._region}: {self._dropped} records dropped, {how} (the index or the fields do not "
