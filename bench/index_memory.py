@@ -86,10 +86,15 @@ def main(argv=None) -> int:
                            "rss_anon_bytes_per_record": round(
                                (loaded["RssAnon"] - baseline["RssAnon"]) * 2**20 / args.records, 1)},
     }
+    return emit(doc, args.json)
+
+
+def emit(doc: dict, path: "str | None") -> int:
+    """Print ``doc`` as JSON, and write it to ``path`` too when given."""
     text = json.dumps(doc, indent=2)
     print(text)
-    if args.json:
-        with open(args.json, "w") as f:
+    if path:
+        with open(path, "w") as f:
             f.write(text + "\n")
     return 0
 

@@ -14,13 +14,12 @@ Prints one JSON document.  Memory, not time: the figures do not depend on the ma
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 from typing import Dict
 
-from bench.index_memory import _status
+from bench.index_memory import _status, emit
 
 
 def _pass(rec: str, bound: int) -> Dict[str, float]:
@@ -54,12 +53,7 @@ def main(argv=None) -> int:
                 w.write(blob[:args.record_bytes - i % 7])
         doc = {"records": args.records, "record_bytes": args.record_bytes, "shuffle_buffer": 1024,
                "reader_process_mib": {"bound_1_gib": _pass(rec, 1 << 30), "bound_32_mib": _pass(rec, 32 << 20)}}
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    return 0
+    return emit(doc, args.json)
 
 
 if __name__ == "__main__":
