@@ -225,6 +225,30 @@ def test_stats_samples_counts_what_was_handed_out_after_a_break(stream, workers,
         assert reader.stats.samples == got + len(recs)
 
 
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_stats_samples_leaves_out_what_was_never_handed_out(tmp_path, workers, no_leaks):
+    """stats.samples follows what the cursor hands out (an audit): a short last batch that drop_last drops
+    was counted (257 for 8 batches of 32), and with equal shards under "skip" a loop left after 2 batches
+    counted the whole shard (86 for 64: the batch padding holds back let the pass complete) -- and so
+    telemetry's rate.  Mid-pass it moves once per block, in every mode."""
+    from pipeline_helpers import write_rec
+    path = tmp_path / "c.rec"
+    write_rec(path, [b"%d" % i for i in range(257)])
+    with ParallelReader(str(path), workers=workers, batch_size=32, drop_last=True) as reader:
+        assert sum(len(b) for b in reader) == 256
+        assert reader.stats.samples == 256
+    for even in ("pad", "drop"):
+        with ParallelReader(str(path), workers=workers, batch_size=32, num_shards=3, shard_index=0,
+                            even_shards=even, on_error="skip") as reader:
+            it = iter(reader)
+            got = sum(len(b) for b in itertools.islice(it, 2))
+            it.close()
+            assert (got, reader.state_dict()["position"], reader.stats.samples) == (64, 64, 64)
+            whole = sum(len(b) for b in reader)  # rank 0's 86 groups: ceil(257 / 3); drop: floor, 85
+            assert whole == {"pad": 86, "drop": 85}[even]
+            assert reader.stats.samples == 64 + whole
+
+
 def test_exception_in_loop_body_and_dropped_reader(stream, no_leaks):
     path, _, _ = stream
     with pytest.raises(KeyError):

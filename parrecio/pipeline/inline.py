@@ -40,7 +40,6 @@ class InlineRun(Pass):
         self.counts = [0, 0]              # samples delivered, skipped (added to stats at the end)
         self.files = OpenFiles()          # what shutdown() closes
         self._started = 0.0
-        self._handed0 = 0                 # cursor.handed when the pass began
 
     @property
     def opened_stream(self) -> bool:
@@ -72,7 +71,6 @@ class InlineRun(Pass):
 
     def _pass(self, items: Any, on_end: Any, flat: bool = False) -> Iterator[Any]:
         self._started = time.perf_counter()
-        self._handed0 = self.cursor.handed
         if self.aborted:
             raise ended(self.owner_pid)
         try:
@@ -114,6 +112,7 @@ class InlineRun(Pass):
                         else:
                             seq += 1
                             if out.add(vals, g.parts):
+                                self.count_samples()  # (mid-pass, as the pipeline counts: once a span)
                                 yield out.take(seq)  # type: ignore[misc]
                             continue
                     seq += 1  # a group that failed, or that cannot be read: it keeps its position
@@ -162,9 +161,7 @@ class InlineRun(Pass):
         delivered, skipped = self.counts
         self.counts = [0, 0]
         self.delivered += delivered
-        if not self.completed:  # left early: what was decoded ahead (a slot, a batch) was not handed out
-            delivered = min(delivered, max(0, self.cursor.handed - self._handed0))
-        self.stats.samples += delivered
+        self.count_samples()  # (what the cursor says was handed out: not what was decoded ahead)
         self.stats.skipped += skipped
         self.stats.add_reader(self.groups.counters())
         if on_end is not None:

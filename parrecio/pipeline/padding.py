@@ -216,5 +216,4 @@ def _missing(share: int, delivered: int, held: Any, batch_size: Optional[int], d
 
 def _count(run: Any, stats: Any, n: int) -> None:
     run.delivered += n
-    stats.samples += n
-    stats.padded += n
+    stats.padded += n  # (stats.samples: the cursor's handed, Pass.count_samples)

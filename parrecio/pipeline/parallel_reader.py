@@ -408,6 +408,7 @@ class ParallelReader:
                 else:
                     run = res.run = Run(res, self._epoch, self._skip, views=views)
                 run.before = run.cursor.handed = self._handed
+                run.begin_count()
                 res.start_workers()
             except BaseException as exc:
                 self._start_failed(exc)
@@ -439,6 +440,7 @@ class ParallelReader:
         res = self._res
         with res.lock:
             res.stats.wall_time += seconds
+            run.count_samples()
             if not run.superseded:
                 self._pass_ended(run, run.cursor.pos)
             run.shutdown()
@@ -450,7 +452,6 @@ class ParallelReader:
     def _iterate(self, run: Run, views: bool = False) -> Iterator[Any]:
         res, st, cfg = self._res, self._res.stats, self._res.cfg
         cursor = run.cursor
-        handed0 = cursor.handed
         pad = pads(cfg)  # then padded() drops a short last batch: it may need filling instead
         blocks: Iterator[Iterable[Any]]
         if self.batch_size is None and not pad:
@@ -508,6 +509,7 @@ class ParallelReader:
                     now = time.perf_counter()
                     st.user_time += now - t0 - (clock[0] - c0)
                     st.wall_time += now - last  # kept current: telemetry() mid-pass has a verdict
+                    run.count_samples()
                     last = now
         finally:
             # An error's traceback keeps this frame (until the garbage collector breaks the cycle it is
@@ -516,8 +518,7 @@ class ParallelReader:
             with res.lock:
                 st.wall_time += time.perf_counter() - last
                 blocks.close()  # type: ignore[attr-defined]
-                if not run.completed:  # left early: the samples of chunks read ahead were never handed out
-                    st.samples -= max(0, run.delivered - (cursor.handed - handed0))  # (copies: handed, not these)
+                run.count_samples()  # (not the samples of chunks read ahead that a loop left early never took)
                 if not run.superseded:  # (a newer pass owns where the stream stands: an older iterator
                     self._pass_ended(run, cursor.pos)  # dropped late must not put it back)
                 run.shutdown()

@@ -107,6 +107,8 @@ class Pass:
         # back, or equal shards' copies
         self.owes_copies = False
         self.delivered = 0          # samples yielded in this pass
+        self._samples0 = 0          # stats.samples, and cursor.handed, when the pass begins (begin_count)
+        self._handed0 = 0
         self.user_iter: Any = None  # a weak reference to the iterator the user got for it
         # begun by an adapter that took its first item before the user asked for anything (tf.data's
         # signature inference): until it hands that item out, the reader acts as if the pass had not begun
@@ -116,6 +118,15 @@ class Pass:
     def opened_stream(self) -> bool:
         """Whether the pass opened a stream of its source (a Pipe-mode FIFO is then used up)."""
         raise NotImplementedError
+
+    def begin_count(self) -> None:
+        """The cursor stands where the pass begins: ``stats.samples`` counts from here what it hands out."""
+        self._samples0, self._handed0 = self.stats.samples, self.cursor.handed
+
+    def count_samples(self) -> None:
+        """``stats.samples``: the samples handed out, as the cursor says (equal shards' copies included;
+        not those decoded ahead, nor a short last batch that drop_last drops)."""
+        self.stats.samples = self._samples0 + max(0, self.cursor.handed - self._handed0)
 
     def abort(self) -> None:
         """End the pass from outside (close(), a new pass): the consumer's iterator raises if resumed."""

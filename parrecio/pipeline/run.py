@@ -345,9 +345,7 @@ class Run(Pass):
                 self._give_back_later(c, None)
             elif not ok:
                 self._release_delivering()
-        delivered = sum(sp.n for sp in spans)
-        self.stats.samples += delivered
-        self.delivered += delivered
+        self.delivered += sum(sp.n for sp in spans)
         return spans, err
 
     def _spans(self, cs: _ChunkState) -> Tuple[List[Span], Optional[BaseException]]:

@@ -34,7 +34,7 @@ class Stats:
 
     :attr:`bottleneck` names the stage that limits throughput.
     """
-    epochs: int = 0             # passes completed
+    epochs: int = 0             # passes begun (one left early too)
     samples: int = 0            # samples (not batches) delivered
     records: int = 0            # records read (a group is as many records as fields)
     bytes: int = 0              # payload bytes of those records
