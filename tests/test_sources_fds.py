@@ -272,3 +272,38 @@ def test_plain_picklable_tells_descriptors_apart_without_side_effects(rec, tmp_p
     assert plain_picklable(lambda: 0) is False  # (does not pickle)
     if before:
         assert _open_fds() == before
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_quiet_peers_object_closes_after_the_reader_and_its_buffer_is_read(workers):
+    """A buffered reader over a socket whose peer sent its records and stays connected, quiet.  The pump
+    blocked in the object's read1(), holding its lock past close(): the user's own close() of the object
+    (the end of a `with`) waited for ever (audit).  It reads once the descriptor is ready now -- and
+    the bytes the object held buffered already (the user read its first 2 bytes: the rest of what the
+    peer sent is in the object's buffer, not in the socket) are read at once, not after the peer's next
+    send."""
+    import socket
+    import threading
+    from parrecio import ParallelReader, RecordWriter
+    a, b = socket.socketpair()
+    buf = io.BytesIO()
+    with RecordWriter(buf) as w:
+        for i in range(50):
+            w.write(b"rec %d" % i)
+    a.sendall(b"xy" + buf.getvalue())
+    f = b.makefile("rb")
+    assert f.read(2) == b"xy"  # (the object now holds the rest in its buffer)
+    got, closed = [], threading.Event()
+    try:
+        with ParallelReader(f, workers=workers) as reader:
+            for i, rec in enumerate(reader):
+                got.append(bytes(rec))
+                if i == 49:
+                    break
+        closer = threading.Thread(target=lambda: (f.close(), closed.set()), daemon=True)
+        closer.start()
+        assert closed.wait(5), "the file object's close() waited for the pump"
+    finally:
+        a.close()
+        b.close()
+    assert got == [b"rec %d" % i for i in range(50)]

@@ -271,9 +271,16 @@ class _Pump:
 
     def _copy(self, sock: socket.socket) -> None:
         read = getattr(self._obj, "read1", None) or self._obj.read
+        fd = _waitable_fd(self._obj)
         while True:
             try:
-                data = read(_PUMP_CHUNK)
+                if fd is None:
+                    data = read(_PUMP_CHUNK)
+                elif self._buffered_first:  # (until a read takes less than a chunk: the buffer is empty)
+                    data = self._read_buffered(fd, read)
+                    self._buffered_first = data is not None and len(data) >= _PUMP_CHUNK
+                else:
+                    data = self._read_when_ready(fd, read)
             except Exception as exc:  # the object failed: tell the reader, as data
                 message = f"{self._name}: reading the file object failed: {type(exc).__name__}: {exc}"
                 encoded = message.encode("utf-8", "replace")
@@ -288,6 +295,30 @@ class _Pump:
                 return
             self._send(sock, _U32.pack(len(data)))
             self._send(sock, data)
+
+    # A buffered reader over a pipe or socket is read only once its descriptor is ready: blocked in its
+    # read1(), the thread held the object's lock past stop(), and the user's own close() of the object
+    # waited for a peer that had gone quiet (for ever).  Its first read also takes what the object holds
+    # buffered already (the user peeked), which the descriptor's readiness does not show.
+    _buffered_first = True
+
+    def _read_buffered(self, fd: int, read: Any) -> Any:
+        """What the object holds buffered now, without waiting (``None``: nothing yet)."""
+        was = os.get_blocking(fd)
+        os.set_blocking(fd, False)  # (for the one call: the descriptor's description may be shared)
+        try:
+            ready = _readable(fd, 0.0)
+            data = read(_PUMP_CHUNK)
+        finally:
+            os.set_blocking(fd, was)
+        return data if data or ready else None  # (b"" from a descriptor that is not ready: no data yet)
+
+    def _read_when_ready(self, fd: int, read: Any) -> Any:
+        """``read(chunk)`` once ``fd`` is readable (data or its end), looking at the stop flag meanwhile:
+        it cannot block then, its buffer being empty after the first read of a chunk larger than it."""
+        while not _readable(fd, 0.1):
+            self._check_stop()
+        return read(_PUMP_CHUNK)
 
     def _send(self, sock: socket.socket, data) -> None:
         view = memoryview(data).cast("B")
@@ -306,6 +337,25 @@ class _Pump:
 
 class _Stopped(Exception):
     pass
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    import select
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def _waitable_fd(obj: Any) -> Optional[int]:
+    """The descriptor of a buffered reader over a pipe, socket or terminal, whose readiness tells whether
+    its ``read1()`` would block; None for any other object (a GzipFile's descriptor is its compressed
+    file's, a regular file is always ready)."""
+    if not isinstance(obj, io.BufferedReader) or not isinstance(obj.raw, (io.FileIO, socket.SocketIO)):
+        return None
+    try:
+        fd = obj.fileno()
+        mode = os.fstat(fd).st_mode
+    except (OSError, ValueError):
+        return None
+    return fd if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) else None
 
 
 class PumpSource(FdSource):
