@@ -46,7 +46,8 @@ def test_regular_file_object_is_read_from_its_position_without_moving_it(rec):
         f.read(12)  # buffered: the descriptor's own offset is far ahead
         source = resolve(f)
         assert isinstance(source, FdSource) and source.kind == "fileobj"
-        assert read_epoch(source, 0) == [(f"<file object {path}>", data[12:])]
+        # (named with where it starts: the byte offsets of its errors count from there)
+        assert read_epoch(source, 0) == [(f"<file object {path} from byte 12>", data[12:])]
         assert f.tell() == 12 and f.read(4) == data[12:16]  # the user's object is untouched
         source.release()
 
@@ -172,7 +173,7 @@ def test_sources_pickle_into_children(rec, tmp_path, method):
         got = read_in_child(method, sources)
         assert got == [
             expect(path, data),
-            expect(f"<file object {path}>", data[7:]),
+            expect(f"<file object {path} from byte 7>", data[7:]),
             expect("<BytesIO object>", data),
             expect(f"<file object fd {cat.stdout.fileno()}>", data),
         ]

@@ -396,7 +396,10 @@ def fileobj_source(obj: Any) -> FdSource:
     if raw is not None:
         fd = obj.fileno()
         if stat.S_ISREG(os.fstat(fd).st_mode):
-            return FdSource(FdCarrier(os.dup(fd)), name=name, kind="fileobj", how="pread", offset=obj.tell())
+            start = obj.tell()
+            if start:  # (the stream's byte offsets, which errors name, count from there)
+                name = f"{name[:-1]} from byte {start}>"
+            return FdSource(FdCarrier(os.dup(fd)), name=name, kind="fileobj", how="pread", offset=start)
         if raw is obj:  # unbuffered: no bytes hidden in a Python buffer
             return FdSource(FdCarrier(os.dup(fd)), name=name, kind="fileobj", how="plain")
     return PumpSource(obj, name)
