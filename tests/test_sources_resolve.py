@@ -194,3 +194,39 @@ def test_symlink_loops_and_links_back_up_list_each_file_once(tmp_path):
     # dedupe afterwards helps -- the walk of a directory, recursive, takes each directory once)
     os.symlink(str(root / "sub"), root / "again")         # the same directory twice
     assert list_recordio_files(str(root), recursive=True) == [str(root / "a.rec"), str(root / "again" / "b.rec")]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_dotdot_after_a_linked_folder_is_the_kernels_dotdot(tmp_path, monkeypatch, workers):
+    """``data/../train.rec`` where ``data`` links to ``storage/sets/imagenet``: open() reads
+    storage/sets/train.rec, and the reader read ./train.rec (os.path.abspath drops ``x/..`` as text): a
+    silently other file (audit)."""
+    from parrecio import ParallelReader, RecordWriter
+    for where, what in (("storage/sets", b"REAL"), (".", b"WRONG")):
+        os.makedirs(tmp_path / where, exist_ok=True)
+        with RecordWriter(str(tmp_path / where / "train.rec")) as w:
+            w.write(what)
+    (tmp_path / "storage" / "sets" / "imagenet").mkdir()
+    os.symlink(tmp_path / "storage" / "sets" / "imagenet", tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    with ParallelReader("data/../train.rec", workers=workers) as r, \
+            ParallelReader(["./data/../train.rec"], workers=workers) as listed:
+        assert list(r) == list(listed) == [b"REAL"]
+
+
+def test_a_glob_over_a_link_back_up_skips_matches_too_deep_to_resolve(tmp_path):
+    """With ``s/up -> ..`` and a file link ``z.rec -> a.rec``, ``**/*.rec`` matched
+    ``s/up/s/up/.../z.rec`` some 40 links deep, which the kernel does not resolve (ELOOP): a SourceError
+    where the README says a glob names each file once (audit).  And a glob of a list that matched only
+    empty folders was passed over when an earlier item had files."""
+    from parrecio.sources.files import expand_patterns
+    root = tmp_path / "t"
+    (root / "s").mkdir(parents=True)
+    for name in ("a.rec", "s/b.rec"):
+        (root / name).write_bytes(b"")
+    os.symlink("..", root / "s" / "up")
+    os.symlink("a.rec", root / "z.rec")
+    assert expand_patterns([str(root / "**" / "*.rec")]) == [str(root / "a.rec"), str(root / "s" / "b.rec")]
+    (root / "val-1").mkdir()
+    with pytest.raises(SourceError, match=r"glob pattern '.*val-\*' matches only directories without files"):
+        expand_patterns([str(root / "a.rec"), str(root / "val-*")])

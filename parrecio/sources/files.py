@@ -19,6 +19,7 @@ the path relative to the directory, which for a recursive listing is the order i
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import stat
@@ -100,12 +101,22 @@ def expand_patterns(patterns: Iterable) -> List[str]:
             found: List[str] = []
             for match in matches:
                 found.extend(_expand_existing(match, from_glob=pattern))
-            paths.extend(_once_each(found))
-            if not paths:
+            if not found:  # (this glob's own: one of a list matched nothing either)
                 raise SourceError(f"glob pattern {pattern!r} matches only directories without files")
+            paths.extend(_once_each(found))
         else:
             raise SourceError(f"no such file or directory: {pattern!r} (cwd {cwd_shown()})")
     return paths
+
+
+def _absolute(path: str) -> str:
+    """``path`` made absolute without changing the file it names: ``os.path.abspath`` drops ``x/..`` as
+    text, and where ``x`` is a symbolic link to a folder elsewhere the kernel's ``..`` is that folder's
+    parent -- another file, read silently.  ``.`` and doubled slashes are tidied; ``..`` is left to the
+    kernel."""
+    path = os.fspath(path)
+    joined = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    return joined if ".." in joined.split(os.sep) else os.path.normpath(joined)
 
 
 def cwd_shown() -> str:
@@ -136,6 +147,11 @@ def _expand_existing(path: str, from_glob: Optional[str] = None) -> List[str]:
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
+        if from_glob is not None and exc.errno == errno.ELOOP:
+            # glob's `**` follows a link back up (`up -> ..`) some 40 levels deep, until the kernel stops
+            # resolving: such a match is another way to a file named once already (_once_each), or a
+            # looping link, skipped as a directory listing skips it
+            return []
         raise SourceError(f"cannot use {path!r}: {exc.strerror or exc}") from exc
     if not stat.S_ISDIR(mode):
         return [path]  # a regular file, a FIFO, a character device...: opened as given
@@ -162,7 +178,7 @@ class FileSource(Source):
             raise SourceError(f"{name or 'file list'}: no files")
         # Absolute: every pass opens them by name, and the process may have changed its directory since
         # (a relative name would then read another file, silently).
-        self.paths = tuple(os.path.abspath(p) for p in paths)
+        self.paths = tuple(_absolute(p) for p in paths)
         self.name = name if name is not None else _describe(list(paths))
         self.default_join = default_join
         if kind is not None:
