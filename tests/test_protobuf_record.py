@@ -107,6 +107,13 @@ def test_sparse_sdk_file_writes_and_reads_exactly(tmp_path):
     ours = io.BytesIO()
     write_sparse(ours, m, y)
     assert ours.getvalue() == want
+    # scipy's sparse arrays (what it recommends; save_npz/load_npz keep the type) have no getrow(): an
+    # AttributeError, and `pack protobuf X.npz` a traceback (audit)
+    import scipy.sparse
+    for array in (scipy.sparse.csr_array(m), scipy.sparse.coo_array(m)):
+        again = io.BytesIO()
+        write_sparse(again, array, y)
+        assert again.getvalue() == want
     path = tmp_path / "sparse.rec"
     path.write_bytes(want)
     for workers in (0, 2):

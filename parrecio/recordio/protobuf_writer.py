@@ -150,13 +150,14 @@ def write_sparse(out: Union[str, "os.PathLike[str]", BinaryIO], matrix: Any, lab
         raise TypeError("matrix must be a scipy sparse matrix")
     if len(matrix.shape) != 2:
         raise ValueError("matrix must be 2-D")
-    csr = matrix.tocsr()
+    csr = matrix.tocsr()  # (a row is its slice of indptr, as getrow() gave it: a sparse array has no getrow)
     rows, cols = csr.shape
     kind = _tensor_kind(csr.dtype)
     labels, label_kind = _labels(labels, rows)
+    indptr, indices, data = csr.indptr, csr.indices, csr.data
     with _writer(out, index) as w:
         for i in range(rows):
-            row = csr.getrow(i)
-            w.write(encode_record(kind, row.data, label_kind, None if labels is None else labels[i],
-                                  keys=row.indices, shape=[cols]))
+            a, b = indptr[i], indptr[i + 1]
+            w.write(encode_record(kind, data[a:b], label_kind, None if labels is None else labels[i],
+                                  keys=indices[a:b], shape=[cols]))
     return rows
