@@ -210,13 +210,18 @@ def test_a_record_that_does_not_match_its_batch_names_the_sample(tmp_path, worke
         for i in range(12):
             n = 5 if i != 9 else 6
             w.write(encode_record(2, np.arange(n, dtype=np.float32)))
+    with RecordReader(str(path)) as rr:
+        offsets = [off for off, _ in rr.iter_views()]
     with ParallelReader(str(path), fields=ProtobufRecord(), workers=workers, batch_size=4) as reader:
         it = iter(reader)
         assert next(it)["values"].shape == (4, 5)
         assert next(it)["values"].shape == (4, 5)
+        # the sample before it in its batch comes first, as before a sample that does not decode (it was
+        # lost with the batch; and the error named no offset or file: an audit)
+        assert next(it)["values"].shape == (1, 5)
         with pytest.raises(DecodeError) as info:
             next(it)
-    assert info.value.index == 9
+    assert (info.value.index, info.value.offset, info.value.source) == (9, offsets[9], str(path))
     assert str(info.value).startswith("'values' is a dense float32 tensor of shape (6,) where the batch's others "
                                       "are a dense float32 tensor of shape (5,)")
 
@@ -229,10 +234,12 @@ def test_the_sample_unlike_its_batch_is_named_wherever_it_is_in_it(tmp_path, odd
     with RecordWriter(str(path)) as w:
         for i in range(8):
             w.write(encode_record(2, np.arange(4 if i == odd else 3, dtype=np.float32)))
+    got = []
     with ParallelReader(str(path), fields=ProtobufRecord(), workers=0, batch_size=4) as reader:
         with pytest.raises(DecodeError) as info:
-            list(reader)
-    assert info.value.index == odd
+            for batch in reader:
+                got.append(len(batch["values"]))
+    assert info.value.index == odd and got == [4] + ([odd - 4] if odd > 4 else [])
     assert "is a dense float32 tensor of shape (4,) where the batch's others are a dense float32 tensor of " \
            "shape (3,)" in str(info.value)
 

@@ -129,8 +129,12 @@ def _samples(sp: Span, layout: SlotLayout, shape: Callable[[tuple], Any], cursor
             yield shape(values)
 
 
-def _columns(spans: List[Span], layout: SlotLayout, nfields: int) -> List[Any]:
-    """The columns of a batch made of ``spans`` (consecutive samples)."""
+Where = Callable[[int], tuple]  # sample number -> (byte offset of its first record, its stream), or Nones
+
+
+def _columns(spans: List[Span], layout: SlotLayout, nfields: int, where: Optional[Where] = None) -> List[Any]:
+    """The columns of a batch made of ``spans`` (consecutive samples); a sample that cannot join the
+    batch is a DecodeError located at it (``where``: its offset and stream), ``_row`` its row."""
     n = sum(sp.n for sp in spans)
     first = spans[0]
     fixed: dict = {}
@@ -160,7 +164,9 @@ def _columns(spans: List[Span], layout: SlotLayout, nfields: int) -> List[Any]:
             else:
                 cols.append(collate(col))
     except DecodeError as exc:
-        raise batch_error(exc, lambda i: _seq_at(spans, i)) from None
+        err = batch_error(exc, lambda i: _seq_at(spans, i), where)
+        err._row = exc.index or 0
+        raise err from None
     return cols
 
 
@@ -173,10 +179,42 @@ def _seq_at(spans: List[Span], i: int) -> int:
     return spans[-1].seq + spans[-1].n - 1
 
 
-def batch_error(exc: DecodeError, seq_of: Callable[[int], int]) -> DecodeError:
+def batch_error(exc: DecodeError, seq_of: Callable[[int], int], where: Optional[Where] = None) -> DecodeError:
     """A DecodeError raised while batching (its ``index``: the position in the batch, or None) located at
-    the sample it names: ``seq_of(i)`` is the sample number of the batch's ``i``-th sample."""
-    return exc.located(seq_of(exc.index or 0))
+    the sample it names: ``seq_of(i)`` is the sample number of the batch's ``i``-th sample, ``where(seq)``
+    its offset and stream where known."""
+    seq = seq_of(exc.index or 0)
+    offset, source = where(seq) if where is not None else (None, None)
+    return exc.located(seq, offset, source)
+
+
+def _head(spans: List[Span], k: int) -> List[Span]:
+    """The first ``k`` samples of ``spans``."""
+    out: List[Span] = []
+    for sp in spans:
+        if k <= 0:
+            break
+        out.append(sp if sp.n <= k else _split(sp, k)[0])
+        k -= sp.n
+    return out
+
+
+def _made(spans: List[Span], layout: SlotLayout, nfields: int, where: Optional[Where], shape: Any,
+          cursor: Cursor, rows: int) -> Iterator[Any]:
+    """The batch of ``spans`` (``rows`` samples) handed out; where a sample cannot join it, the samples
+    before that one first, as a short batch (as before a sample that does not decode), then its error."""
+    try:
+        cols = _columns(spans, layout, nfields, where)
+    except DecodeError as exc:
+        k = getattr(exc, "_row", 0)
+        if 0 < k < rows:
+            head = _head(spans, k)
+            cols = _columns(head, layout, nfields, where)
+            _handed(cursor, head, k)
+            yield shape(tuple(cols))
+        raise
+    _handed(cursor, spans, rows)
+    yield shape(tuple(cols))
 
 
 def _split(span: Span, k: int) -> tuple:
@@ -196,7 +234,8 @@ def _handed(cursor: Cursor, spans: List[Span], rows: int) -> None:
 
 
 def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: SlotLayout,
-            nfields: int, kind: str, names: Optional[Sequence[str]], cursor: Cursor) -> Iterator[Any]:
+            nfields: int, kind: str, names: Optional[Sequence[str]], cursor: Cursor,
+            where: Optional[Where] = None) -> Iterator[Any]:
     """Group spans into batches of ``batch_size`` samples (the last one shorter unless ``drop_last``).
 
     When the stream raises a data error (a sample that does not decode, broken framing), the samples
@@ -216,33 +255,27 @@ def batches(spans: Iterator[Span], batch_size: int, drop_last: bool, layout: Slo
                 have += head.n
                 if have == batch_size:
                     ready, buf, have = buf, [], 0  # a batch that cannot be made is not made again below
-                    cols = _columns(ready, layout, nfields)
-                    _handed(cursor, ready, batch_size)
-                    yield shape(tuple(cols))
+                    yield from _made(ready, layout, nfields, where, shape, cursor, batch_size)
         if buf and not drop_last:
-            cols = _columns(buf, layout, nfields)
-            _handed(cursor, buf, have)
-            buf = []
-            yield shape(tuple(cols))
+            ready, buf = buf, []
+            yield from _made(ready, layout, nfields, where, shape, cursor, have)
     except (DecodeError, CorruptRecordError):
         if buf:
-            cols = _columns(buf, layout, nfields)
-            _handed(cursor, buf, have)
-            buf = []
-            yield shape(tuple(cols))
+            ready, buf = buf, []
+            yield from _made(ready, layout, nfields, where, shape, cursor, have)
         raise
     finally:
         # An error's traceback keeps this frame, and the frame (its exception in a local of a frame
         # below: a reference cycle) lives until the garbage collector runs: the spans left in its
         # locals would keep their output slots leased that long, and the next pass would grow the
         # pool by a slot for each.
-        buf = ready = head = sp = cols = None
+        buf = ready = head = sp = None
 
 
 def deliver(spans: Iterator[Span], cfg: Any, batch_size: Optional[int], drop_last: bool,
-            cursor: Cursor) -> Iterator[Any]:
+            cursor: Cursor, where: Optional[Where] = None) -> Iterator[Any]:
     """A pass's spans as the user iterates them, samples or batches of ``batch_size``, shaped by the
     pipeline settings ``cfg`` (a PipelineConfig: its layout, kind and field names)."""
     if batch_size is None:
         return unbatched(spans, cfg.layout, cfg.kind, cfg.names, cursor)
-    return batches(spans, batch_size, drop_last, cfg.layout, cfg.nfields, cfg.kind, cfg.names, cursor)
+    return batches(spans, batch_size, drop_last, cfg.layout, cfg.nfields, cfg.kind, cfg.names, cursor, where)

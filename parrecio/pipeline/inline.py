@@ -65,7 +65,7 @@ class InlineRun(Pass):
             gen = self._pass(flat_values(self.plan, self.groups, self._streams(), self.cursor, self._failed,
                                          self.cfg.on_error == "raise", self.counts, self), on_end, flat=True)
         else:
-            gen = self._pass(deliver(self.spans(), self.cfg, batch_size, drop_last, self.cursor), on_end)
+            gen = self._pass(deliver(self.spans(), self.cfg, batch_size, drop_last, self.cursor, self.where), on_end)
         self.files.gen = weakref.ref(gen)
         return gen
 
@@ -98,12 +98,15 @@ class InlineRun(Pass):
         after the samples before it."""
         cfg, plan, epoch = self.cfg, self.plan, self.epoch
         decode, keyed = plan.decode, plan.keyed
+        recent, names, source = self.recent, self.names, self.res.source.name
         seq = self.skip
         out = SpanBuilder(cfg.layout, [t or p for t, p in zip(cfg.travels, cfg.passthrough)], seq, cfg.chunk_bytes)
         failed = None
         try:
             try:
                 for g in self._groups():
+                    if recent is not None:  # (batched: where a sample that cannot join its batch lies)
+                        recent.append((seq, (g.offset,), names.get(g.stream_id, source)))
                     if g.parts is not None:
                         try:
                             vals = decode(g.parts, out.outs(), plan.key(epoch, seq) if keyed else None)

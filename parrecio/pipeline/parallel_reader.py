@@ -409,6 +409,7 @@ class ParallelReader:
                     run = res.run = Run(res, self._epoch, self._skip, views=views)
                 run.before = run.cursor.handed = self._handed
                 run.begin_count()
+                run.track_where(self.batch_size)
                 res.start_workers()
             except BaseException as exc:
                 self._start_failed(exc)
@@ -459,7 +460,7 @@ class ParallelReader:
             # copied as each sample is taken (feed.Payloads), or handed out as views of where they lie
             blocks = unbatched_blocks(run.spans(lazy=True), cfg.layout, cfg.kind, cfg.names, cursor)
         else:
-            items = deliver(run.spans(), cfg, self.batch_size, self.drop_last and not pad, cursor)
+            items = deliver(run.spans(), cfg, self.batch_size, self.drop_last and not pad, cursor, run.where)
             if pad:
                 items = padded(items, run, self.batch_size, self.drop_last, st,
                                epoch_first=lambda: first_sample(res, run.epoch, self.batch_size))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import deque
 from typing import Any, NamedTuple, Optional
 
 from ..errors import PipelineError
@@ -108,6 +109,8 @@ class Pass:
         self.owes_copies = False
         self.delivered = 0          # samples yielded in this pass
         self._samples0 = 0          # stats.samples, and cursor.handed, when the pass begins (begin_count)
+        # batched: (first sample number, offsets, stream) of the last chunks or groups, for where()
+        self.recent: Optional[deque] = None
         self._handed0 = 0
         self.user_iter: Any = None  # a weak reference to the iterator the user got for it
         # begun by an adapter that took its first item before the user asked for anything (tf.data's
@@ -118,6 +121,18 @@ class Pass:
     def opened_stream(self) -> bool:
         """Whether the pass opened a stream of its source (a Pipe-mode FIFO is then used up)."""
         raise NotImplementedError
+
+    def track_where(self, batch_size: Optional[int]) -> None:
+        """Keep where the last chunks' samples lie, enough of them for a batch of ``batch_size`` (a
+        sample that cannot join its batch is only found once the batch is made)."""
+        self.recent = deque(maxlen=batch_size + 2) if batch_size else None
+
+    def where(self, seq: int) -> tuple:
+        """``(byte offset of its first record, stream name)`` of sample ``seq``, if it was delivered lately."""
+        for first, offsets, source in reversed(self.recent or ()):
+            if first <= seq < first + len(offsets):
+                return int(offsets[seq - first]), source
+        return None, None
 
     def begin_count(self) -> None:
         """The cursor stands where the pass begins: ``stats.samples`` counts from here what it hands out."""
