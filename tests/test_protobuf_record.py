@@ -661,3 +661,23 @@ def test_even_shards_pad_sparse_batches(tmp_path, workers, sparse, no_leaks):
     rows = np.concatenate([dense(b["values"]) for b in batches])
     want = m.toarray()[[0, 2, 6, 8, 0]]  # rows of shard 0 but the broken one, then a copy of the first
     assert [len(b["label_values"]) for b in batches] == [2, 2, 1] and np.array_equal(rows, want)
+
+
+@pytest.mark.parametrize("even", [None, "pad"])
+def test_records_with_nothing_to_deliver_are_refused_in_batches(tmp_path, even, no_leaks):
+    """Records of a uid alone read with the default ProtobufRecord(): a batch was {} (no rows), and equal
+    shards' padding, counting its rows, failed with 'generator raised StopIteration' (audit)."""
+    path = tmp_path / "uid.rec"
+    with RecordWriter(str(path)) as w:
+        for i in range(10):
+            uid = b"id%d" % i
+            w.write(b"\x1a" + bytes([len(uid)]) + uid)  # Record{uid: "id<i>"}
+    with ParallelReader(str(path), fields=ProtobufRecord(), workers=0, batch_size=4, num_shards=2 if even else 1,
+                        shard_index=0, even_shards=even, on_error="skip") as reader:
+        with pytest.raises(DecodeError, match=r"its record holds nothing this decoder delivers .* read them "
+                                              r"without batch_size, or ask for what they hold \(uid=True\) "
+                                              r"\(sample 0, byte offset 0 of "):
+            list(reader)
+    with ParallelReader(str(path), fields=ProtobufRecord(uid=True), workers=0, batch_size=4) as reader:
+        assert [b["uid"] for b in reader] == [["id0", "id1", "id2", "id3"], ["id4", "id5", "id6", "id7"],
+                                              ["id8", "id9"]]

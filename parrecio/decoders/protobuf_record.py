@@ -355,6 +355,10 @@ class ProtobufSample(dict):
                 raise DecodeError(f"its record has {list(k)} where the batch's others have {list(common)}",
                                   index=i)
         names = list(samples[keys.index(common)])
+        if not names:  # (a batch {} would say nothing of its rows: equal shards' padding counts them)
+            raise DecodeError("its record holds nothing this decoder delivers (no feature or label asked for: a "
+                              "record of a uid alone, say), and a batch of such samples would hold no rows: "
+                              "read them without batch_size, or ask for what they hold (uid=True)", index=0)
         out: Dict[str, Any] = {}
         for name in names:
             col = [s[name] for s in samples]
