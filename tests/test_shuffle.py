@@ -4,6 +4,7 @@ reproducible for a given seed and epoch, both a permutation of the stream's grou
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 
@@ -205,3 +206,16 @@ def test_len_of_indexed_files_stays_theirs_after_a_pass_that_skipped_samples(tmp
                 got = sum(1 for _ in reader)
                 assert 0 < got < share and reader.stats.skipped > 0
             assert len(reader) == share
+
+
+def test_len_of_indexed_files_after_one_is_deleted_is_unknown(tmp_path, no_leaks):
+    """len() kept answering from the .idx files after a listed .rec was deleted (the next pass failed at
+    once), where the same files without .idx said TypeError (audit)."""
+    for name in ("a", "b"):
+        _write(tmp_path / f"{name}.rec", 3, index=True)
+    with ParallelReader(str(tmp_path), fields=[Raw(), Raw()], workers=0) as reader:
+        assert len(reader) == 6
+        os.unlink(tmp_path / "b.rec")
+        with pytest.raises(TypeError, match=r"the number of samples is not known: .*b\.rec is gone, or no longer "
+                                            r"a regular file: its \.idx does not count a pass"):
+            len(reader)

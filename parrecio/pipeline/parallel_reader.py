@@ -34,7 +34,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ..decoders.base import ArraySpec, is_passthrough, payload_kinds, spec_of
-from ..errors import CorruptRecordError, PipelineError
+from ..errors import CorruptRecordError, PipelineError, SourceError
 from ..recordio.paths import index_beside
 from ..sources import resolve
 from .batching import deliver, unbatched_blocks
@@ -722,10 +722,10 @@ class ParallelReader:
             cfg = self._res.cfg
             try:
                 listed = self._groups_listed()
-            except CorruptRecordError as exc:  # (TypeError: list(reader) asks len() for a hint, and reads on)
-                if counted is None:
-                    raise TypeError(f"the number of samples is not known: an .idx does not fit its file: "
-                                    f"{exc}") from exc
+            except (CorruptRecordError, SourceError) as exc:  # (TypeError: list(reader) asks len() for a
+                if counted is None or isinstance(exc, SourceError):  # hint, and reads on)
+                    why = "an .idx does not fit its file: " if isinstance(exc, CorruptRecordError) else ""
+                    raise TypeError(f"the number of samples is not known: {why}{exc}") from exc
                 n, delivered = counted, True  # (a stream read in order does not need its .idx: its pass counted it)
             else:
                 n = shard_length(listed, cfg.num_shards, cfg.shard_index, cfg.even_shards)
@@ -990,6 +990,9 @@ def _indexed_groups(index_paths: tuple, nfields: int, join: str = "auto") -> int
 
     def listed(pair: tuple) -> int:
         rec, idx = pair
+        if isinstance(rec, str) and not rec.startswith("s3://") and not os.path.isfile(rec):
+            # (its .idx alone would still count it: a length for a pass that fails at once)
+            raise SourceError(f"{rec} is gone, or no longer a regular file: its .idx does not count a pass")
         if isinstance(rec, str) and os.path.isfile(rec):
             # a local file: its index must fit it (as a read by index checks it), or the length would not
             # be its epoch's (records appended after the .idx was written, one line per sample)
