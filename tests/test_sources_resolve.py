@@ -230,3 +230,20 @@ def test_a_glob_over_a_link_back_up_skips_matches_too_deep_to_resolve(tmp_path):
     (root / "val-1").mkdir()
     with pytest.raises(SourceError, match=r"glob pattern '.*val-\*' matches only directories without files"):
         expand_patterns([str(root / "a.rec"), str(root / "val-*")])
+
+
+def test_a_path_this_user_cannot_search_says_permission_denied(tmp_path, monkeypatch):
+    """Run as a user who may not search a folder on the path, lexists() is False: the error said 'no such
+    file or directory' (audit, as nobody).  Root may search any folder: the denial is stood in for."""
+    from parrecio.sources.files import expand_patterns
+    target = str(tmp_path / "nodir" / "x.rec")
+    real = os.lstat
+
+    def lstat(path, *a, **kw):
+        if os.fspath(path) == target:
+            raise PermissionError(13, "Permission denied", target)
+        return real(path, *a, **kw)
+    monkeypatch.setattr(os, "lstat", lstat)
+    with pytest.raises(SourceError, match=r"cannot use '.*nodir/x\.rec': Permission denied \(a folder on its "
+                                          r"path cannot be searched by this user\)"):
+        expand_patterns([target])

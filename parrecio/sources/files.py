@@ -92,6 +92,13 @@ def expand_patterns(patterns: Iterable) -> List[str]:
         if not isinstance(item, (str, bytes, os.PathLike)):
             raise SourceError(f"expected a path or glob pattern in the channel list, got {item!r}")
         pattern = os.fsdecode(item)
+        try:
+            os.lstat(pattern)
+        except PermissionError as exc:  # (lexists() says False: "no such file" for a folder not ours)
+            raise SourceError(f"cannot use {pattern!r}: {exc.strerror} (a folder on its path cannot be "
+                              f"searched by this user)") from None
+        except (OSError, ValueError):
+            pass
         if os.path.lexists(pattern):
             paths.extend(_expand_existing(pattern))
         elif _is_glob(pattern):
