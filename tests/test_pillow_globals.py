@@ -77,3 +77,70 @@ def test_a_forked_child_does_not_wait_for_its_parents_holder():
     t.join(5)
     assert done and os.waitstatus_to_exitcode(status) == 0
     assert owner.flag == 0
+
+
+def test_a_waiter_for_another_value_is_not_starved_by_newcomers():
+    """Holders of one value that keep overlapping never let the count of holders reach 0: a waiter for the
+    other value waited for as long as they came (1 lenient decode in 5 s beside 4 strict threads: an
+    audit).  Newcomers now wait behind it."""
+    owner = types.SimpleNamespace(flag=False)
+    setting = SharedSetting(owner, "flag")
+    stop, got = threading.Event(), []
+
+    def strict():
+        while not stop.is_set():
+            with setting.holding(False):
+                time.sleep(0.002)
+
+    def lenient():
+        for _ in range(20):
+            with setting.holding(True):
+                got.append(owner.flag)
+
+    threads = [threading.Thread(target=strict) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    waiter = threading.Thread(target=lenient)
+    waiter.start()
+    waiter.join(10)
+    starved = waiter.is_alive()
+    stop.set()  # (then the strict holders stop, and a starved waiter gets in at last)
+    for t in threads + [waiter]:
+        t.join(5)
+    assert not starved and got == [True] * 20
+    assert owner.flag is False
+
+
+def test_a_forked_child_gets_the_users_value_and_a_free_lock():
+    """A child forked while a thread held a setting kept the decode's value for good (the user's
+    MAX_IMAGE_PIXELS = None there), and one forked while a thread held the image decoder's warnings lock
+    hung at its first decode."""
+    from parrecio.decoders.pillow_globals import ForkSafeLock
+    owner = types.SimpleNamespace(flag="user's")
+    setting, lock = SharedSetting(owner, "flag"), ForkSafeLock()
+    entered, release = threading.Event(), threading.Event()
+
+    def hold():
+        with setting.holding("a decode's"), lock:
+            entered.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert entered.wait(5)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal_alarm = __import__("signal").alarm
+            signal_alarm(5)  # (a child that waits for the lock dies of it)
+            with lock:
+                code = 0 if owner.flag == "user's" else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    release.set()
+    t.join(5)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert owner.flag == "user's"

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import io
 import math
-import threading
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -73,7 +72,7 @@ except ImportError:  # pragma: no cover - depends on the build
     _jpegregion = None
 from .augment import Crop, RandomResizedCrop, check_crop, check_flip, normalization_lut, sample_rng, write_pixels
 from .checks import check_bool, check_real, is_int
-from .pillow_globals import SharedSetting
+from .pillow_globals import ForkSafeLock, SharedSetting
 from .value import Value, derive
 from .simplejpeg_backend import (_INSTALL_HINT, _JPEG_MAGIC, _prefix3, _require_simplejpeg, _simplejpeg,
                                  _simplejpeg_matches_pillow)
@@ -253,7 +252,7 @@ def _check_formats(formats: Any) -> Optional[Tuple[str, ...]]:
 # Pillow's globals, set around a call (pillow_globals.py: two threads decoding at once undid each other's)
 _PIXEL_LIMIT = SharedSetting(PILImage, "MAX_IMAGE_PIXELS")
 _TRUNCATED = SharedSetting(ImageFile, "LOAD_TRUNCATED_IMAGES")
-_WARNINGS = threading.Lock()  # catch_warnings() swaps the process's filter list: one at a time
+_WARNINGS = ForkSafeLock()  # catch_warnings() swaps the process's filter list: one at a time
 
 
 def _open(payload: Any, max_pixels: int, formats: Optional[Tuple[str, ...]]) -> PILImage.Image:
