@@ -226,6 +226,27 @@ def test_a_record_that_does_not_match_its_batch_names_the_sample(tmp_path, worke
                                       "are a dense float32 tensor of shape (5,)")
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sample_unlike_its_batch_after_skipped_ones_is_located(tmp_path, workers, no_leaks):
+    """Under "skip", samples skipped inside the batch (5 that do not decode) pushed the odd sample's place
+    out of what workers=0 kept of the recent samples: no offset or file (a review audit)."""
+    path = tmp_path / "skips.rec"
+    with RecordWriter(str(path)) as w:
+        for i in range(16):
+            w.write(b"\xff\xff\xff garbage" if 8 <= i <= 12 else
+                    encode_record(2, np.arange(5 if i == 13 else 4, dtype=np.float32)))
+    with RecordReader(str(path)) as rr:
+        offsets = [off for off, _ in rr.iter_views()]
+    got = []
+    with ParallelReader(str(path), fields=ProtobufRecord(), workers=workers, batch_size=7,
+                        on_error="skip") as reader:
+        with pytest.raises(DecodeError) as info:
+            for batch in reader:
+                got.append(len(batch["values"]))
+    assert got == [7, 1]  # 0-6, then 7 (8-12 skipped) before 13
+    assert (info.value.index, info.value.offset, info.value.source) == (13, offsets[13], str(path))
+
+
 @pytest.mark.parametrize("odd", [4, 5, 7])
 def test_the_sample_unlike_its_batch_is_named_wherever_it_is_in_it(tmp_path, odd, no_leaks):
     """The odd record first in its batch was taken as the batch's measure: the error named the good sample

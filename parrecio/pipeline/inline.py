@@ -105,14 +105,14 @@ class InlineRun(Pass):
         try:
             try:
                 for g in self._groups():
-                    if recent is not None:  # (batched: where a sample that cannot join its batch lies)
-                        recent.append((seq, (g.offset,), names.get(g.stream_id, source)))
                     if g.parts is not None:
                         try:
                             vals = decode(g.parts, out.outs(), plan.key(epoch, seq) if keyed else None)
                         except FieldFailed as exc:
                             failed = self._failed(exc, g, seq)
                         else:
+                            if recent is not None:  # (batched: where a sample that cannot join its batch lies)
+                                recent.append((seq, (g.offset,), names.get(g.stream_id, source)))
                             seq += 1
                             if out.add(vals, g.parts):
                                 self.count_samples()  # (mid-pass, as the pipeline counts: once a span)

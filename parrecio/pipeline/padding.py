@@ -158,7 +158,10 @@ def padded(items: Iterator[Any], run: Any, batch_size: Optional[int], drop_last:
             raise
         if not run.completed:
             return
+        kept = held
         missing, held = _missing(run.positions - before, delivered, held, batch_size, drop_last)
+        if kept is not None and held is None:  # the short last batch is dropped: not handed out
+            cursor.handed = before + delivered
         if missing > 0 and before and epoch_first is not None:  # resumed: copy what an uninterrupted pass does
             again = epoch_first()
             first = first if again is None else again

@@ -360,7 +360,7 @@ class Run(Pass):
             if self.lazy:
                 self.delivering = (c, seg, refs)
         n, seq0, pos0 = c.n, c.first_seq, cs.pos0
-        if self.recent is not None:
+        if self.recent is not None and len(cs.errors) < n:  # (chunks that deliver samples: a batch's few)
             self.recent.append((seq0, c.stream_offs, self.feed.streams.get(c.stream_id, self.res.source.name)))
         if pos0 is None and not cs.errors:  # the common case without fixed-shape outputs
             return [_new(Span, (seq0, n, None, 0, columns))], None
