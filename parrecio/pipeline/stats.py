@@ -35,7 +35,7 @@ class Stats:
     :attr:`bottleneck` names the stage that limits throughput.
     """
     epochs: int = 0             # passes begun (one left early too)
-    samples: int = 0            # samples (not batches) delivered
+    samples: int = 0            # samples (not batches) handed out (mid-pass: as of the last block)
     records: int = 0            # records read (a group is as many records as fields)
     bytes: int = 0              # payload bytes of those records
     skipped: int = 0            # samples dropped under on_error="skip" (decode errors, broken groups)
