@@ -5,6 +5,7 @@ does not inherit a holder."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 import types
@@ -43,42 +44,6 @@ def test_holders_of_one_value_share_it_and_another_waits():
     assert owner.flag == "user's"
 
 
-def test_a_forked_child_does_not_wait_for_its_parents_holder():
-    owner = types.SimpleNamespace(flag=0)
-    setting = SharedSetting(owner, "flag")
-    entered, release = threading.Event(), threading.Event()
-
-    def hold():
-        with setting.holding(1):
-            entered.set()
-            release.wait(10)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    assert entered.wait(5)
-    pid = os.fork()
-    if pid == 0:  # the holder's thread is not here: holding another value must not wait for it
-        code = 1
-        try:
-            with setting.holding(2):
-                code = 0 if owner.flag == 2 else 2
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + 10
-    while True:  # (a child that waits for the holder would wait for ever)
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    if not done:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-    release.set()
-    t.join(5)
-    assert done and os.waitstatus_to_exitcode(status) == 0
-    assert owner.flag == 0
-
-
 def test_a_waiter_for_another_value_is_not_starved_by_newcomers():
     """Holders of one value that keep overlapping never let the count of holders reach 0: a waiter for the
     other value waited for as long as they came (1 lenient decode in 5 s beside 4 strict threads: an
@@ -115,7 +80,7 @@ def test_a_waiter_for_another_value_is_not_starved_by_newcomers():
 def test_a_forked_child_gets_the_users_value_and_a_free_lock():
     """A child forked while a thread held a setting kept the decode's value for good (the user's
     MAX_IMAGE_PIXELS = None there), and one forked while a thread held the image decoder's warnings lock
-    hung at its first decode."""
+    hung at its first decode; holding another value there must not wait for the parent's holder."""
     from parrecio.decoders.pillow_globals import ForkSafeLock
     owner = types.SimpleNamespace(flag="user's")
     setting, lock = SharedSetting(owner, "flag"), ForkSafeLock()
@@ -130,13 +95,13 @@ def test_a_forked_child_gets_the_users_value_and_a_free_lock():
     t.start()
     assert entered.wait(5)
     pid = os.fork()
-    if pid == 0:
+    if pid == 0:  # the holder's thread is not here: nothing of it is waited for
         code = 1
         try:
-            signal_alarm = __import__("signal").alarm
-            signal_alarm(5)  # (a child that waits for the lock dies of it)
-            with lock:
-                code = 0 if owner.flag == "user's" else 2
+            signal.alarm(5)  # (a child that waits for the lock or the holder dies of it)
+            restored = owner.flag == "user's"
+            with lock, setting.holding("the child's"):
+                code = 0 if restored and owner.flag == "the child's" else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
