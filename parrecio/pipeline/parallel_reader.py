@@ -722,8 +722,8 @@ class ParallelReader:
             cfg = self._res.cfg
             try:
                 listed = self._groups_listed()
-            except (CorruptRecordError, SourceError) as exc:  # (TypeError: list(reader) asks len() for a
-                if counted is None or isinstance(exc, SourceError):  # hint, and reads on)
+            except (CorruptRecordError, _Gone) as exc:  # (TypeError: list(reader) asks len() for a hint,
+                if counted is None or isinstance(exc, _Gone):  # and reads on; another SourceError is raised)
                     why = "an .idx does not fit its file: " if isinstance(exc, CorruptRecordError) else ""
                     raise TypeError(f"the number of samples is not known: {why}{exc}") from exc
                 n, delivered = counted, True  # (a stream read in order does not need its .idx: its pass counted it)
@@ -978,6 +978,10 @@ def _same_data(saved: List[tuple], data: List[List[Any]]) -> None:
                      f"a saved position belongs to the data it was saved on")
 
 
+class _Gone(SourceError):
+    """A listed file is gone: no length (a TypeError from len()), where another SourceError is raised."""
+
+
 def _indexed_groups(index_paths: tuple, nfields: int, join: str = "auto") -> int:
     """Groups listed by the ``.idx`` of every ``(rec, idx)`` pair (``join``: the reader's, for the records
     the check reads).  The indexes are read on a few threads: an ``s3://`` one is a GET of its own (tens of
@@ -992,7 +996,7 @@ def _indexed_groups(index_paths: tuple, nfields: int, join: str = "auto") -> int
         rec, idx = pair
         if isinstance(rec, str) and not rec.startswith("s3://") and not os.path.isfile(rec):
             # (its .idx alone would still count it: a length for a pass that fails at once)
-            raise SourceError(f"{rec} is gone, or no longer a regular file: its .idx does not count a pass")
+            raise _Gone(f"{rec} is gone, or no longer a regular file: its .idx does not count a pass")
         if isinstance(rec, str) and os.path.isfile(rec):
             # a local file: its index must fit it (as a read by index checks it), or the length would not
             # be its epoch's (records appended after the .idx was written, one line per sample)
