@@ -51,6 +51,9 @@ class InlineRun(Pass):
             self.files.close()
             self.res.source.end_pass(self.epoch, self.opened_stream)
 
+    def source_of(self, stream_id: int) -> str:
+        return self.names.get(stream_id, self.res.source.name)  # (each stream's name as it is opened)
+
     def forget_after_fork(self) -> None:
         self.closed = self.aborted = True  # (iterated here, it would read the parent's files and FIFOs)
         self.files.objs = []
@@ -98,7 +101,7 @@ class InlineRun(Pass):
         after the samples before it."""
         cfg, plan, epoch = self.cfg, self.plan, self.epoch
         decode, keyed = plan.decode, plan.keyed
-        recent, names, source = self.recent, self.names, self.res.source.name
+        recent = self.recent
         seq = self.skip
         out = SpanBuilder(cfg.layout, [t or p for t, p in zip(cfg.travels, cfg.passthrough)], seq, cfg.chunk_bytes)
         failed = None
@@ -112,7 +115,7 @@ class InlineRun(Pass):
                             failed = self._failed(exc, g, seq)
                         else:
                             if recent is not None:  # (batched: where a sample that cannot join its batch lies)
-                                recent.append((seq, (g.offset,), names.get(g.stream_id, source)))
+                                recent.append((seq, (g.offset,), g.stream_id))
                             seq += 1
                             if out.add(vals, g.parts):
                                 self.count_samples()  # (mid-pass, as the pipeline counts: once a span)
@@ -156,7 +159,7 @@ class InlineRun(Pass):
             raise ended(self.owner_pid)
 
     def _failed(self, failure: FieldFailed, g: Group, index: int) -> Any:
-        source = self.names.get(g.stream_id, self.res.source.name)
+        source = self.source_of(g.stream_id)
         return local_failure(self.cfg, failure, g, index, source, self.groups.first_kinds)
 
     def _count(self, on_end: Any) -> None:

@@ -994,10 +994,9 @@ def _indexed_groups(index_paths: tuple, nfields: int, join: str = "auto") -> int
 
     def listed(pair: tuple) -> int:
         rec, idx = pair
-        if isinstance(rec, str) and not rec.startswith("s3://") and not os.path.isfile(rec):
-            # (its .idx alone would still count it: a length for a pass that fails at once)
-            raise _Gone(f"{rec} is gone, or no longer a regular file: its .idx does not count a pass")
-        if isinstance(rec, str) and os.path.isfile(rec):
+        if isinstance(rec, str) and not rec.startswith("s3://"):
+            if not os.path.isfile(rec):  # (its .idx alone would still count it: a length for a pass that fails)
+                raise _Gone(f"{rec} is gone, or no longer a regular file: its .idx does not count a pass")
             # a local file: its index must fit it (as a read by index checks it), or the length would not
             # be its epoch's (records appended after the .idx was written, one line per sample)
             with IndexedRecordReader(rec, idx, join=join) as r:

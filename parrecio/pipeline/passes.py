@@ -109,7 +109,7 @@ class Pass:
         self.owes_copies = False
         self.delivered = 0          # samples yielded in this pass
         self._samples0 = 0          # stats.samples, and cursor.handed, when the pass begins (begin_count)
-        # batched: (first sample number, offsets, stream) of the last chunks or groups, for where()
+        # batched: (first sample number, offsets, stream id) of the last chunks or groups, for where()
         self.recent: Optional[deque] = None
         self._handed0 = 0
         self.user_iter: Any = None  # a weak reference to the iterator the user got for it
@@ -129,10 +129,14 @@ class Pass:
 
     def where(self, seq: int) -> tuple:
         """``(byte offset of its first record, stream name)`` of sample ``seq``, if it was delivered lately."""
-        for first, offsets, source in reversed(self.recent or ()):
+        for first, offsets, stream_id in reversed(self.recent or ()):
             if first <= seq < first + len(offsets):
-                return int(offsets[seq - first]), source
+                return int(offsets[seq - first]), self.source_of(stream_id)
         return None, None
+
+    def source_of(self, stream_id: int) -> str:
+        """The name of the pass's stream ``stream_id`` (the source's, for one not opened by then)."""
+        raise NotImplementedError
 
     def begin_count(self) -> None:
         """The cursor stands where the pass begins: ``stats.samples`` counts from here what it hands out."""

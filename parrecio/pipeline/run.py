@@ -361,7 +361,7 @@ class Run(Pass):
                 self.delivering = (c, seg, refs)
         n, seq0, pos0 = c.n, c.first_seq, cs.pos0
         if self.recent is not None and len(cs.errors) < n:  # (chunks that deliver samples: a batch's few)
-            self.recent.append((seq0, c.stream_offs, self.feed.streams.get(c.stream_id, self.res.source.name)))
+            self.recent.append((seq0, c.stream_offs, c.stream_id))
         if pos0 is None and not cs.errors:  # the common case without fixed-shape outputs
             return [_new(Span, (seq0, n, None, 0, columns))], None
         S = self.cfg.slot_size
@@ -448,7 +448,7 @@ class Run(Pass):
             orig = r.original()
             if isinstance(orig, SourceError):
                 return orig
-        source = self.feed.streams.get(c.stream_id, self.res.source.name)
+        source = self.source_of(c.stream_id)
         what = (f"field {cfg.names[r.field]!r} ({cfg.decoders[r.field]!r})" if 0 <= r.field < self.cfg.nfields
                 else "decoder process")
         return r.as_decode_error(what, c.first_seq + j, c.stream_offs[j], source)
@@ -534,6 +534,9 @@ class Run(Pass):
             self.tasks.clear()
             self.slots.close()
             self.copy.close()
+
+    def source_of(self, stream_id: int) -> str:
+        return self.feed.streams.get(stream_id, self.res.source.name)  # (the reader says each: StreamStart)
 
     def forget_after_fork(self) -> None:
         """In the child of an ``os.fork()`` of the consumer: let go of the reader process silently; the

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import socket
 import stat
 import struct
@@ -340,7 +341,6 @@ class _Stopped(Exception):
 
 
 def _readable(fd: int, timeout: float) -> bool:
-    import select
     return bool(select.select([fd], [], [], timeout)[0])
 
 

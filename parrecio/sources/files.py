@@ -93,13 +93,14 @@ def expand_patterns(patterns: Iterable) -> List[str]:
             raise SourceError(f"expected a path or glob pattern in the channel list, got {item!r}")
         pattern = os.fsdecode(item)
         try:
-            os.lstat(pattern)
-        except PermissionError as exc:  # (lexists() says False: "no such file" for a folder not ours)
+            os.lstat(pattern)  # (as lexists() does, which says False -- "no such file" -- for EACCES too)
+            exists = True
+        except PermissionError as exc:
             raise SourceError(f"cannot use {pattern!r}: {exc.strerror} (a folder on its path cannot be "
                               f"searched by this user)") from None
         except (OSError, ValueError):
-            pass
-        if os.path.lexists(pattern):
+            exists = False
+        if exists:
             paths.extend(_expand_existing(pattern))
         elif _is_glob(pattern):
             matches = sorted(glob.glob(pattern, recursive=True))
